@@ -1,0 +1,37 @@
+//! `nvlink`, the shim.
+//!
+//! It links nothing itself. It sends its arguments, working directory and the
+//! relevant environment to nvlinkd, answers the daemon's requests for files,
+//! then writes the outputs the daemon returns (atomically: a temporary file and a
+//! rename, so an interrupted link never leaves a half-written cubin), prints what
+//! nvlink would have printed and exits with nvlink's status.
+//!
+//! When no daemon answers it starts one (`nvlinkd start`), and when it still
+//! cannot get an answer — or the daemon dies mid-link, or declines the link — it
+//! runs the real nvlink instead, unless `NVLINKD_FALLBACK=never`.
+
+mod fallback;
+mod session;
+mod toolkit;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
+        Ok(a) => a,
+        // Arguments that are not UTF-8 cannot travel in the protocol: let nvlink have them.
+        Err(_) => return fallback::run("arguments are not UTF-8"),
+    };
+    let tk = toolkit::Toolkit::discover();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fallback::run(&format!("cannot start runtime: {e}")),
+    };
+    match runtime.block_on(session::run(&args, &tk)) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(reason) => {
+            drop(runtime);
+            fallback::run_with(&tk, &reason)
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! One link through the daemon: connect (starting a daemon if needed), stream
+//! the request, serve file reads, write the outputs.
+//!
+//! Every failure to get a complete answer is returned as `Err(reason)`, and the
+//! caller falls back to the real nvlink. Nothing is written before the daemon's
+//! final answer arrives, so a fallback always starts from a clean slate.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use nvlinkd_proto::paths;
+use nvlinkd_proto::v1::{
+    client_message, file_error, file_reply, file_request, nvlinkd_client::NvlinkdClient, server_message, ClientMessage,
+    FileError, FileReply, FileStat, LinkResult, Start,
+};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::toolkit::Toolkit;
+
+/// Environment variables that change nvlink's behaviour (must match the daemon's list).
+const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
+/// Largest file we send in one message.
+const MAX_FILE: u64 = (nvlinkd_proto::MAX_MESSAGE_BYTES as u64) - 4096;
+
+pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
+    let channel = connect_or_start(tk).await?;
+    let mut client = NvlinkdClient::new(channel)
+        .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES);
+
+    let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+    let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
+    let env: HashMap<String, String> =
+        RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    let start = Start {
+        args: args.to_vec(),
+        cwd: cwd.to_string_lossy().into_owned(),
+        env,
+        toolkit: tk.cuda_home.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
+        cwd_dev: dev,
+        cwd_ino: ino,
+    };
+
+    let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+    tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) })
+        .await
+        .map_err(|_| "request channel closed".to_string())?;
+    let mut inbound = client
+        .link(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| format!("link rejected: {}", s.message()))?
+        .into_inner();
+
+    loop {
+        let msg = inbound.message().await.map_err(|s| format!("daemon stream failed: {}", s.message()))?;
+        let Some(msg) = msg.and_then(|m| m.msg) else {
+            return Err("daemon closed the link without a result".into());
+        };
+        match msg {
+            server_message::Msg::File(req) => {
+                let reply = serve_file(req.id, Path::new(&req.path), req.op());
+                tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
+                    .await
+                    .map_err(|_| "daemon stopped reading".to_string())?;
+            }
+            server_message::Msg::Result(result) => return finish(result),
+        }
+    }
+}
+
+fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
+    let err = |e: &std::io::Error| {
+        let kind = match e.kind() {
+            std::io::ErrorKind::NotFound => file_error::Kind::NotFound,
+            std::io::ErrorKind::PermissionDenied => file_error::Kind::PermissionDenied,
+            std::io::ErrorKind::IsADirectory => file_error::Kind::IsDirectory,
+            _ => file_error::Kind::Other,
+        };
+        file_reply::Result::Error(FileError { kind: kind as i32, message: e.to_string() })
+    };
+    let result = match op {
+        file_request::Op::Stat => match std::fs::metadata(path) {
+            Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
+            Err(e) => err(&e),
+        },
+        file_request::Op::Read => match std::fs::metadata(path) {
+            Ok(m) if m.is_dir() => file_reply::Result::Error(FileError {
+                kind: file_error::Kind::IsDirectory as i32,
+                message: "is a directory".into(),
+            }),
+            Ok(m) if m.len() > MAX_FILE => file_reply::Result::Error(FileError {
+                kind: file_error::Kind::TooLarge as i32,
+                message: format!("{} bytes", m.len()),
+            }),
+            Ok(_) => match std::fs::read(path) {
+                Ok(data) => file_reply::Result::Data(data),
+                Err(e) => err(&e),
+            },
+            Err(e) => err(&e),
+        },
+    };
+    FileReply { id, result: Some(result) }
+}
+
+fn finish(result: LinkResult) -> Result<i32, String> {
+    if result.fallback {
+        return Err(format!("daemon declined: {}", result.fallback_reason));
+    }
+    for out in &result.outputs {
+        let path = PathBuf::from(&out.path);
+        let written = if out.append { append(&path, &out.data) } else { write_atomically(&path, &out.data) };
+        if let Err(e) = written {
+            let _ = std::io::stdout().write_all(&result.stdout);
+            eprintln!("nvlink fatal   : Could not open output file '{}': {e}", out.path);
+            return Ok(1);
+        }
+    }
+    let _ = std::io::stdout().write_all(&result.stdout);
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().write_all(&result.stderr);
+    Ok(result.exit_code)
+}
+
+fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(data)
+}
+
+/// Write `data` to a temporary file beside `path`, then rename it into place.
+fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.nvlinkd-{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.flush()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+async fn connect(addr: &Target) -> Result<Channel, String> {
+    match addr {
+        Target::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {a}: {e}")),
+        Target::Unix(path) => {
+            let path = path.clone();
+            Endpoint::from_static("http://nvlinkd.local")
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                }))
+                .await
+                .map_err(|e| format!("cannot connect to {}: {e}", path_display(addr)))
+        }
+    }
+}
+
+fn path_display(t: &Target) -> String {
+    match t {
+        Target::Tcp(a) => a.clone(),
+        Target::Unix(p) => p.display().to_string(),
+    }
+}
+
+enum Target {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
+    if let Some(addr) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) {
+        // A remote daemon is managed by its owner; never start one.
+        return connect(&Target::Tcp(addr)).await;
+    }
+    let target = Target::Unix(paths::socket_path());
+    let Target::Unix(socket) = &target else { unreachable!() };
+    if socket.exists() {
+        if let Ok(c) = connect(&target).await {
+            return Ok(c);
+        }
+    }
+    start_daemon(tk, socket)?;
+    connect(&target).await
+}
+
+/// Run `nvlinkd start` (it detaches the daemon and waits until it answers).
+fn start_daemon(tk: &Toolkit, socket: &Path) -> Result<(), String> {
+    let bin = daemon_binary(tk).ok_or("no nvlinkd binary found to start a daemon")?;
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("start").arg("--socket").arg(socket);
+    if let Some(home) = &tk.cuda_home {
+        cmd.arg("--cuda-home").arg(home);
+    }
+    let status = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} start failed ({status})", bin.display()))
+    }
+}
+
+fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(paths::ENV_DAEMON_BIN).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(p) = tk.daemon_bin.clone().filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    let sibling = std::env::current_exe().ok()?.parent()?.join("nvlinkd");
+    if sibling.is_file() {
+        return Some(sibling);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join("nvlinkd"))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,58 @@
+//! Which toolkit this shim stands in for, and where the real nvlink is.
+//!
+//! In order: `NVLINKD_REAL_NVLINK`; the record `nvlinkd install` writes into an
+//! overlay (`<prefix>/nvlinkd-overlay.env`, next to the shim's `bin/`);
+//! `CUDA_HOME`.
+
+use std::path::{Path, PathBuf};
+
+use nvlinkd_proto::paths;
+
+#[derive(Debug, Default)]
+pub struct Toolkit {
+    /// The toolkit root (a CUDA_HOME), if known.
+    pub cuda_home: Option<PathBuf>,
+    /// The real nvlink, if known.
+    pub real_nvlink: Option<PathBuf>,
+    /// The nvlinkd binary recorded by the overlay.
+    pub daemon_bin: Option<PathBuf>,
+}
+
+impl Toolkit {
+    pub fn discover() -> Self {
+        let mut tk = Toolkit::default();
+        if let Some(record) = overlay_record() {
+            for line in record.lines() {
+                if let Some((k, v)) = line.split_once('=') {
+                    let v = PathBuf::from(v.trim());
+                    match k.trim() {
+                        "CUDA_HOME" => tk.cuda_home = Some(v),
+                        "REAL_NVLINK" => tk.real_nvlink = Some(v),
+                        "NVLINKD" => tk.daemon_bin = Some(v),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        if tk.cuda_home.is_none() {
+            tk.cuda_home = std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from);
+        }
+        if let Some(p) = std::env::var_os(paths::ENV_REAL_NVLINK).filter(|v| !v.is_empty()) {
+            let p = PathBuf::from(p);
+            if tk.cuda_home.is_none() {
+                tk.cuda_home = p.parent().and_then(Path::parent).map(Path::to_path_buf);
+            }
+            tk.real_nvlink = Some(p);
+        }
+        if tk.real_nvlink.is_none() {
+            tk.real_nvlink = tk.cuda_home.as_ref().map(|h| h.join("bin/nvlink"));
+        }
+        tk
+    }
+}
+
+fn overlay_record() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let prefix = exe.parent()?.parent()?;
+    std::fs::read_to_string(prefix.join(paths::OVERLAY_RECORD)).ok()
+}

@@ -1,0 +1,275 @@
+//! nvlink's command-line grammar.
+//!
+//! An argument starting with `--` names an option by its long name, one
+//! starting with `-` by its short name; anything else is an input file. A value
+//! follows `=` or comes in the next argument; a few short options also take it
+//! glued on (`-Lpath`, `-lname`, `-m64`). List options split their values on
+//! commas and accumulate. `--options-file` splices the words of a file in place.
+//! Errors are the fatal messages nvlink prints, word for word.
+
+use std::path::Path;
+
+use super::options::{by_long, by_short, Arity, Opt, OptionDef, ValueKind};
+use crate::diag::Diagnostic;
+use crate::fs::{absolute, InputFs};
+
+/// One option as given, after value splitting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occurrence {
+    pub id: Opt,
+    /// The value (one list element for list options), if the option takes one.
+    pub value: Option<String>,
+    /// Where on the command line it was (None: from an options file).
+    pub at: Option<ArgPos>,
+}
+
+/// The argv positions of an option and its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgPos {
+    /// Index of the argument naming the option.
+    pub option: usize,
+    /// Index of the separate value argument, if the value was not attached.
+    pub value: Option<usize>,
+}
+
+/// The command line, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    pub options: Vec<Occurrence>,
+    pub inputs: Vec<String>,
+}
+
+/// Most nesting of `--options-file` we follow (nvlink recurses; a loop must end).
+const MAX_OPTIONS_FILE_DEPTH: usize = 32;
+
+struct Parser<'a> {
+    fs: &'a dyn InputFs,
+    cwd: &'a Path,
+    out: Parsed,
+}
+
+pub fn parse(args: &[String], fs: &dyn InputFs, cwd: &Path) -> Result<Parsed, Diagnostic> {
+    let mut p = Parser { fs, cwd, out: Parsed::default() };
+    p.words(args, 0)?;
+    Ok(p.out)
+}
+
+impl Parser<'_> {
+    fn words(&mut self, args: &[String], depth: usize) -> Result<(), Diagnostic> {
+        let mut i = 0;
+        while i < args.len() {
+            let arg = &args[i];
+            let option_index = i;
+            i += 1;
+            let Some(stripped) = arg.strip_prefix('-').filter(|s| !s.is_empty()) else {
+                self.out.inputs.push(arg.clone());
+                continue;
+            };
+            let (def, spelled, mut value) = resolve(stripped)?;
+            if def.arity == Arity::Flag {
+                if value.is_some() {
+                    return Err(Diagnostic::fatal(format!("no argument expected after '{spelled}'")));
+                }
+                let at = (depth == 0).then_some(ArgPos { option: option_index, value: None });
+                self.out.options.push(Occurrence { id: def.id, value: None, at });
+                continue;
+            }
+            let attached = value.is_some();
+            if value.is_none() {
+                let Some(next) = args.get(i) else {
+                    return Err(Diagnostic::fatal(format!("argument expected after '{spelled}'")));
+                };
+                i += 1;
+                value = Some(next.clone());
+            }
+            let value = value.unwrap_or_default();
+            let at = (depth == 0).then_some(ArgPos { option: option_index, value: (!attached).then_some(i - 1) });
+            if def.id == Opt::OptionsFile {
+                for file in value.split(',') {
+                    self.options_file(file, depth)?;
+                }
+                continue;
+            }
+            match def.arity {
+                Arity::List => {
+                    for v in value.split(',') {
+                        check_value(def, v)?;
+                        self.out.options.push(Occurrence { id: def.id, value: Some(v.to_owned()), at });
+                    }
+                }
+                _ => {
+                    check_value(def, &value)?;
+                    self.out.options.push(Occurrence { id: def.id, value: Some(value), at });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn options_file(&mut self, file: &str, depth: usize) -> Result<(), Diagnostic> {
+        if depth >= MAX_OPTIONS_FILE_DEPTH {
+            return Err(Diagnostic::fatal(format!("Could not open options file '{file}'")));
+        }
+        let bytes = self
+            .fs
+            .read(&absolute(self.cwd, file))
+            .map_err(|_| Diagnostic::fatal(format!("Could not open options file '{file}'")))?;
+        let text = String::from_utf8_lossy(&bytes);
+        let words = split_words(&text);
+        self.words(&words, depth + 1)
+    }
+}
+
+/// Find the option an argument (without its first `-`) names.
+/// Returns the definition, the spelling to quote in messages, and a value given
+/// with `=` or glued on.
+fn resolve(stripped: &str) -> Result<(&'static OptionDef, String, Option<String>), Diagnostic> {
+    let unknown = || Diagnostic::fatal(format!("Unknown option '{stripped}'"));
+    if let Some(long) = stripped.strip_prefix('-') {
+        let (name, value) = split_eq(long);
+        let def = by_long(name).ok_or_else(unknown)?;
+        return Ok((def, format!("--{name}"), value));
+    }
+    let (name, value) = split_eq(stripped);
+    if let Some(def) = by_short(name) {
+        return Ok((def, format!("-{name}"), value));
+    }
+    // Glued value: the longest short name that allows it and prefixes the argument.
+    let glued = super::options::OPTIONS
+        .iter()
+        .filter(|d| d.attached && stripped.len() > d.short.len() && stripped.starts_with(d.short))
+        .max_by_key(|d| d.short.len());
+    match glued {
+        Some(def) => Ok((def, format!("-{}", def.short), Some(stripped[def.short.len()..].to_owned()))),
+        None => Err(unknown()),
+    }
+}
+
+fn split_eq(s: &str) -> (&str, Option<String>) {
+    match s.split_once('=') {
+        Some((n, v)) => (n, Some(v.to_owned())),
+        None => (s, None),
+    }
+}
+
+fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
+    match def.kind {
+        ValueKind::Text => Ok(()),
+        ValueKind::Number => parse_number(v).map(|_| ()),
+        ValueKind::NumberIn(allowed) => {
+            parse_number(v)?;
+            check_value(&OptionDef { kind: ValueKind::Enum(allowed), ..*def }, v)
+        }
+        ValueKind::Enum(allowed) => {
+            if allowed.contains(&v) {
+                Ok(())
+            } else {
+                Err(Diagnostic::fatal(format!("Value '{v}' is not defined for option '{}'", def.long)))
+            }
+        }
+    }
+}
+
+/// A number as nvlink reads option values (C `strtol(v, 0)`: decimal, `0x` hex,
+/// leading-`0` octal, optional sign), the whole value consumed.
+pub fn parse_number(v: &str) -> Result<i64, Diagnostic> {
+    parse_c_long(v).map_err(|_| Diagnostic::fatal(format!("'{v}': expected a number")))
+}
+
+/// `strtol(v, &end, 0)` with `*end == 0` required.
+pub fn parse_c_long(v: &str) -> Result<i64, ()> {
+    let t = v.trim_start();
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (radix, digits) = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        (16, h)
+    } else if t.len() > 1 && t.starts_with('0') {
+        (8, &t[1..])
+    } else {
+        (10, t)
+    };
+    if digits.is_empty() {
+        return Err(());
+    }
+    let n = i64::from_str_radix(digits, radix).map_err(|_| ())?;
+    Ok(if neg { -n } else { n })
+}
+
+/// Split an options file into words: whitespace separates, quotes group.
+pub fn split_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '"' || c == '\'' => {
+                quote = Some(c);
+                in_word = true;
+            }
+            None if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            None => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::LocalFs;
+
+    fn p(args: &[&str]) -> Result<Parsed, String> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        parse(&args, &LocalFs, Path::new("/")).map_err(|d| d.to_string())
+    }
+
+    #[test]
+    fn spellings() {
+        let a = p(&["-arch=sm_90", "--arch", "sm_80", "-Lx", "-L", "y,z", "-lfoo", "a.o", "-m64", "-r"]).unwrap();
+        assert_eq!(a.inputs, vec!["a.o"]);
+        let v: Vec<_> = a.options.iter().map(|o| (o.id, o.value.clone())).collect();
+        assert_eq!(v[0], (Opt::Arch, Some("sm_90".into())));
+        assert_eq!(v[1], (Opt::Arch, Some("sm_80".into())));
+        assert_eq!(v[2], (Opt::LibraryPath, Some("x".into())));
+        assert_eq!(v[3], (Opt::LibraryPath, Some("y".into())));
+        assert_eq!(v[4], (Opt::LibraryPath, Some("z".into())));
+        assert_eq!(v[5], (Opt::Library, Some("foo".into())));
+        assert_eq!(v[6], (Opt::Machine, Some("64".into())));
+        assert_eq!(v[7], (Opt::RelocatableLink, None));
+    }
+
+    #[test]
+    fn errors_read_like_nvlink() {
+        assert_eq!(p(&["-no-such-option"]).unwrap_err(), "nvlink fatal   : Unknown option 'no-such-option'");
+        assert_eq!(p(&["--no-such-option"]).unwrap_err(), "nvlink fatal   : Unknown option '-no-such-option'");
+        assert_eq!(p(&["--lto"]).unwrap_err(), "nvlink fatal   : Unknown option '-lto'");
+        assert_eq!(p(&["-ox.cubin"]).unwrap_err(), "nvlink fatal   : Unknown option 'ox.cubin'");
+        assert_eq!(p(&["-r=1"]).unwrap_err(), "nvlink fatal   : no argument expected after '-r'");
+        assert_eq!(p(&["-L"]).unwrap_err(), "nvlink fatal   : argument expected after '-L'");
+        assert_eq!(p(&["-arch", "sm_91"]).unwrap_err(), "nvlink fatal   : Value 'sm_91' is not defined for option 'arch'");
+        assert_eq!(p(&["-m32"]).unwrap_err(), "nvlink fatal   : Value '32' is not defined for option 'machine'");
+        assert_eq!(p(&["--maxrregcount=abc"]).unwrap_err(), "nvlink fatal   : 'abc': expected a number");
+    }
+
+    #[test]
+    fn words() {
+        assert_eq!(split_words(" -arch sm_90\n 'a b.o' \"c\"d "), vec!["-arch", "sm_90", "a b.o", "cd"]);
+    }
+}

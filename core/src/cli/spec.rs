@@ -1,0 +1,218 @@
+//! The typed link specification and nvlink's mode dispatch.
+//!
+//! nvlink has no single mode switch: `-ghls` selects a host-linker-script mode
+//! (H: `lcs-aug`, I: `lcs-abs`) that skips device linking entirely; otherwise the
+//! device link runs, shaped by `-r` (B), `-dlto` (C), `-dlto -r` or
+//! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A). See
+//! `reference/nvlink-mode-dispatch.md`. [`Spec::from_parsed`] applies the
+//! option-level checks in nvlink's order and with its messages.
+
+use super::options::Opt;
+use super::parse::{parse_number, Parsed};
+use crate::diag::Diagnostic;
+
+/// The host linker script flavour of `-ghls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostScript {
+    /// `lcs-aug`: the CUDA SECTIONS block alone.
+    Aug,
+    /// `lcs-abs`: the host linker's default script plus the block.
+    Abs,
+}
+
+/// What a valid command line asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Help,
+    Version,
+    HostLinkerScript(HostScript),
+    /// Mode A: executable device link.
+    Executable,
+    /// Mode B: `-r`.
+    Relocatable,
+    /// Mode C: whole-program LTO.
+    LtoWhole,
+    /// Mode D: partial LTO (`-dlto -r`, `--force-partial-lto`).
+    LtoPartial,
+    /// Mode E: `-dlto --emit-ptx`.
+    LtoEmitPtx,
+}
+
+/// Everything nvlink's options say, typed.
+#[derive(Clone, Debug, Default)]
+pub struct Spec {
+    pub parsed: Parsed,
+    pub arch: Option<String>,
+    pub cpu_arch: Option<String>,
+    pub output: Option<String>,
+    pub inputs: Vec<String>,
+    pub library_paths: Vec<String>,
+    pub libraries: Vec<String>,
+    pub relocatable: bool,
+    pub lto: bool,
+    pub emit_ptx: bool,
+    pub ghls: Option<HostScript>,
+    pub register_link_binaries: Option<String>,
+    pub nvvmpath: Option<String>,
+    pub xnvvm: Vec<String>,
+    pub xptxas: Vec<String>,
+    pub maxrregcount: Option<i64>,
+    pub ofast_compile: Option<String>,
+    pub split_compile: Option<i64>,
+    pub split_compile_extended: Option<i64>,
+    pub debug: bool,
+    pub suppress_debug_info: bool,
+    pub device_stack_protector: Option<String>,
+    pub disable_infos: bool,
+    pub disable_warnings: bool,
+    pub warning_as_error: bool,
+    pub extra_warnings: bool,
+    pub dump_callgraph: bool,
+    pub dump_callgraph_no_demangle: bool,
+    pub ignore_host_info: bool,
+    pub use_host_info: bool,
+    pub keep_system_libraries: bool,
+    pub kernels_used: Vec<String>,
+    pub variables_used: Vec<String>,
+    pub link_as_tools_patch: bool,
+    pub nvvm_latest: bool,
+    pub preserve_relocs: bool,
+    pub report_arch: bool,
+    pub suppress_arch_warning: bool,
+    pub suppress_stack_size_warning: bool,
+    pub time: Option<String>,
+    pub uidx_file: Option<String>,
+    pub verbose: bool,
+    pub verbose2: bool,
+    pub help: bool,
+    pub version: bool,
+    pub host_ccbin: Option<String>,
+    pub force_partial_lto: bool,
+    pub force_whole_lto: bool,
+    pub shared: bool,
+    pub tool_name: Option<String>,
+    pub verbose_tkinfo: Option<bool>,
+    /// Hidden options nvlinkd accepts but does not reproduce in process.
+    pub unmodelled: Vec<Opt>,
+}
+
+impl Spec {
+    /// Collect the options into fields (last one wins for single values).
+    pub fn from_parsed(parsed: Parsed) -> Result<Spec, Diagnostic> {
+        let mut s = Spec { inputs: parsed.inputs.clone(), ..Default::default() };
+        for o in &parsed.options {
+            let v = o.value.clone();
+            let text = || v.clone().unwrap_or_default();
+            match o.id {
+                Opt::OfastCompile => s.ofast_compile = v,
+                Opt::Xnvvm => s.xnvvm.push(text()),
+                Opt::Xptxas => s.xptxas.push(text()),
+                Opt::Arch => s.arch = v,
+                Opt::CpuArch => s.cpu_arch = v,
+                Opt::Debug => s.debug = true,
+                Opt::DeviceStackProtector => s.device_stack_protector = v,
+                Opt::DisableInfos => s.disable_infos = true,
+                Opt::DisableWarnings => s.disable_warnings = true,
+                Opt::Dlto | Opt::LinkTimeOpt => s.lto = true,
+                Opt::DumpCallgraph => s.dump_callgraph = true,
+                Opt::DumpCallgraphNoDemangle => s.dump_callgraph_no_demangle = true,
+                Opt::EmitPtx => s.emit_ptx = true,
+                Opt::ExtraWarnings => s.extra_warnings = true,
+                Opt::GenHostLinkerScript => {
+                    s.ghls = Some(if text() == "lcs-aug" { HostScript::Aug } else { HostScript::Abs })
+                }
+                Opt::Help => s.help = true,
+                Opt::IgnoreHostInfo => s.ignore_host_info = true,
+                Opt::KeepSystemLibraries => s.keep_system_libraries = true,
+                Opt::KernelsUsed => s.kernels_used.push(text()),
+                Opt::Library => s.libraries.push(text()),
+                Opt::LibraryPath => s.library_paths.push(text()),
+                Opt::LinkAsToolsPatch => s.link_as_tools_patch = true,
+                Opt::Machine => {}
+                Opt::Maxrregcount => s.maxrregcount = Some(parse_number(&text())?),
+                Opt::NvvmLatest => s.nvvm_latest = true,
+                Opt::Nvvmpath => s.nvvmpath = v,
+                Opt::OptionsFile => {}
+                Opt::OutputFile => s.output = v,
+                Opt::PreserveRelocs => s.preserve_relocs = true,
+                Opt::RegisterLinkBinaries => s.register_link_binaries = v,
+                Opt::RelocatableLink => s.relocatable = true,
+                Opt::ReportArch => s.report_arch = true,
+                Opt::SplitCompile => s.split_compile = Some(parse_number(&text())?),
+                Opt::SplitCompileExtended => s.split_compile_extended = Some(parse_number(&text())?),
+                Opt::SuppressArchWarning => s.suppress_arch_warning = true,
+                Opt::SuppressDebugInfo => s.suppress_debug_info = true,
+                Opt::SuppressStackSizeWarning => s.suppress_stack_size_warning = true,
+                Opt::Time => s.time = v,
+                Opt::UidxFile => s.uidx_file = v,
+                Opt::UseHostInfo => s.use_host_info = true,
+                Opt::VariablesUsed => s.variables_used.push(text()),
+                Opt::Verbose => s.verbose = true,
+                Opt::Verbose2 => s.verbose2 = true,
+                Opt::Version => s.version = true,
+                Opt::WarningAsError => s.warning_as_error = true,
+                Opt::HostCcbin => s.host_ccbin = v,
+                Opt::ForcePartialLto => s.force_partial_lto = true,
+                Opt::ForceWholeLto => s.force_whole_lto = true,
+                Opt::Shared => s.shared = true,
+                Opt::ToolName => s.tool_name = v,
+                Opt::VerboseTkinfo => s.verbose_tkinfo = v.map(|b| b == "true"),
+                _ => s.unmodelled.push(o.id),
+            }
+        }
+        s.parsed = parsed;
+        Ok(s)
+    }
+
+    /// The mode, after nvlink's option-level checks.
+    pub fn mode(&self) -> Result<Mode, Diagnostic> {
+        if self.help {
+            return Ok(Mode::Help);
+        }
+        if self.version {
+            return Ok(Mode::Version);
+        }
+        if let Some(kind) = self.ghls {
+            if !self.inputs.is_empty() {
+                return Err(Diagnostic::fatal(
+                    "Input files are not allowed with -ghls option; use --help for more information",
+                ));
+            }
+            return Ok(Mode::HostLinkerScript(kind));
+        }
+        if self.output.is_none() {
+            return Err(Diagnostic::fatal("Must specify output file with -o option"));
+        }
+        if self.arch.is_none() {
+            return Err(Diagnostic::fatal("Unknown arch name '(null)'"));
+        }
+        if self.lto && self.nvvmpath.is_none() {
+            return Err(Diagnostic::fatal("-nvvmpath should be specified with -lto"));
+        }
+        if self.force_partial_lto && self.force_whole_lto {
+            return Err(Diagnostic::fatal("-force-partial-lto and -force-whole-lto are incompatible"));
+        }
+        if self.emit_ptx && !self.lto {
+            return Err(Diagnostic::fatal("-emit-ptx requires -dlto"));
+        }
+        Ok(match (self.lto, self.emit_ptx, self.relocatable || self.force_partial_lto) {
+            (true, true, _) => Mode::LtoEmitPtx,
+            (true, false, true) => Mode::LtoPartial,
+            (true, false, false) => Mode::LtoWhole,
+            (false, _, _) if self.relocatable => Mode::Relocatable,
+            _ => Mode::Executable,
+        })
+    }
+
+    /// The SM number of `--arch` (`sm_90a` → 90).
+    pub fn sm(&self) -> Option<u32> {
+        arch_number(self.arch.as_deref()?)
+    }
+}
+
+/// `sm_90a` / `compute_90` / `lto_100f` → 90 / 90 / 100.
+pub fn arch_number(arch: &str) -> Option<u32> {
+    let digits = arch.split('_').nth(1)?;
+    let n: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
+    n.parse().ok()
+}

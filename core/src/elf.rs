@@ -1,0 +1,274 @@
+//! A small, bounds-checked view of 64-bit little-endian ELF files.
+//!
+//! Both kinds of ELF that reach nvlink go through here: host relocatable objects
+//! (x86-64 and friends, carrying device code in `__nv_relfatbin`) and device
+//! cubins (`e_machine == EM_CUDA`). The reader keeps every header field, because
+//! the output finalizer (`crate::finalize`) rewrites cubins field by field and
+//! must reproduce what it does not change.
+//!
+//! All offsets and sizes come from untrusted bytes: every access is checked and a
+//! malformed file is an [`ElfError`], never a panic.
+
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader as _, Sym as _};
+use object::LittleEndian as LE;
+
+/// `e_machine` of device code.
+pub const EM_CUDA: u16 = 190;
+/// `st_other` bit that marks a kernel (an entry function) in a cubin.
+pub const STO_CUDA_ENTRY: u8 = 0x10;
+/// `sh_type` of NOBITS sections: they take no space in the file.
+pub const SHT_NOBITS: u32 = elf::SHT_NOBITS.0;
+/// `sh_type` of the symbol table.
+pub const SHT_SYMTAB: u32 = elf::SHT_SYMTAB.0;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ElfError {
+    #[error("not an ELF file")]
+    NotElf,
+    #[error("not a 64-bit little-endian ELF file")]
+    UnsupportedClass,
+    #[error("malformed ELF: {0}")]
+    Malformed(&'static str),
+}
+
+/// One section header, all fields kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub name: String,
+    pub sh_name: u32,
+    pub sh_type: u32,
+    pub flags: u64,
+    pub addr: u64,
+    pub offset: u64,
+    pub size: u64,
+    pub link: u32,
+    pub info: u32,
+    pub align: u64,
+    pub entsize: u64,
+}
+
+impl Section {
+    /// Bytes this section occupies in the file (NOBITS: none).
+    pub fn file_size(&self) -> u64 {
+        if self.sh_type == SHT_NOBITS {
+            0
+        } else {
+            self.size
+        }
+    }
+}
+
+/// One symbol table entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    pub st_name: u32,
+    pub info: u8,
+    pub other: u8,
+    pub shndx: u16,
+    pub value: u64,
+    pub size: u64,
+}
+
+impl Symbol {
+    pub fn binding(&self) -> u8 {
+        self.info >> 4
+    }
+    pub fn kind(&self) -> u8 {
+        self.info & 0xf
+    }
+    pub fn is_defined(&self) -> bool {
+        self.shndx != elf::SHN_UNDEF.0
+    }
+    pub fn is_global(&self) -> bool {
+        self.binding() == elf::STB_GLOBAL.0 || self.binding() == elf::STB_WEAK.0
+    }
+    pub fn is_weak(&self) -> bool {
+        self.binding() == elf::STB_WEAK.0
+    }
+    pub fn is_entry(&self) -> bool {
+        self.other & STO_CUDA_ENTRY != 0
+    }
+}
+
+/// One program header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub p_type: u32,
+    pub flags: u32,
+    pub offset: u64,
+    pub vaddr: u64,
+    pub paddr: u64,
+    pub filesz: u64,
+    pub memsz: u64,
+    pub align: u64,
+}
+
+/// A parsed ELF file borrowing its bytes.
+#[derive(Clone, Debug)]
+pub struct Elf<'a> {
+    pub data: &'a [u8],
+    pub e_type: u16,
+    pub machine: u16,
+    pub flags: u32,
+    pub abi_version: u8,
+    pub osabi: u8,
+    pub shstrndx: usize,
+    pub sections: Vec<Section>,
+    pub segments: Vec<Segment>,
+}
+
+/// True when `data` starts like any ELF file.
+pub fn is_elf(data: &[u8]) -> bool {
+    data.starts_with(&elf::ELFMAG)
+}
+
+impl<'a> Elf<'a> {
+    pub fn parse(data: &'a [u8]) -> Result<Self, ElfError> {
+        if !is_elf(data) {
+            return Err(ElfError::NotElf);
+        }
+        if data.len() < 6 || data[4] != elf::ELFCLASS64.0 || data[5] != elf::ELFDATA2LSB.0 {
+            return Err(ElfError::UnsupportedClass);
+        }
+        let hdr = elf::FileHeader64::<LE>::parse(data).map_err(|_| ElfError::Malformed("file header"))?;
+        let e = LE;
+        let sections_table = hdr.sections(e, data).map_err(|_| ElfError::Malformed("section headers"))?;
+        let mut sections = Vec::with_capacity(sections_table.len());
+        for sh in sections_table.iter() {
+            let sh_name = sh.sh_name(e);
+            let name = sections_table
+                .section_name(e, sh)
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .map_err(|_| ElfError::Malformed("section name"))?;
+            let s = Section {
+                name,
+                sh_name,
+                sh_type: sh.sh_type(e).0,
+                flags: sh.sh_flags(e).0,
+                addr: sh.sh_addr(e),
+                offset: sh.sh_offset(e),
+                size: sh.sh_size(e),
+                link: sh.sh_link(e),
+                info: sh.sh_info(e),
+                align: sh.sh_addralign(e),
+                entsize: sh.sh_entsize(e),
+            };
+            let end = s.offset.checked_add(s.file_size()).ok_or(ElfError::Malformed("section range"))?;
+            if end > data.len() as u64 {
+                return Err(ElfError::Malformed("section extends past end of file"));
+            }
+            sections.push(s);
+        }
+        let phdrs = hdr.program_headers(e, data).map_err(|_| ElfError::Malformed("program headers"))?;
+        let segments = phdrs
+            .iter()
+            .map(|p| {
+                use object::read::elf::ProgramHeader as _;
+                Segment {
+                    p_type: p.p_type(e).0,
+                    flags: p.p_flags(e).0,
+                    offset: p.p_offset(e),
+                    vaddr: p.p_vaddr(e),
+                    paddr: p.p_paddr(e),
+                    filesz: p.p_filesz(e),
+                    memsz: p.p_memsz(e),
+                    align: p.p_align(e),
+                }
+            })
+            .collect();
+        Ok(Elf {
+            data,
+            e_type: hdr.e_type(e).0,
+            machine: hdr.e_machine(e).0,
+            flags: hdr.e_flags(e).0,
+            abi_version: data[8],
+            osabi: data[7],
+            shstrndx: hdr.shstrndx(e, data).map_err(|_| ElfError::Malformed("shstrndx"))? as usize,
+            sections,
+            segments,
+        })
+    }
+
+    pub fn is_cubin(&self) -> bool {
+        self.machine == EM_CUDA
+    }
+
+    pub fn section(&self, name: &str) -> Option<(usize, &Section)> {
+        self.sections.iter().enumerate().find(|(_, s)| s.name == name)
+    }
+
+    /// The file bytes of a section (empty for NOBITS).
+    pub fn section_data(&self, s: &Section) -> &'a [u8] {
+        let start = s.offset as usize;
+        // Ranges were checked in `parse`.
+        &self.data[start..start + s.file_size() as usize]
+    }
+
+    pub fn section_data_by_name(&self, name: &str) -> Option<&'a [u8]> {
+        self.section(name).map(|(_, s)| self.section_data(s))
+    }
+
+    /// The entries of the (first) SYMTAB section, names resolved.
+    pub fn symbols(&self) -> Result<Vec<Symbol>, ElfError> {
+        let Some((_, symtab)) = self.sections.iter().enumerate().find(|(_, s)| s.sh_type == SHT_SYMTAB)
+        else {
+            return Ok(Vec::new());
+        };
+        let strtab = self
+            .sections
+            .get(symtab.link as usize)
+            .map(|s| self.section_data(s))
+            .ok_or(ElfError::Malformed("symbol string table"))?;
+        let data = self.section_data(symtab);
+        let count = data.len() / 24;
+        let mut out = Vec::with_capacity(count);
+        for i in 0..count {
+            let raw: &elf::Sym64<LE> =
+                object::pod::from_bytes(&data[i * 24..(i + 1) * 24]).map(|(s, _)| s).map_err(|_| ElfError::Malformed("symbol"))?;
+            let st_name = raw.st_name(LE);
+            out.push(Symbol {
+                name: c_str_at(strtab, st_name as usize).ok_or(ElfError::Malformed("symbol name"))?.to_owned(),
+                st_name,
+                info: raw.st_info().0,
+                other: raw.st_other().0,
+                shndx: raw.st_shndx(LE).0,
+                value: raw.st_value(LE),
+                size: raw.st_size(LE),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The NUL-terminated string at `offset` in a string table.
+pub fn c_str_at(table: &[u8], offset: usize) -> Option<&str> {
+    let rest = table.get(offset..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_garbage_without_panicking() {
+        assert_eq!(Elf::parse(b"hello").unwrap_err(), ElfError::NotElf);
+        let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
+        assert!(Elf::parse(&bytes).is_err());
+        bytes.resize(64, 0);
+        assert!(Elf::parse(&bytes).is_err() || Elf::parse(&bytes).is_ok());
+        for len in 0..64 {
+            let _ = Elf::parse(&bytes[..len]);
+        }
+    }
+
+    #[test]
+    fn c_str_at_is_bounded() {
+        assert_eq!(c_str_at(b"\0abc\0", 1), Some("abc"));
+        assert_eq!(c_str_at(b"\0abc", 1), None);
+        assert_eq!(c_str_at(b"", 5), None);
+    }
+}

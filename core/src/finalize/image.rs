@@ -1,0 +1,233 @@
+//! An editable cubin and nvlink's file layout.
+//!
+//! nvlink (and nvJitLink, which shares its ELF writer) lays a cubin out in one
+//! simple pass: the 64-byte ELF header, then every section in section-header
+//! order, each at the next multiple of its alignment (NOBITS sections take no
+//! room), then the section header table at the next multiple of 8, then the
+//! program header table right after it. A LOAD segment starts at its first
+//! section and ends where its last file-backed section ends; the PHDR segment
+//! (and the LOAD that maps it) covers the program header table.
+//!
+//! [`CubinImage`] keeps every header field of a parsed cubin, lets the finalizer
+//! replace section contents, and [`CubinImage::serialize`] re-applies that layout.
+//! Serializing an unmodified nvlink output gives back the same bytes; the tests
+//! in `tests/` check this on real nvlink outputs.
+
+use crate::elf::{Elf, ElfError, SHT_NOBITS};
+
+const EHDR_SIZE: usize = 64;
+const SHDR_SIZE: usize = 64;
+const PHDR_SIZE: usize = 56;
+const PT_PHDR: u32 = 6;
+
+/// A section with its header fields and (owned) contents.
+#[derive(Clone, Debug)]
+pub struct ImageSection {
+    pub name: String,
+    pub sh_name: u32,
+    pub sh_type: u32,
+    pub flags: u64,
+    pub addr: u64,
+    pub link: u32,
+    pub info: u32,
+    pub align: u64,
+    pub entsize: u64,
+    /// For NOBITS sections: the size; otherwise `data.len()` is used.
+    pub nobits_size: u64,
+    pub data: Vec<u8>,
+}
+
+impl ImageSection {
+    fn size(&self) -> u64 {
+        if self.sh_type == SHT_NOBITS {
+            self.nobits_size
+        } else {
+            self.data.len() as u64
+        }
+    }
+}
+
+/// What a program header maps, so that it can be recomputed after a relayout.
+#[derive(Clone, Debug)]
+enum SegmentSpan {
+    /// The program header table itself.
+    PhdrTable,
+    /// Sections `first..=last` (indices); `None` when the segment maps no section.
+    Sections { first: usize, last_file_backed: Option<usize> },
+    /// Anything we could not attribute: keep the raw offset and sizes.
+    Opaque,
+}
+
+#[derive(Clone, Debug)]
+struct ImageSegment {
+    p_type: u32,
+    flags: u32,
+    vaddr: u64,
+    paddr: u64,
+    offset: u64,
+    filesz: u64,
+    /// memsz - filesz in the original, preserved (NOBITS tails).
+    mem_extra: u64,
+    align: u64,
+    span: SegmentSpan,
+}
+
+/// An editable cubin.
+#[derive(Clone, Debug)]
+pub struct CubinImage {
+    /// The original ELF header (offset fields are rewritten on output).
+    header: [u8; EHDR_SIZE],
+    pub sections: Vec<ImageSection>,
+    segments: Vec<ImageSegment>,
+}
+
+impl CubinImage {
+    pub fn parse(data: &[u8]) -> Result<Self, ElfError> {
+        let elf = Elf::parse(data)?;
+        let mut header = [0u8; EHDR_SIZE];
+        header.copy_from_slice(data.get(..EHDR_SIZE).ok_or(ElfError::Malformed("header"))?);
+        let sections: Vec<ImageSection> = elf
+            .sections
+            .iter()
+            .map(|s| ImageSection {
+                name: s.name.clone(),
+                sh_name: s.sh_name,
+                sh_type: s.sh_type,
+                flags: s.flags,
+                addr: s.addr,
+                link: s.link,
+                info: s.info,
+                align: s.align,
+                entsize: s.entsize,
+                nobits_size: if s.sh_type == SHT_NOBITS { s.size } else { 0 },
+                data: elf.section_data(s).to_vec(),
+            })
+            .collect();
+        let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());
+        let segments = elf
+            .segments
+            .iter()
+            .map(|p| {
+                let span = if p.p_type == PT_PHDR || (p.offset == phoff && phoff != 0 && p.filesz != 0) {
+                    SegmentSpan::PhdrTable
+                } else {
+                    Self::attribute(&elf, p.offset, p.filesz)
+                };
+                ImageSegment {
+                    p_type: p.p_type,
+                    flags: p.flags,
+                    vaddr: p.vaddr,
+                    paddr: p.paddr,
+                    offset: p.offset,
+                    filesz: p.filesz,
+                    mem_extra: p.memsz.saturating_sub(p.filesz),
+                    align: p.align,
+                    span,
+                }
+            })
+            .collect();
+        Ok(CubinImage { header, sections, segments })
+    }
+
+    /// Find which sections a segment maps: the first section (in header order)
+    /// starting at the segment's offset, and the last file-backed one ending at
+    /// or before its end.
+    fn attribute(elf: &Elf<'_>, offset: u64, filesz: u64) -> SegmentSpan {
+        let end = offset + filesz;
+        let in_range: Vec<usize> = elf
+            .sections
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, s)| s.offset >= offset && s.offset + s.file_size() <= end && (s.offset < end || filesz == 0))
+            .map(|(i, _)| i)
+            .collect();
+        let Some(&first) = in_range.iter().find(|&&i| elf.sections[i].offset == offset) else {
+            return SegmentSpan::Opaque;
+        };
+        let last_file_backed = in_range
+            .iter()
+            .copied()
+            .filter(|&i| elf.sections[i].sh_type != SHT_NOBITS && elf.sections[i].size > 0)
+            .max_by_key(|&i| elf.sections[i].offset + elf.sections[i].size);
+        SegmentSpan::Sections { first, last_file_backed }
+    }
+
+    pub fn section_index(&self, name: &str) -> Option<usize> {
+        self.sections.iter().position(|s| s.name == name)
+    }
+
+    /// Lay the image out as nvlink does and return the file bytes.
+    pub fn serialize(&self) -> Vec<u8> {
+        let mut offsets = Vec::with_capacity(self.sections.len());
+        let mut pos = EHDR_SIZE as u64;
+        for (i, s) in self.sections.iter().enumerate() {
+            if i == 0 {
+                offsets.push(0);
+                continue;
+            }
+            let align = s.align.max(1);
+            pos = pos.div_ceil(align) * align;
+            offsets.push(pos);
+            if s.sh_type != SHT_NOBITS {
+                pos += s.data.len() as u64;
+            }
+        }
+        let shoff = pos.div_ceil(8) * 8;
+        let phoff = if self.segments.is_empty() { 0 } else { shoff + (self.sections.len() * SHDR_SIZE) as u64 };
+        let total = if self.segments.is_empty() {
+            shoff as usize + self.sections.len() * SHDR_SIZE
+        } else {
+            phoff as usize + self.segments.len() * PHDR_SIZE
+        };
+        let mut out = vec![0u8; total];
+        out[..EHDR_SIZE].copy_from_slice(&self.header);
+        out[0x20..0x28].copy_from_slice(&phoff.to_le_bytes());
+        out[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        out[0x38..0x3a].copy_from_slice(&(self.segments.len() as u16).to_le_bytes());
+        out[0x3c..0x3e].copy_from_slice(&(self.sections.len() as u16).to_le_bytes());
+        for (i, s) in self.sections.iter().enumerate() {
+            if s.sh_type != SHT_NOBITS && !s.data.is_empty() {
+                let o = offsets[i] as usize;
+                out[o..o + s.data.len()].copy_from_slice(&s.data);
+            }
+            let h = shoff as usize + i * SHDR_SIZE;
+            let w = &mut out[h..h + SHDR_SIZE];
+            w[0..4].copy_from_slice(&s.sh_name.to_le_bytes());
+            w[4..8].copy_from_slice(&s.sh_type.to_le_bytes());
+            w[8..16].copy_from_slice(&s.flags.to_le_bytes());
+            w[16..24].copy_from_slice(&s.addr.to_le_bytes());
+            w[24..32].copy_from_slice(&offsets[i].to_le_bytes());
+            w[32..40].copy_from_slice(&s.size().to_le_bytes());
+            w[40..44].copy_from_slice(&s.link.to_le_bytes());
+            w[44..48].copy_from_slice(&s.info.to_le_bytes());
+            w[48..56].copy_from_slice(&s.align.to_le_bytes());
+            w[56..64].copy_from_slice(&s.entsize.to_le_bytes());
+        }
+        for (j, seg) in self.segments.iter().enumerate() {
+            let (offset, filesz) = match seg.span {
+                SegmentSpan::PhdrTable => (phoff, (self.segments.len() * PHDR_SIZE) as u64),
+                SegmentSpan::Sections { first, last_file_backed } => {
+                    let start = offsets[first];
+                    let filesz = match last_file_backed {
+                        Some(l) => offsets[l] + self.sections[l].data.len() as u64 - start,
+                        None => 0,
+                    };
+                    (start, filesz)
+                }
+                SegmentSpan::Opaque => (seg.offset, seg.filesz),
+            };
+            let h = phoff as usize + j * PHDR_SIZE;
+            let w = &mut out[h..h + PHDR_SIZE];
+            w[0..4].copy_from_slice(&seg.p_type.to_le_bytes());
+            w[4..8].copy_from_slice(&seg.flags.to_le_bytes());
+            w[8..16].copy_from_slice(&offset.to_le_bytes());
+            w[16..24].copy_from_slice(&seg.vaddr.to_le_bytes());
+            w[24..32].copy_from_slice(&seg.paddr.to_le_bytes());
+            w[32..40].copy_from_slice(&filesz.to_le_bytes());
+            w[40..48].copy_from_slice(&(filesz + seg.mem_extra).to_le_bytes());
+            w[48..56].copy_from_slice(&seg.align.to_le_bytes());
+        }
+        out
+    }
+}

@@ -1,0 +1,124 @@
+//! Turning an nvJitLink cubin into the cubin nvlink writes.
+//!
+//! nvJitLink shares nvlink's linker, so for the same inputs it produces the same
+//! code, symbols, relocations and section order. What differs is bookkeeping:
+//! the tool entries of `.note.nv.tkinfo` ([`tkinfo`]), the names dead kernels
+//! leave in the string tables ([`strtab`]), and, as a consequence, every file
+//! offset. [`finalize`] fixes the bookkeeping and lays the file out again with
+//! nvlink's rules ([`image`]).
+
+pub mod image;
+pub mod strtab;
+pub mod tkinfo;
+
+use std::collections::HashSet;
+
+use image::CubinImage;
+use strtab::{InputFunction, StrTab};
+
+/// The build string nvJitLink's embedded ptxas writes for PTX it compiled itself.
+pub const JIT_PTXAS_BUILD_PLACEHOLDER: &str = "Build system must define TOOLS_VERSION_EXTENDED";
+
+#[derive(Debug, thiserror::Error)]
+pub enum FinalizeError {
+    #[error("nvJitLink output: {0}")]
+    Elf(#[from] crate::elf::ElfError),
+    #[error("tkinfo: {0}")]
+    Note(#[from] tkinfo::NoteError),
+    #[error("string table: {0}")]
+    StrTab(#[from] strtab::StrTabError),
+    #[error("nvJitLink output has no {0}")]
+    Missing(&'static str),
+    #[error("unexpected tkinfo entries: {0}")]
+    UnexpectedEntries(String),
+}
+
+/// What nvlink would have written that nvJitLink did not.
+#[derive(Clone, Debug)]
+pub struct Fixups {
+    /// nvlink's own tkinfo entry (replaces nvJitLink's "nvJIT API" entry).
+    pub linker_entry: tkinfo::Entry,
+    /// Replacements, in order, for the entries nvJitLink's embedded ptxas wrote
+    /// for PTX it compiled (nvlink's embedded ptxas writes these instead).
+    pub ptxas_entries: Vec<tkinfo::Entry>,
+    /// The functions of each linked cubin in link order, to place ghost names
+    /// of dead kernels; empty when nothing was removed.
+    pub inputs: Vec<Vec<InputFunction>>,
+}
+
+/// Rewrite `jit_cubin` into nvlink's bytes.
+pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError> {
+    let mut img = CubinImage::parse(jit_cubin)?;
+    rewrite_tkinfo(&mut img, fix)?;
+    if !fix.inputs.is_empty() {
+        insert_ghost_names(&mut img, &fix.inputs)?;
+    }
+    Ok(img.serialize())
+}
+
+fn rewrite_tkinfo(img: &mut CubinImage, fix: &Fixups) -> Result<(), FinalizeError> {
+    let idx = img.section_index(".note.nv.tkinfo").ok_or(FinalizeError::Missing(".note.nv.tkinfo"))?;
+    let mut entries = tkinfo::parse(&img.sections[idx].data)?;
+    if entries.first().map(|e| e.tool.as_str()) != Some("nvJIT API") {
+        return Err(FinalizeError::UnexpectedEntries("first entry is not nvJitLink's".into()));
+    }
+    entries[0] = fix.linker_entry.clone();
+    let mut replacements = fix.ptxas_entries.iter();
+    for e in entries.iter_mut().skip(1) {
+        if e.build == JIT_PTXAS_BUILD_PLACEHOLDER {
+            *e = replacements
+                .next()
+                .cloned()
+                .ok_or_else(|| FinalizeError::UnexpectedEntries("more JIT-compiled modules than expected".into()))?;
+        }
+    }
+    if replacements.next().is_some() {
+        return Err(FinalizeError::UnexpectedEntries("fewer JIT-compiled modules than expected".into()));
+    }
+    img.sections[idx].data = tkinfo::serialize(&entries);
+    Ok(())
+}
+
+/// The functions present in a linked cubin (`.text.<name>` sections).
+pub fn live_functions(img: &CubinImage) -> HashSet<String> {
+    img.sections.iter().filter_map(|s| s.name.strip_prefix(".text.")).map(str::to_owned).collect()
+}
+
+fn insert_ghost_names(img: &mut CubinImage, inputs: &[Vec<InputFunction>]) -> Result<(), FinalizeError> {
+    let live = live_functions(img);
+    if inputs.iter().flatten().all(|f| !f.is_kernel || live.contains(&f.name)) {
+        return Ok(());
+    }
+    // .shstrtab: section names.
+    let shstr = img.section_index(".shstrtab").ok_or(FinalizeError::Missing(".shstrtab"))?;
+    let old = StrTab::parse(&img.sections[shstr].data)?;
+    let mut new = old.clone();
+    strtab::insert_ghosts(&mut new.strings, inputs, &live)?;
+    {
+        let map = old.remap(&new)?;
+        for s in img.sections.iter_mut() {
+            s.sh_name = map(s.sh_name).ok_or(FinalizeError::Missing("section name after remap"))?;
+        }
+    }
+    img.sections[shstr].data = new.to_bytes();
+
+    // .strtab: symbol names (and section names again).
+    let Some(symtab) = img.sections.iter().position(|s| s.sh_type == crate::elf::SHT_SYMTAB) else {
+        return Ok(());
+    };
+    let strtab_idx = img.sections[symtab].link as usize;
+    let old = StrTab::parse(&img.sections.get(strtab_idx).ok_or(FinalizeError::Missing(".strtab"))?.data)?;
+    let mut new = old.clone();
+    strtab::insert_ghosts(&mut new.strings, inputs, &live)?;
+    {
+        let map = old.remap(&new)?;
+        let data = &mut img.sections[symtab].data;
+        for entry in data.chunks_exact_mut(24) {
+            let name = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+            let mapped = map(name).ok_or(FinalizeError::Missing("symbol name after remap"))?;
+            entry[0..4].copy_from_slice(&mapped.to_le_bytes());
+        }
+    }
+    img.sections[strtab_idx].data = new.to_bytes();
+    Ok(())
+}

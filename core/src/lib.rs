@@ -1,0 +1,27 @@
+//! # nvlinkd-core
+//!
+//! Everything nvlinkd knows about `nvlink`, as a synchronous library that needs no
+//! daemon: the command line and its modes, the inputs and how nvlink treats them,
+//! the link plan, the engines that carry a plan out (libnvJitLink in process, or
+//! the real nvlink), the finalizer that makes nvJitLink's output byte-identical to
+//! nvlink's, and the content-addressed cache.
+//!
+//! See ARCHITECTURE.md at the repository root for how a request flows.
+
+pub mod cli;
+pub mod diag;
+pub mod elf;
+pub mod engine;
+pub mod fatbin;
+pub mod finalize;
+pub mod fs;
+pub mod input;
+pub mod jitlink;
+pub mod linker;
+pub mod plan;
+pub mod regbin;
+pub mod request;
+pub mod stats;
+pub mod toolkit;
+
+pub use linker::{Linker, LinkerConfig};

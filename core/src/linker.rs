@@ -1,0 +1,190 @@
+//! The linker: one request in, one [`Outcome`] out.
+//!
+//! `Linker::link` is the whole of nvlink's behaviour as a function. It parses
+//! the command line, dispatches on the mode, and for device links builds the
+//! link plan, looks the result up in the cache, and runs an engine: in process
+//! when the plan is one the finalizer reproduces byte for byte, otherwise the
+//! real nvlink (when this process shares the caller's filesystem) or a fallback
+//! answer that tells the shim to run nvlink itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use tracing::{debug, warn};
+
+use crate::cli::parse::parse;
+use crate::cli::spec::{Mode, Spec};
+use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
+use crate::engine::inprocess::{self, Unsupported};
+use crate::engine::process;
+use crate::fs::{absolute, InputFs};
+use crate::input::load::{LoadContext, LoadError};
+use crate::plan;
+use crate::regbin;
+use crate::request::{EngineKind, Outcome, OutputFile, Request};
+use crate::stats::{bump, Stats};
+use crate::toolkit::Toolkit;
+
+/// How a linker is set up.
+#[derive(Clone, Debug, Default)]
+pub struct LinkerConfig {
+    /// Toolkit for requests that name none.
+    pub default_toolkit: Option<PathBuf>,
+    /// Cache and scratch directory.
+    pub cache_dir: PathBuf,
+    /// Worker threads for parallel work (None: one per CPU).
+    pub jobs: Option<usize>,
+    /// In-memory cache bound, bytes.
+    pub cache_mem: u64,
+    /// On-disk cache bound, bytes.
+    pub cache_size: u64,
+}
+
+pub struct Linker {
+    config: LinkerConfig,
+    toolkits: DashMap<PathBuf, Arc<Toolkit>>,
+    pub stats: Stats,
+}
+
+impl Linker {
+    pub fn new(config: LinkerConfig) -> Self {
+        let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
+        Linker { config, toolkits: DashMap::new(), stats: Stats::default() }
+    }
+
+    pub fn stats_json(&self) -> String {
+        self.stats.to_json(&[])
+    }
+
+    /// Count an internal failure (a link that panicked).
+    pub fn note_failure(&self) {
+        bump(&self.stats.failures);
+    }
+
+    /// The toolkit a request links with, opened once and kept.
+    fn toolkit(&self, req: &Request) -> Result<Arc<Toolkit>, String> {
+        let candidates = [req.toolkit.clone(), req.env.get("CUDA_HOME").map(PathBuf::from), self.config.default_toolkit.clone()];
+        let root = candidates
+            .into_iter()
+            .flatten()
+            .find(|p| p.join("bin/nvlink").is_file())
+            .ok_or_else(|| "no CUDA toolkit known to the daemon for this request".to_string())?;
+        if let Some(tk) = self.toolkits.get(&root) {
+            return Ok(tk.clone());
+        }
+        let tk = Arc::new(Toolkit::open(&root).map_err(|e| e.to_string())?);
+        self.toolkits.insert(root, tk.clone());
+        Ok(tk)
+    }
+
+    fn scratch_dir(&self) -> PathBuf {
+        self.config.cache_dir.join("tmp")
+    }
+
+    pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
+        bump(&self.stats.requests);
+        let tk = match self.toolkit(req) {
+            Ok(tk) => tk,
+            Err(reason) => {
+                bump(&self.stats.fallbacks);
+                return Outcome::fallback(reason);
+            }
+        };
+        let spec = match parse(&req.args, fs, &req.cwd).and_then(Spec::from_parsed) {
+            Ok(s) => s,
+            Err(d) => return self.fatal(d),
+        };
+        let mode = match spec.mode() {
+            Ok(m) => m,
+            Err(d) => return self.fatal(d),
+        };
+        debug!(?mode, "dispatch");
+        match mode {
+            Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
+            Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
+            Mode::HostLinkerScript(_) => self.run_nvlink(&tk, req, &spec),
+            _ => self.device_link(&tk, req, fs, &spec, mode),
+        }
+    }
+
+    /// Modes A to E: plan, then the in-process engine or the real nvlink.
+    fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+        let ctx = LoadContext { fs, cwd: &req.cwd, sm: spec.sm().unwrap_or(0), lto: spec.lto };
+        let plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
+            Ok(p) => p,
+            Err(LoadError::Fatal(d)) => return self.fatal(d),
+            Err(LoadError::Unsupported(why)) => {
+                debug!(%why, "plan not reproduced in process");
+                return self.run_nvlink(tk, req, spec);
+            }
+        };
+        let output = match inprocess::link(tk, spec, mode, &plan) {
+            Ok(bytes) => bytes,
+            Err(Unsupported(why)) => {
+                debug!(%why, "link not reproduced in process");
+                return self.run_nvlink(tk, req, spec);
+            }
+        };
+        bump(&self.stats.in_process);
+        let mut report = Report::new(Filters {
+            no_warnings: spec.disable_warnings,
+            warnings_as_errors: spec.warning_as_error,
+            no_infos: spec.disable_infos,
+        });
+        for d in &plan.infos {
+            report.emit(d.clone());
+        }
+        let mut outputs = Vec::new();
+        if let Some(o) = &spec.output {
+            outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
+        }
+        if let Some(r) = &spec.register_link_binaries {
+            let ids: Vec<String> = plan.units.iter().filter_map(|u| u.module_id.clone()).collect();
+            outputs.push(OutputFile { path: absolute(&req.cwd, r), data: regbin::render(&ids).into_bytes(), append: false });
+        }
+        Outcome {
+            exit_code: 0,
+            stdout: report.stdout,
+            stderr: report.stderr,
+            outputs,
+            fallback: None,
+            engine: EngineKind::InProcess,
+        }
+    }
+
+    fn frontend(&self, exit_code: i32, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
+        bump(&self.stats.frontend);
+        Outcome { exit_code, stdout, stderr, outputs: Vec::new(), fallback: None, engine: EngineKind::Frontend }
+    }
+
+    fn fatal(&self, d: Diagnostic) -> Outcome {
+        self.frontend(EXIT_FATAL, Vec::new(), format!("{d}\n").into_bytes())
+    }
+
+    /// The real nvlink as the engine (same filesystem only).
+    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec) -> Outcome {
+        if !req.shared_fs {
+            bump(&self.stats.fallbacks);
+            return Outcome::fallback("this link needs the real nvlink and the daemon does not share the caller's files");
+        }
+        match process::run(&tk.nvlink(), req, spec, &self.scratch_dir()) {
+            Ok(r) => {
+                bump(&self.stats.nvlink_process);
+                Outcome {
+                    exit_code: r.exit_code,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    outputs: r.outputs,
+                    fallback: None,
+                    engine: EngineKind::NvlinkProcess,
+                }
+            }
+            Err(e) => {
+                warn!("cannot run nvlink: {e}");
+                bump(&self.stats.fallbacks);
+                Outcome::fallback(format!("cannot run {}: {e}", Path::new(&tk.nvlink()).display()))
+            }
+        }
+    }
+}

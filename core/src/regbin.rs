@@ -1,0 +1,45 @@
+//! The `--register-link-binaries` file: the registration functions nvcc's
+//! generated host code must call, one per linked module.
+//!
+//! ```text
+//! #define NUM_PRELINKED_OBJECTS 2
+//! DEFINE_REGISTER_FUNC(_144e65d5_4_a_cu_514b6f4c)
+//! DEFINE_REGISTER_FUNC(_06fbca3b_4_b_cu_587774ad)
+//! ```
+//! Host objects name their module in `__nv_module_id`; device-only inputs
+//! (cubins, PTX) get an id made from their absolute path.
+
+use std::path::Path;
+
+/// The module id nvlink makes up for an input without host code:
+/// its absolute path with every character outside `[A-Za-z0-9]` replaced by `_`.
+pub fn synthetic_module_id(absolute: &Path) -> String {
+    absolute
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The file's contents for these module ids, in link order.
+pub fn render(ids: &[String]) -> String {
+    let mut out = format!("#define NUM_PRELINKED_OBJECTS {}\n", ids.len());
+    for id in ids {
+        out.push_str(&format!("DEFINE_REGISTER_FUNC({id})\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_like_nvlink() {
+        assert_eq!(
+            render(&["_a".into(), "_b".into()]),
+            "#define NUM_PRELINKED_OBJECTS 2\nDEFINE_REGISTER_FUNC(_a)\nDEFINE_REGISTER_FUNC(_b)\n"
+        );
+        assert_eq!(synthetic_module_id(Path::new("/tmp/c/dp.ptx")), "_tmp_c_dp_ptx");
+    }
+}

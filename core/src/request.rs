@@ -1,0 +1,72 @@
+//! One nvlink invocation as the daemon receives it, and what comes back.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Environment variables that change what nvlink does; only these travel.
+pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
+
+/// An nvlink invocation.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// nvlink's arguments, without argv[0].
+    pub args: Vec<String>,
+    /// The invoking process's working directory (absolute).
+    pub cwd: PathBuf,
+    /// The relevant part of its environment.
+    pub env: BTreeMap<String, String>,
+    /// The toolkit to link with (a CUDA_HOME), when the caller knows it.
+    pub toolkit: Option<PathBuf>,
+    /// Whether this process sees the caller's filesystem at the same paths (a
+    /// local daemon). Only then can the real nvlink run here as an engine.
+    pub shared_fs: bool,
+}
+
+/// A file to write on the caller's side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputFile {
+    pub path: PathBuf,
+    pub data: Vec<u8>,
+    /// Append rather than replace (`-time`).
+    pub append: bool,
+}
+
+/// Which engine produced a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Nothing to link: help, version, errors found before linking, `-ghls`.
+    Frontend,
+    /// libnvJitLink in process, finalized to nvlink's bytes.
+    InProcess,
+    /// The real nvlink, run by the daemon.
+    NvlinkProcess,
+    /// Served from the cache.
+    Cache,
+}
+
+/// What the caller must do with the invocation.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Files to write, in order, only when they were produced.
+    pub outputs: Vec<OutputFile>,
+    /// Set when this process cannot serve the link and the caller should run
+    /// the real nvlink itself (with the reason, for logs).
+    pub fallback: Option<String>,
+    pub engine: EngineKind,
+}
+
+impl Outcome {
+    pub fn fallback(reason: impl Into<String>) -> Self {
+        Outcome {
+            exit_code: 0,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            outputs: Vec::new(),
+            fallback: Some(reason.into()),
+            engine: EngineKind::Frontend,
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Counters of a linker, reported by `nvlinkd stats --json`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Monotonic counters; all relaxed atomics.
+        #[derive(Debug, Default)]
+        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+
+        impl Stats {
+            /// One JSON object with every counter as a top-level integer.
+            pub fn to_json(&self, extra: &[(&str, u64)]) -> String {
+                let mut fields: Vec<String> = vec![
+                    $(format!("\"{}\":{}", stringify!($name), self.$name.load(Ordering::Relaxed)),)*
+                ];
+                fields.extend(extra.iter().map(|(k, v)| format!("\"{k}\":{v}")));
+                format!("{{{}}}", fields.join(","))
+            }
+        }
+    };
+}
+
+counters! {
+    /// Link requests received.
+    requests,
+    /// Whole-link results served from the cache.
+    cache_hits,
+    /// Whole links that had to be computed.
+    cache_misses,
+    /// Links computed in process (libnvJitLink + finalizer).
+    in_process,
+    /// Links computed by running the real nvlink.
+    nvlink_process,
+    /// Requests answered without linking (help, version, option errors, -ghls).
+    frontend,
+    /// Requests handed back to the shim to run the real nvlink.
+    fallbacks,
+    /// Requests that failed inside nvlinkd (answered with a fallback).
+    failures,
+    /// Per-module JIT (PTX to cubin) cache hits and misses.
+    jit_hits,
+    jit_misses,
+    /// LTO: NVVM step (LTO IR to PTX) cache hits and misses.
+    nvvm_hits,
+    nvvm_misses,
+    /// LTO: ptxas step (PTX to cubin) cache hits and misses.
+    ptxas_hits,
+    ptxas_misses,
+}
+
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}

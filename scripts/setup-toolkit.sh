@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install the pinned CUDA 13.5.37 toolkit pieces from PyPI into a project-local
+# prefix and lay them out like a regular CUDA installation.
+#
+#   scripts/setup-toolkit.sh [PREFIX]      (default: .toolkit/cuda-13.5.37)
+#
+# Idempotent: a complete install is recognised by its stamp file and nothing is
+# downloaded again (offline-safe). Prints the toolkit root (CUDA_HOME) on stdout.
+set -euo pipefail
+
+VERSION=13.5.37
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prefix=${1:-$here/.toolkit/cuda-$VERSION}
+stamp=$prefix/.nvlinkd-toolkit-$VERSION
+
+# The wheels, pinned. nvidia-cuda-cccl (thrust/cub headers) versions on its own
+# scheme; nvidia-nvptxcompiler is pinned to the same toolkit release.
+WHEELS=(
+  "nvidia-cuda-nvcc==$VERSION"
+  "nvidia-nvvm==$VERSION"
+  "nvidia-nvjitlink==$VERSION"
+  "nvidia-nvptxcompiler==$VERSION"
+  "nvidia-cuda-crt==$VERSION"
+  "nvidia-cuda-runtime==$VERSION"
+  "nvidia-cuda-cuobjdump==$VERSION"
+  "nvidia-cuda-nvdisasm==$VERSION"
+  "nvidia-nvfatbin==$VERSION"
+  "nvidia-cuda-cccl==13.3.5.0.6"
+)
+
+if [[ -f $stamp ]]; then
+  echo "$prefix"
+  exit 0
+fi
+
+log() { echo "setup-toolkit: $*" >&2; }
+python=${PYTHON:-python3}
+staging=$prefix.staging
+rm -rf "$staging"
+mkdir -p "$staging"
+log "installing CUDA $VERSION wheels from PyPI into $prefix"
+# pip keeps the wheels' executable bits; --no-deps: the set above is complete.
+"$python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  --target "$staging/site" "${WHEELS[@]}" >&2
+
+root=$staging/site/nvidia/cu13
+[[ -x $root/bin/nvcc && -x $root/bin/nvlink ]] || { log "wheel layout unexpected: no $root/bin/nvcc"; exit 1; }
+
+# Lay out what tools expect from a regular toolkit:
+#  - nvlink -dlto loads <nvvmpath>/lib64/libnvvm.so
+#  - lib64 beside lib, unversioned .so names for linking
+ln -sfn lib "$root/lib64"
+mkdir -p "$root/nvvm/lib64"
+ln -sfn ../../lib/libnvvm.so.4 "$root/nvvm/lib64/libnvvm.so"
+for l in "$root"/lib/lib*.so.*; do
+  base=${l##*/}
+  ln -sfn "$base" "$root/lib/${base%%.so.*}.so"
+done
+mkdir -p "$root/lib/stubs"
+
+rm -rf "$prefix"
+mv "$root" "$prefix"
+rm -rf "$staging"
+touch "$stamp"
+log "toolkit ready: CUDA_HOME=$prefix"
+echo "$prefix"

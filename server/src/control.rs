@@ -1,0 +1,104 @@
+//! `nvlinkd start | stop | status | stats`: talking to a running daemon.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use nvlinkd_proto::v1::{nvlinkd_client::NvlinkdClient, PingReply, PingRequest, ShutdownRequest, StatsRequest};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub async fn connect(socket: &Path) -> Result<NvlinkdClient<Channel>, String> {
+    let path = socket.to_path_buf();
+    let channel = Endpoint::from_static("http://nvlinkd.local")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .map_err(|e| format!("no daemon at {}: {e}", socket.display()))?;
+    Ok(NvlinkdClient::new(channel))
+}
+
+pub async fn ping(socket: &Path) -> Result<PingReply, String> {
+    let mut c = connect(socket).await?;
+    c.ping(PingRequest {}).await.map(|r| r.into_inner()).map_err(|s| s.message().to_string())
+}
+
+/// Start a detached daemon unless one answers already; wait until it answers.
+pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, String> {
+    if let Ok(p) = ping(socket).await {
+        return Ok(format!("nvlinkd already running (pid {}) on {}", p.pid, socket.display()));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("serve").args(&serve_args);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // Detach: own session, so the daemon outlives the shell or build that started it.
+    use std::os::unix::process::CommandExt;
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot spawn nvlinkd serve: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(p) = ping(socket).await {
+            return Ok(format!("nvlinkd started (pid {}) on {}", p.pid, socket.display()));
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            // Lost a race with another starter? Then its daemon answers.
+            if let Ok(p) = ping(socket).await {
+                return Ok(format!("nvlinkd already running (pid {}) on {}", p.pid, socket.display()));
+            }
+            return Err(format!("nvlinkd serve exited early ({status}); see its log in the cache directory"));
+        }
+        if Instant::now() > deadline {
+            return Err("nvlinkd did not answer within 20 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ask the daemon to finish in-flight links and exit; wait until it is gone.
+pub async fn stop(socket: &Path) -> Result<String, String> {
+    let Ok(p) = ping(socket).await else {
+        return Ok(format!("nvlinkd not running on {}", socket.display()));
+    };
+    let mut c = connect(socket).await?;
+    c.shutdown(ShutdownRequest {}).await.map_err(|s| s.message().to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while pid_alive(p.pid) {
+        if Instant::now() > deadline {
+            return Err(format!("nvlinkd (pid {}) still running", p.pid));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(format!("nvlinkd (pid {}) stopped", p.pid))
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+pub async fn status(socket: &Path) -> Result<String, String> {
+    let p = ping(socket).await?;
+    Ok(format!(
+        "nvlinkd {} running (pid {})\nsocket: {}\ncache: {}",
+        p.version,
+        p.pid,
+        socket.display(),
+        p.cache_dir
+    ))
+}
+
+pub async fn stats(socket: &Path) -> Result<String, String> {
+    let mut c = connect(socket).await?;
+    c.stats(StatsRequest {}).await.map(|r| r.into_inner().json).map_err(|s| s.message().to_string())
+}
+
+pub fn default_socket() -> PathBuf {
+    nvlinkd_proto::paths::socket_path()
+}

@@ -1,0 +1,43 @@
+//! `nvlinkd exec -- <nvlink args>`: the linker in this process, no daemon.
+//! Behaves like nvlink (outputs, messages, exit status); `--explain` names the
+//! engine that ran.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nvlinkd_core::fs::LocalFs;
+use nvlinkd_core::request::{Request, RELEVANT_ENV};
+use nvlinkd_core::{Linker, LinkerConfig};
+
+pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let env = RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from);
+    let scratch = std::env::temp_dir().join(format!("nvlinkd-exec-{}", std::process::id()));
+    let linker = Linker::new(LinkerConfig { default_toolkit: cuda_home.clone(), cache_dir: scratch.clone(), ..Default::default() });
+    let req = Request { args, cwd, env, toolkit: cuda_home, shared_fs: true };
+    let out = linker.link(&req, &LocalFs);
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(reason) = out.fallback {
+        eprintln!("nvlinkd exec: cannot serve this link: {reason}");
+        return ExitCode::from(1);
+    }
+    for f in &out.outputs {
+        let written = if f.append {
+            std::fs::OpenOptions::new().create(true).append(true).open(&f.path).and_then(|mut h| h.write_all(&f.data))
+        } else {
+            std::fs::write(&f.path, &f.data)
+        };
+        if let Err(e) = written {
+            eprintln!("nvlinkd exec: cannot write {}: {e}", f.path.display());
+            return ExitCode::from(1);
+        }
+    }
+    let _ = std::io::stdout().write_all(&out.stdout);
+    let _ = std::io::stderr().write_all(&out.stderr);
+    if explain {
+        eprintln!("nvlinkd exec: engine {:?}", out.engine);
+    }
+    ExitCode::from(out.exit_code as u8)
+}

@@ -48,13 +48,24 @@ pub struct Section {
     pub entsize: u64,
 }
 
+/// CUDA section types that, like `SHT_NOBITS`, describe memory but take no
+/// room in the file: `.nv.global` (0x70000007), `.nv.shared.*` (0x7000000a),
+/// `.nv.shared.reserved.*` (0x70000015). They keep these types in relocatable
+/// cubins; executables turn `.nv.global` into `SHT_NOBITS`.
+pub const CUDA_NOBITS_TYPES: [u32; 3] = [0x7000_0007, 0x7000_000a, 0x7000_0015];
+
+/// Whether a section of this type has bytes in the file.
+pub fn occupies_file(sh_type: u32) -> bool {
+    sh_type != SHT_NOBITS && !CUDA_NOBITS_TYPES.contains(&sh_type)
+}
+
 impl Section {
-    /// Bytes this section occupies in the file (NOBITS: none).
+    /// Bytes this section occupies in the file (NOBITS-like: none).
     pub fn file_size(&self) -> u64 {
-        if self.sh_type == SHT_NOBITS {
-            0
-        } else {
+        if occupies_file(self.sh_type) {
             self.size
+        } else {
+            0
         }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! nvlink (and nvJitLink, which shares its ELF writer) lays a cubin out in one
 //! simple pass: the 64-byte ELF header, then every section in section-header
-//! order, each at the next multiple of its alignment (NOBITS sections take no
-//! room), then the section header table at the next multiple of 8, then the
+//! order, each at the next multiple of its alignment (NOBITS-like sections
+//! take no room, see [`crate::elf::occupies_file`]), then the section header table at the next multiple of 8, then the
 //! program header table right after it. A LOAD segment starts at its first
 //! section and ends where its last file-backed section ends; the PHDR segment
 //! (and the LOAD that maps it) covers the program header table.
@@ -13,7 +13,7 @@
 //! Serializing an unmodified nvlink output gives back the same bytes; the tests
 //! in `tests/` check this on real nvlink outputs.
 
-use crate::elf::{Elf, ElfError, SHT_NOBITS};
+use crate::elf::{occupies_file, Elf, ElfError};
 
 const EHDR_SIZE: usize = 64;
 const SHDR_SIZE: usize = 64;
@@ -32,17 +32,17 @@ pub struct ImageSection {
     pub info: u32,
     pub align: u64,
     pub entsize: u64,
-    /// For NOBITS sections: the size; otherwise `data.len()` is used.
+    /// For sections without file bytes: the size; otherwise `data.len()` is used.
     pub nobits_size: u64,
     pub data: Vec<u8>,
 }
 
 impl ImageSection {
     fn size(&self) -> u64 {
-        if self.sh_type == SHT_NOBITS {
-            self.nobits_size
-        } else {
+        if occupies_file(self.sh_type) {
             self.data.len() as u64
+        } else {
+            self.nobits_size
         }
     }
 }
@@ -99,7 +99,7 @@ impl CubinImage {
                 info: s.info,
                 align: s.align,
                 entsize: s.entsize,
-                nobits_size: if s.sh_type == SHT_NOBITS { s.size } else { 0 },
+                nobits_size: if occupies_file(s.sh_type) { 0 } else { s.size },
                 data: elf.section_data(s).to_vec(),
             })
             .collect();
@@ -148,7 +148,7 @@ impl CubinImage {
         let last_file_backed = in_range
             .iter()
             .copied()
-            .filter(|&i| elf.sections[i].sh_type != SHT_NOBITS && elf.sections[i].size > 0)
+            .filter(|&i| occupies_file(elf.sections[i].sh_type) && elf.sections[i].size > 0)
             .max_by_key(|&i| elf.sections[i].offset + elf.sections[i].size);
         SegmentSpan::Sections { first, last_file_backed }
     }
@@ -169,7 +169,7 @@ impl CubinImage {
             let align = s.align.max(1);
             pos = pos.div_ceil(align) * align;
             offsets.push(pos);
-            if s.sh_type != SHT_NOBITS {
+            if occupies_file(s.sh_type) {
                 pos += s.data.len() as u64;
             }
         }
@@ -187,7 +187,7 @@ impl CubinImage {
         out[0x38..0x3a].copy_from_slice(&(self.segments.len() as u16).to_le_bytes());
         out[0x3c..0x3e].copy_from_slice(&(self.sections.len() as u16).to_le_bytes());
         for (i, s) in self.sections.iter().enumerate() {
-            if s.sh_type != SHT_NOBITS && !s.data.is_empty() {
+            if occupies_file(s.sh_type) && !s.data.is_empty() {
                 let o = offsets[i] as usize;
                 out[o..o + s.data.len()].copy_from_slice(&s.data);
             }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build the test corpus with the real nvcc: build.sh OUTDIR (CUDA_HOME must be set).
+# Every object the parity cases link is made here, once per test run.
+set -euo pipefail
+out=$1
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+nvcc="$CUDA_HOME/bin/nvcc"
+mkdir -p "$out"
+cd "$out"
+cp "$src"/*.cu .
+
+dc() { "$nvcc" -arch=sm_90 -dc "$@"; }
+
+# Relocatable objects for sm_90 (the default target of the cases).
+for f in accumulate scale vars_def vars_use cdp tmpl_a tmpl_b mathlib_main saxpy missing; do
+  dc "$f.cu" -o "$f.o" &
+done
+dc mathlib_1.cu -o mathlib_1.o &
+dc mathlib_2.cu -o mathlib_2.o &
+mkdir -p dup && dc scale_dup.cu -o dup/scale.o &
+wait
+
+# A static library of relocatable objects.
+mkdir -p lib && ar rcs lib/libdevmath.a mathlib_1.o mathlib_2.o
+
+# PTX only (compiled by nvlink at link time), two real archs, LTO IR.
+"$nvcc" -gencode arch=compute_90,code=compute_90 -dc saxpy.cu -o saxpy_ptx.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc saxpy.cu -o saxpy_2arch.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc scale.cu -o scale_2arch.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc accumulate.cu -o accumulate_2arch.o &
+for f in accumulate scale cdp saxpy; do
+  "$nvcc" -arch=sm_90 -dc -dlto "$f.cu" -o "${f}_lto.o" &
+done
+wait
+
+# Device-only inputs: a cubin and a PTX file.
+"$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
+"$nvcc" -arch=sm_90 -dc -ptx saxpy.cu -o saxpy.ptx &
+wait
+
+# Not an object at all.
+echo "this is not an object file, just some text for nvlink to choke on" > notes.txt
+cp notes.txt notes.o
+touch corpus.done

@@ -1,0 +1,1 @@
+__device__ float scale(float x) { return 2.0f * x + 1.0f; }

@@ -1,0 +1,9 @@
+// Templates instantiated in two units: identical weak definitions.
+template <typename T> __device__ T square(T x) { return x * x; }
+template <typename T> __global__ void squares(T* p, int n) {
+  int i = threadIdx.x;
+  if (i < n) p[i] = square(p[i]);
+}
+template __global__ void squares<float>(float*, int);
+template __global__ void squares<int>(int*, int);
+void launch_squares_f(float* p, int n) { squares<<<1, n>>>(p, n); }

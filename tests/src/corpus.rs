@@ -1,0 +1,47 @@
+//! The compiled corpus, built once per test run and shared by every test
+//! process (cargo and nextest run tests in several processes): the build goes
+//! to a directory keyed by the corpus sources and the toolkit, under a file lock.
+
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::env::{bin_dir, cuda_home, repo_root};
+
+/// The directory holding the built corpus (see `tests/corpus/build.sh`).
+pub fn dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(build)
+}
+
+fn build() -> PathBuf {
+    let src = repo_root().join("tests/corpus");
+    let mut h = blake3::Hasher::new();
+    h.update(cuda_home().as_os_str().as_encoded_bytes());
+    let mut names: Vec<_> = std::fs::read_dir(&src).expect("corpus dir").flatten().map(|e| e.path()).collect();
+    names.sort();
+    for p in names {
+        h.update(p.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(&std::fs::read(&p).unwrap_or_default());
+    }
+    let key = h.finalize().to_hex();
+    let root = bin_dir().join("nvlinkd-corpus");
+    std::fs::create_dir_all(&root).expect("corpus root");
+    let out = root.join(&key.as_str()[..16]);
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join("lock")).expect("lock file");
+    // SAFETY: flock on an open file descriptor.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+    if !out.join("corpus.done").is_file() {
+        let _ = std::fs::remove_dir_all(&out);
+        let res = Command::new(src.join("build.sh")).arg(&out).env("CUDA_HOME", cuda_home()).output().expect("build.sh");
+        if !res.status.success() {
+            let _ = std::io::stderr().write_all(&res.stderr);
+            panic!("corpus build failed");
+        }
+    }
+    // SAFETY: as above.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+    out
+}

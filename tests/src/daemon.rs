@@ -1,0 +1,117 @@
+//! A private nvlinkd for a test: its own socket and cache, stopped on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::env::{cuda_home, nvlinkd, TempDir};
+
+pub struct Daemon {
+    pub dir: TempDir,
+    pub child: Option<Child>,
+}
+
+impl Daemon {
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+    pub fn cache_dir(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// Start `nvlinkd serve` and wait until it answers.
+    pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Daemon {
+        let dir = TempDir::new("d");
+        let mut d = Daemon { dir, child: None };
+        d.spawn(extra);
+        d
+    }
+
+    /// (Re)start the daemon process on the same socket and cache.
+    pub fn spawn(&mut self, extra: &[&str]) {
+        let child = Command::new(nvlinkd())
+            .arg("serve")
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--cache-dir")
+            .arg(self.cache_dir())
+            .arg("--cuda-home")
+            .arg(cuda_home())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nvlinkd serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.answers() {
+            assert!(Instant::now() < deadline, "nvlinkd did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn answers(&self) -> bool {
+        self.control("status").map(|(ok, _)| ok).unwrap_or(false)
+    }
+
+    /// Run `nvlinkd <cmd> --socket <ours>`: (success, stdout).
+    pub fn control(&self, cmd: &str) -> Option<(bool, String)> {
+        let mut c = Command::new(nvlinkd());
+        c.arg(cmd).arg("--socket").arg(self.socket());
+        if cmd == "stats" {
+            c.arg("--json");
+        }
+        let out = c.output().ok()?;
+        Some((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    /// A counter from `nvlinkd stats --json`.
+    pub fn stat(&self, name: &str) -> u64 {
+        let (_, json) = self.control("stats").expect("stats");
+        let key = format!("\"{name}\":");
+        let at = json.find(&key).unwrap_or_else(|| panic!("no {name} in {json}"));
+        json[at + key.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().expect("integer")
+    }
+
+    /// Environment for the shim to use this daemon and never fall back.
+    pub fn shim_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("NVLINKD_SOCKET".into(), self.socket().display().to_string()),
+            ("NVLINKD_FALLBACK".into(), "never".into()),
+            ("CUDA_HOME".into(), cuda_home().display().to_string()),
+        ]
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.cache_dir().join("nvlinkd.log")).unwrap_or_default()
+    }
+
+    /// Kill the process without warning.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,74 @@
+//! Where things are: the repository, the toolkit, the built binaries.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root")
+}
+
+/// The CUDA toolkit the tests use: `$NVLINKD_TEST_CUDA_HOME`, `$CUDA_HOME`, or
+/// the project-local one installed (idempotently) by `scripts/setup-toolkit.sh`.
+pub fn cuda_home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| {
+        for var in ["NVLINKD_TEST_CUDA_HOME", "CUDA_HOME"] {
+            if let Some(p) = std::env::var_os(var).map(PathBuf::from).filter(|p| p.join("bin/nvlink").is_file()) {
+                return p;
+            }
+        }
+        let out = Command::new(repo_root().join("scripts/setup-toolkit.sh"))
+            .output()
+            .expect("run scripts/setup-toolkit.sh");
+        assert!(out.status.success(), "toolkit setup failed: {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+pub fn real_nvlink() -> PathBuf {
+    cuda_home().join("bin/nvlink")
+}
+
+/// `target/<profile>`, where cargo put nvlinkd and the nvlink shim.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    // target/<profile>/deps/<test>-<hash>
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+pub fn shim() -> PathBuf {
+    let p = bin_dir().join("nvlink");
+    assert!(p.is_file(), "{} missing: build the workspace first (cargo build --workspace)", p.display());
+    p
+}
+
+pub fn nvlinkd() -> PathBuf {
+    let p = bin_dir().join("nvlinkd");
+    assert!(p.is_file(), "{} missing: build the workspace first (cargo build --workspace)", p.display());
+    p
+}
+
+/// A fresh directory under the target dir, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Short paths: unix socket paths are limited to ~108 bytes.
+        let dir = std::env::temp_dir().join(format!("nvlt-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,131 @@
+//! Parity: every corpus case through the real nvlink and through shim + daemon
+//! (`NVLINKD_FALLBACK=never`): same exit status, same stdout and stderr, output
+//! files equal (cubins up to `.note.nv.tkinfo` at least). Prints a parity table.
+
+use std::sync::Mutex;
+
+use nvlinkd_tests::compare::{self, Comparison};
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation};
+
+/// (name, arguments, extra environment). `{L}`: the toolkit's lib directory,
+/// `{NVVM}`: its nvvm directory, `{OUT}`: the case's output directory.
+const CASES: &[(&str, &str, &str)] = &[
+    // Device functions across units, nvcc's own command line shape.
+    ("nvcc-dlink", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("device-vars", "--arch=sm_90 vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
+    ("cdp", "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("templates", "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin", ""),
+    ("static-lib", "--arch=sm_90 -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
+    ("static-lib-LIBRARY_PATH", "--arch=sm_90 mathlib_main.o -ldevmath -o {OUT}/out.cubin", "LIBRARY_PATH=lib"),
+    ("ptx-only", "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    ("two-arch-sm90", "--arch=sm_90 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
+    ("two-arch-sm80", "--arch=sm_80 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
+    ("relocatable", "--arch=sm_90 -r accumulate.o scale.o -o {OUT}/out.o", ""),
+    ("relocatable-cdp", "--arch=sm_90 -r cdp.o -o {OUT}/out.o", ""),
+    ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-relocatable", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.o", ""),
+    ("emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
+    ("ptx-input", "--arch=sm_90 saxpy.ptx -o {OUT}/out.cubin", ""),
+    ("host-linker-script-aug", "-ghls=lcs-aug -o {OUT}/script.ld", ""),
+    ("version", "--version", ""),
+    ("help", "--help", ""),
+    // Errors.
+    ("undefined-symbol", "--arch=sm_90 missing.o -o {OUT}/out.cubin", ""),
+    ("multiple-definition", "--arch=sm_90 accumulate.o scale.o dup/scale.o -o {OUT}/out.cubin", ""),
+    ("missing-file", "--arch=sm_90 accumulate.o no_such_file.o -o {OUT}/out.cubin", ""),
+    ("unknown-option", "--arch=sm_90 -no-such-option accumulate.o -o {OUT}/out.cubin", ""),
+    ("non-object-o", "--arch=sm_90 accumulate.o scale.o notes.o -o {OUT}/out.cubin", ""),
+    ("non-object-txt", "--arch=sm_90 accumulate.o scale.o notes.txt -o {OUT}/out.cubin", ""),
+    ("no-output", "--arch=sm_90 accumulate.o scale.o", ""),
+    ("no-arch", "accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("bad-arch", "--arch=sm_91 accumulate.o -o {OUT}/out.cubin", ""),
+    ("missing-value", "--arch=sm_90 accumulate.o -o", ""),
+];
+
+fn expand(s: &str, out: &str) -> String {
+    let lib = cuda_home().join("lib");
+    let nvvm = cuda_home().join("nvvm");
+    s.replace("{L}", &lib.display().to_string()).replace("{NVVM}", &nvvm.display().to_string()).replace("{OUT}", out)
+}
+
+struct Row {
+    name: &'static str,
+    args: String,
+    cmp: Comparison,
+}
+
+/// The engine the daemon's log names for a link with these arguments.
+fn engine_of(log: &str, args: &str) -> &'static str {
+    let needle = format!("args={args} exit=");
+    match log.lines().find(|l| l.contains(&needle)) {
+        Some(l) if l.contains("engine=InProcess") => "in-process",
+        Some(l) if l.contains("engine=NvlinkProcess") => "nvlink engine",
+        Some(l) if l.contains("engine=Cache") => "cache",
+        Some(_) => "frontend",
+        None => "?",
+    }
+}
+
+#[test]
+fn parity_with_nvlink() {
+    let corpus = corpus::dir();
+    let daemon = Daemon::start();
+    let work = TempDir::new("parity");
+    let rows = Mutex::new(Vec::new());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(name, args, env)) = CASES.get(i) else { break };
+                let out = work.path().join(name);
+                let out_s = out.display().to_string();
+                let inv = Invocation {
+                    args: expand(args, &out_s).split_whitespace().map(String::from).collect(),
+                    cwd: corpus.clone(),
+                    env: env.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect(),
+                    out_dir: out,
+                };
+                let expected = run(&real_nvlink(), &inv, &[]);
+                let actual = run(&shim(), &inv, &daemon.shim_env());
+                rows.lock().unwrap().push(Row { name, args: inv.args.join(" "), cmp: compare::runs(&expected, &actual) });
+            });
+        }
+    });
+    let mut rows = rows.into_inner().unwrap();
+    let requests = daemon.stat("requests");
+    let mut daemon = daemon;
+    daemon.stop();
+    let log = daemon.log();
+    rows.sort_by_key(|r| CASES.iter().position(|c| c.0 == r.name));
+    let identical = rows.iter().filter(|r| r.cmp.identical).count();
+    let equivalent = rows.iter().filter(|r| !r.cmp.identical && r.cmp.problems.is_empty()).count();
+    let differing: Vec<&Row> = rows.iter().filter(|r| !r.cmp.problems.is_empty()).collect();
+    println!("\nparity with nvlink ({} cases):", rows.len());
+    for r in &rows {
+        let verdict = if !r.cmp.problems.is_empty() {
+            "DIFFERS"
+        } else if r.cmp.identical {
+            "byte-identical"
+        } else {
+            "equal except tkinfo"
+        };
+        println!("  {:<28} {:<22} {}", r.name, verdict, engine_of(&log, &r.args));
+    }
+    println!(
+        "cases: {}  byte-identical: {identical}  equivalent: {equivalent}  differing: {}",
+        rows.len(),
+        differing.len()
+    );
+    for r in &differing {
+        println!("\n== {} ==\n{}", r.name, r.cmp.problems.join("\n"));
+    }
+    assert!(requests >= CASES.len() as u64, "links did not go through the daemon");
+    assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());
+}

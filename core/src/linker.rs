@@ -45,16 +45,33 @@ pub struct Linker {
     config: LinkerConfig,
     toolkits: DashMap<PathBuf, Arc<Toolkit>>,
     pub stats: Stats,
+    in_flight: std::sync::atomic::AtomicU64,
+}
+
+/// See [`Linker::in_flight_guard`].
+pub struct InFlight<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Linker {
     pub fn new(config: LinkerConfig) -> Self {
         let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
-        Linker { config, toolkits: DashMap::new(), stats: Stats::default() }
+        Linker { config, toolkits: DashMap::new(), stats: Stats::default(), in_flight: Default::default() }
     }
 
     pub fn stats_json(&self) -> String {
-        self.stats.to_json(&[])
+        self.stats.to_json(&[("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed))])
+    }
+
+    /// Count a link as in flight until the guard drops (from the moment the
+    /// daemon accepts it, before any work).
+    pub fn in_flight_guard(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InFlight(&self.in_flight)
     }
 
     /// Count an internal failure (a link that panicked).

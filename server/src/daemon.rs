@@ -74,12 +74,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         let _ = signals.send(true);
     });
 
+    let slow_link_ms = std::env::var("NVLINKD_TEST_SLOW_LINK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let service = |local: bool| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
             local,
             shutdown: shutdown_tx.clone(),
             cache_dir: opts.cache_dir.clone(),
+            slow_link_ms,
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)

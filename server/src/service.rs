@@ -33,6 +33,9 @@ pub struct Service {
     pub local: bool,
     pub shutdown: watch::Sender<bool>,
     pub cache_dir: PathBuf,
+    /// Test hook (`NVLINKD_TEST_SLOW_LINK_MS`): every link first sleeps this
+    /// long, so tests can kill or stop the daemon while a link is in flight.
+    pub slow_link_ms: u64,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -76,7 +79,12 @@ impl Nvlinkd for Service {
         });
 
         let linker = self.linker.clone();
+        let slow = self.slow_link_ms;
         tokio::task::spawn_blocking(move || {
+            let _in_flight = linker.in_flight_guard();
+            if slow > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(slow));
+            }
             let fs = StreamFs::new(tx.clone(), pending.clone(), MAX_REQUEST_BYTES);
             let args = req.args.join(" ");
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, &fs)));

@@ -9,6 +9,8 @@ use crate::env::{cuda_home, nvlinkd, TempDir};
 pub struct Daemon {
     pub dir: TempDir,
     pub child: Option<Child>,
+    /// Environment given to the daemon process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -25,8 +27,14 @@ impl Daemon {
     }
 
     pub fn start_with(extra: &[&str]) -> Daemon {
+        Self::start_env(extra, &[])
+    }
+
+    /// Start with extra `serve` arguments and environment variables.
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = TempDir::new("d");
-        let mut d = Daemon { dir, child: None };
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut d = Daemon { dir, child: None, env };
         d.spawn(extra);
         d
     }
@@ -42,6 +50,7 @@ impl Daemon {
             .arg("--cuda-home")
             .arg(cuda_home())
             .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

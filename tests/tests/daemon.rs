@@ -1,0 +1,191 @@
+//! The daemon as a service: lifecycle commands, socket permissions, fallback
+//! when it dies mid-link, concurrent links, graceful shutdown, auto-start.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation};
+
+fn inv(args: &str, out: &TempDir) -> Invocation {
+    let lib = cuda_home().join("lib").display().to_string();
+    let args = args.replace("{L}", &lib).replace("{OUT}", &out.path().display().to_string());
+    Invocation {
+        args: args.split_whitespace().map(String::from).collect(),
+        cwd: corpus::dir().clone(),
+        env: vec![],
+        out_dir: out.path().to_path_buf(),
+    }
+}
+
+const CDP_LINK: &str = "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin";
+
+#[test]
+fn stats_json_has_integer_counters_and_status_reports() {
+    let d = Daemon::start();
+    let (ok, json) = d.control("stats").unwrap();
+    assert!(ok, "stats failed");
+    let json = json.trim();
+    assert!(json.starts_with('{') && json.ends_with('}'), "not one JSON object: {json}");
+    for key in ["requests", "cache_hits", "cache_misses"] {
+        let needle = format!("\"{key}\":");
+        let at = json.find(&needle).unwrap_or_else(|| panic!("{key} missing in {json}"));
+        assert!(json[at + needle.len()..].starts_with(|c: char| c.is_ascii_digit()), "{key} not an integer");
+    }
+    let (ok, status) = d.control("status").unwrap();
+    assert!(ok && status.contains("running"), "{status}");
+    let mode = std::fs::metadata(d.socket()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+}
+
+#[test]
+fn start_is_idempotent_and_stop_stops() {
+    let dir = TempDir::new("life");
+    let sock = dir.path().join("s");
+    let cache = dir.path().join("c");
+    let cmd = |args: &[&str]| {
+        std::process::Command::new(nvlinkd())
+            .args(args)
+            .arg("--socket")
+            .arg(&sock)
+            .env("NVLINKD_CACHE_DIR", &cache)
+            .env("CUDA_HOME", cuda_home())
+            .output()
+            .unwrap()
+    };
+    let first = cmd(&["start"]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let second = cmd(&["start"]);
+    assert!(second.status.success());
+    assert!(String::from_utf8_lossy(&second.stdout).contains("already running"));
+    assert!(cmd(&["status"]).status.success());
+    assert!(cmd(&["stop"]).status.success());
+    assert!(!cmd(&["status"]).status.success(), "daemon still answers after stop");
+    assert!(!sock.exists(), "socket left behind");
+}
+
+#[test]
+fn shim_falls_back_when_daemon_dies_mid_link() {
+    let mut d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "3000")]);
+    let out = TempDir::new("killed");
+    let expected = run(&real_nvlink(), &inv(CDP_LINK, &out), &[]);
+    assert_eq!(expected.code, 0);
+
+    let env: Vec<(String, String)> = vec![
+        ("NVLINKD_SOCKET".into(), d.socket().display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "auto".into()),
+        ("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()),
+        // No auto-start of a replacement daemon in this test.
+        ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
+    ];
+    let invocation = inv(CDP_LINK, &out);
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.kill();
+    let actual = handle.join().unwrap();
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
+    assert!(cmp.identical);
+}
+
+#[test]
+fn fallback_never_fails_cleanly_without_partial_output() {
+    let mut d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "3000")]);
+    let out = TempDir::new("never");
+    let env: Vec<(String, String)> = vec![
+        ("NVLINKD_SOCKET".into(), d.socket().display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "never".into()),
+        ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
+    ];
+    let invocation = inv(CDP_LINK, &out);
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.kill();
+    let r = handle.join().unwrap();
+    assert_ne!(r.code, 0);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.starts_with("nvlink fatal   : "), "{err}");
+    assert!(r.files.is_empty(), "files left behind: {:?}", r.files.keys());
+}
+
+#[test]
+fn sigterm_finishes_in_flight_links() {
+    let mut d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
+    let out = TempDir::new("term");
+    let expected = run(&real_nvlink(), &inv(CDP_LINK, &out), &[]);
+    let invocation = inv(CDP_LINK, &out);
+    let env = d.shim_env();
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.stop();
+    let actual = handle.join().unwrap();
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty(), "in-flight link lost: {:?}", cmp.problems);
+}
+
+#[test]
+fn concurrent_links_through_one_daemon() {
+    let d = Daemon::start();
+    let cases = [
+        "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin",
+        "--arch=sm_90 vars_def.o vars_use.o -o {OUT}/out.cubin",
+        CDP_LINK,
+        "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin",
+        "--arch=sm_90 -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin",
+        "--arch=sm_80 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin",
+        "--arch=sm_90 -r accumulate.o scale.o -o {OUT}/out.o",
+        "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin",
+    ];
+    let expected: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let out = TempDir::new("cc-ref");
+            run(&real_nvlink(), &inv(c, &out), &[])
+        })
+        .collect();
+    let before = d.stat("requests");
+    let env = d.shim_env();
+    let actual: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|c| {
+                let env = env.clone();
+                s.spawn(move || {
+                    let out = TempDir::new("cc");
+                    run(&shim(), &inv(c, &out), &env)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (e, a)) in expected.iter().zip(&actual).enumerate() {
+        let cmp = compare::runs(e, a);
+        assert!(cmp.problems.is_empty(), "case {i} ({}): {:?}", cases[i], cmp.problems);
+    }
+    assert_eq!(d.stat("requests") - before, cases.len() as u64);
+}
+
+#[test]
+fn shim_starts_a_daemon_when_none_answers() {
+    let dir = TempDir::new("auto");
+    let sock = dir.path().join("s");
+    let out = TempDir::new("auto-out");
+    let env: Vec<(String, String)> = vec![
+        ("NVLINKD_SOCKET".into(), sock.display().to_string()),
+        ("NVLINKD_CACHE_DIR".into(), dir.path().join("cache").display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "never".into()),
+        ("CUDA_HOME".into(), cuda_home().display().to_string()),
+    ];
+    let expected = run(&real_nvlink(), &inv(CDP_LINK, &out), &[]);
+    let actual = run(&shim(), &inv(CDP_LINK, &out), &env);
+    let stop = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output().unwrap();
+    assert!(String::from_utf8_lossy(&stop.stdout).contains("stopped"), "no daemon was started");
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
+}

@@ -27,8 +27,19 @@ const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
 /// Largest file we send in one message.
 const MAX_FILE: u64 = (nvlinkd_proto::MAX_MESSAGE_BYTES as u64) - 4096;
 
+/// `NVLINKD_TIMING=1`: print how long each phase of the shim took (stderr).
+fn mark(what: &str) {
+    use std::sync::OnceLock;
+    static ON: OnceLock<Option<std::time::Instant>> = OnceLock::new();
+    if let Some(t0) = ON.get_or_init(|| std::env::var_os("NVLINKD_TIMING").map(|_| std::time::Instant::now())) {
+        eprintln!("nvlinkd-timing {:>8.3} ms {what}", t0.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
 pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
+    mark("start");
     let channel = connect_or_start(tk).await?;
+    mark("connected");
     let mut client = NvlinkdClient::new(channel)
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES);
@@ -55,6 +66,7 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
         .await
         .map_err(|s| format!("link rejected: {}", s.message()))?
         .into_inner();
+    mark("request sent");
 
     loop {
         let msg = inbound.message().await.map_err(|s| format!("daemon stream failed: {}", s.message()))?;
@@ -63,12 +75,18 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
         };
         match msg {
             server_message::Msg::File(req) => {
+                mark(&format!("file request {}", req.path));
                 let reply = serve_file(req.id, Path::new(&req.path), req.op());
                 tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
                     .await
                     .map_err(|_| "daemon stopped reading".to_string())?;
             }
-            server_message::Msg::Result(result) => return finish(result),
+            server_message::Msg::Result(result) => {
+                mark("result");
+                let code = finish(result);
+                mark("outputs written");
+                return code;
+            }
         }
     }
 }

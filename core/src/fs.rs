@@ -23,6 +23,9 @@ pub trait InputFs: Send + Sync {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>>;
     /// Whether the path exists, and what it is.
     fn stat(&self, path: &Path) -> io::Result<FileStat>;
+    /// A hint that these files will be read soon: a remote implementation asks
+    /// for all of them at once instead of one round trip each.
+    fn prefetch(&self, _paths: &[PathBuf]) {}
 }
 
 /// The local filesystem.

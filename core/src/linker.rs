@@ -128,6 +128,7 @@ impl Linker {
     /// Modes A to E: plan, then the in-process engine or the real nvlink.
     fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
         let ctx = LoadContext { fs, cwd: &req.cwd, sm: spec.sm().unwrap_or(0), lto: spec.lto };
+        fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
         let plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,
             Err(LoadError::Fatal(d)) => return self.fatal(d),

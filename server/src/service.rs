@@ -40,12 +40,14 @@ pub struct Service {
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl Nvlinkd for Service {
-    type LinkStream = LinkStream;
-
-    async fn link(&self, request: Request<Streaming<ClientMessage>>) -> Result<Response<LinkStream>, Status> {
-        let mut inbound = request.into_inner();
+impl Service {
+    /// Read the Start message, run the link on a blocking thread (file reads
+    /// go back to the shim over this stream), send the result.
+    async fn serve_link(
+        &self,
+        mut inbound: Streaming<ClientMessage>,
+        tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    ) -> Result<(), Status> {
         let start = match inbound.message().await?.and_then(|m| m.msg) {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
@@ -62,7 +64,6 @@ impl Nvlinkd for Service {
             shared_fs,
         };
 
-        let (tx, rx) = mpsc::channel(16);
         let pending: Pending = Default::default();
         // Route the shim's file replies to the waiting link thread.
         let router = pending.clone();
@@ -112,6 +113,24 @@ impl Nvlinkd for Service {
                 }
             };
             let _ = tx.blocking_send(Ok(ServerMessage { msg: Some(server_message::Msg::Result(result)) }));
+        });
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl Nvlinkd for Service {
+    type LinkStream = LinkStream;
+
+    async fn link(&self, request: Request<Streaming<ClientMessage>>) -> Result<Response<LinkStream>, Status> {
+        // Answer with the response stream at once; the link itself runs in the
+        // background as soon as the Start message arrives.
+        let (tx, rx) = mpsc::channel(16);
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone()).await {
+                let _ = tx.send(Err(status)).await;
+            }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }

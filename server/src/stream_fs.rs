@@ -6,7 +6,9 @@
 //! future request fails with `BrokenPipe`, so the link stops promptly.
 
 use std::io;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -22,6 +24,8 @@ pub type Pending = Arc<DashMap<u64, oneshot::Sender<FileReply>>>;
 pub struct StreamFs {
     tx: mpsc::Sender<Result<ServerMessage, Status>>,
     pending: Pending,
+    /// Reads already requested by `prefetch`, awaiting their replies.
+    prefetched: Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>,
     next_id: AtomicU64,
     /// Total bytes read so far, against the per-request budget.
     bytes_read: AtomicU64,
@@ -30,22 +34,45 @@ pub struct StreamFs {
 
 impl StreamFs {
     pub fn new(tx: mpsc::Sender<Result<ServerMessage, Status>>, pending: Pending, max_bytes: u64) -> Self {
-        StreamFs { tx, pending, next_id: AtomicU64::new(1), bytes_read: AtomicU64::new(0), max_bytes }
+        StreamFs {
+            tx,
+            pending,
+            prefetched: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            bytes_read: AtomicU64::new(0),
+            max_bytes,
+        }
     }
 
-    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
+    /// Send a request; the receiver gets the reply.
+    fn send(&self, path: &Path, op: file_request::Op) -> io::Result<oneshot::Receiver<FileReply>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.insert(id, tx);
         let req = FileRequest { id, path: path.to_string_lossy().into_owned(), op: op as i32 };
-        let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "the nvlink shim went away");
         if self.tx.blocking_send(Ok(ServerMessage { msg: Some(server_message::Msg::File(req)) })).is_err() {
             self.pending.remove(&id);
             return Err(gone());
         }
+        Ok(rx)
+    }
+
+    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
+        let early = match op {
+            file_request::Op::Read => self.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
+            file_request::Op::Stat => None,
+        };
+        let rx = match early {
+            Some(rx) => rx,
+            None => self.send(path, op)?,
+        };
         let reply = rx.blocking_recv().map_err(|_| gone())?;
         reply.result.ok_or_else(|| io::Error::other("empty file reply"))
     }
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the nvlink shim went away")
 }
 
 fn to_io(e: nvlinkd_proto::v1::FileError) -> io::Error {
@@ -71,6 +98,19 @@ impl InputFs for StreamFs {
             }
             file_reply::Result::Error(e) => Err(to_io(e)),
             file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
+        }
+    }
+
+    fn prefetch(&self, paths: &[PathBuf]) {
+        for p in paths {
+            let known = self.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
+            if !known {
+                if let Ok(rx) = self.send(p, file_request::Op::Read) {
+                    if let Ok(mut m) = self.prefetched.lock() {
+                        m.insert(p.clone(), rx);
+                    }
+                }
+            }
         }
     }
 

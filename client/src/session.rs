@@ -246,9 +246,5 @@ fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
     if sibling.is_file() {
         return Some(sibling);
     }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join("nvlinkd"))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("nvlinkd")).find(|p| p.is_file())
 }

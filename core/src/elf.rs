@@ -223,8 +223,7 @@ impl<'a> Elf<'a> {
 
     /// The entries of the (first) SYMTAB section, names resolved.
     pub fn symbols(&self) -> Result<Vec<Symbol>, ElfError> {
-        let Some((_, symtab)) = self.sections.iter().enumerate().find(|(_, s)| s.sh_type == SHT_SYMTAB)
-        else {
+        let Some((_, symtab)) = self.sections.iter().enumerate().find(|(_, s)| s.sh_type == SHT_SYMTAB) else {
             return Ok(Vec::new());
         };
         let strtab = self
@@ -236,8 +235,9 @@ impl<'a> Elf<'a> {
         let count = data.len() / 24;
         let mut out = Vec::with_capacity(count);
         for i in 0..count {
-            let raw: &elf::Sym64<LE> =
-                object::pod::from_bytes(&data[i * 24..(i + 1) * 24]).map(|(s, _)| s).map_err(|_| ElfError::Malformed("symbol"))?;
+            let raw: &elf::Sym64<LE> = object::pod::from_bytes(&data[i * 24..(i + 1) * 24])
+                .map(|(s, _)| s)
+                .map_err(|_| ElfError::Malformed("symbol"))?;
             let st_name = raw.st_name(LE);
             out.push(Symbol {
                 name: c_str_at(strtab, st_name as usize).ok_or(ElfError::Malformed("symbol name"))?.to_owned(),

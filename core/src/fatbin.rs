@@ -77,13 +77,9 @@ impl<'a> Member<'a> {
             return Err(FatbinError::Corrupt);
         }
         let mut out = Vec::with_capacity(self.uncompressed_size as usize);
-        let mut decoder =
-            ruzstd::decoding::StreamingDecoder::new(self.payload).map_err(|_| FatbinError::Corrupt)?;
+        let mut decoder = ruzstd::decoding::StreamingDecoder::new(self.payload).map_err(|_| FatbinError::Corrupt)?;
         use std::io::Read;
-        (&mut decoder)
-            .take(self.uncompressed_size + 1)
-            .read_to_end(&mut out)
-            .map_err(|_| FatbinError::Corrupt)?;
+        (&mut decoder).take(self.uncompressed_size + 1).read_to_end(&mut out).map_err(|_| FatbinError::Corrupt)?;
         if out.len() as u64 != self.uncompressed_size {
             return Err(FatbinError::Corrupt);
         }
@@ -130,10 +126,8 @@ pub fn parse(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {
             return Err(FatbinError::Corrupt);
         }
         let body_start = pos + header_size;
-        let end = usize::try_from(fat_size)
-            .ok()
-            .and_then(|s| body_start.checked_add(s))
-            .ok_or(FatbinError::Truncated)?;
+        let end =
+            usize::try_from(fat_size).ok().and_then(|s| body_start.checked_add(s)).ok_or(FatbinError::Truncated)?;
         if end > data.len() {
             return Err(FatbinError::Truncated);
         }
@@ -163,10 +157,7 @@ fn parse_member(data: &[u8], at: usize) -> Result<(Member<'_>, usize), FatbinErr
         return Err(FatbinError::Corrupt);
     }
     let payload_start = at.checked_add(header_size).ok_or(FatbinError::Corrupt)?;
-    let next = usize::try_from(padded)
-        .ok()
-        .and_then(|p| payload_start.checked_add(p))
-        .ok_or(FatbinError::Corrupt)?;
+    let next = usize::try_from(padded).ok().and_then(|p| payload_start.checked_add(p)).ok_or(FatbinError::Corrupt)?;
     if next > data.len() || data_size as u64 > padded {
         return Err(FatbinError::Truncated);
     }

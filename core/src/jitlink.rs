@@ -117,8 +117,11 @@ impl JitLink {
     /// Link `inputs` with `options`; `want_ptx` fetches PTX (with `-lto -ptx`)
     /// instead of a cubin.
     pub fn link(&self, options: &[String], inputs: &[JitInput<'_>], want_ptx: bool) -> Result<JitOutput, JitLinkError> {
-        let c_opts: Vec<CString> =
-            options.iter().map(|o| CString::new(o.as_str())).collect::<Result<_, _>>().map_err(|_| JitLinkError::Nul)?;
+        let c_opts: Vec<CString> = options
+            .iter()
+            .map(|o| CString::new(o.as_str()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| JitLinkError::Nul)?;
         let ptrs: Vec<*const c_char> = c_opts.iter().map(|c| c.as_ptr()).collect();
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: pointers are valid for the call; handle is an out-parameter.
@@ -131,7 +134,13 @@ impl JitLink {
             let name = CString::new(input.name).map_err(|_| JitLinkError::Nul)?;
             // SAFETY: data outlives the call; nvJitLink copies what it keeps.
             let status = unsafe {
-                (self.add_data)(guard.handle, input.kind as c_int, input.data.as_ptr().cast(), input.data.len(), name.as_ptr())
+                (self.add_data)(
+                    guard.handle,
+                    input.kind as c_int,
+                    input.data.as_ptr().cast(),
+                    input.data.len(),
+                    name.as_ptr(),
+                )
             };
             if status != 0 {
                 return Err(JitLinkError::Call { call: "add", status, log: self.log(guard.handle, false) });
@@ -176,7 +185,8 @@ impl JitLink {
     }
 
     fn log(&self, h: Handle, info: bool) -> String {
-        let (size, get) = if info { (self.info_log_size, self.info_log) } else { (self.error_log_size, self.error_log) };
+        let (size, get) =
+            if info { (self.info_log_size, self.info_log) } else { (self.error_log_size, self.error_log) };
         self.fetch(h, size, get, "log")
             .map(|mut b| {
                 while b.last() == Some(&0) {

@@ -81,7 +81,8 @@ impl Linker {
 
     /// The toolkit a request links with, opened once and kept.
     fn toolkit(&self, req: &Request) -> Result<Arc<Toolkit>, String> {
-        let candidates = [req.toolkit.clone(), req.env.get("CUDA_HOME").map(PathBuf::from), self.config.default_toolkit.clone()];
+        let candidates =
+            [req.toolkit.clone(), req.env.get("CUDA_HOME").map(PathBuf::from), self.config.default_toolkit.clone()];
         let root = candidates
             .into_iter()
             .flatten()
@@ -159,7 +160,11 @@ impl Linker {
         }
         if let Some(r) = &spec.register_link_binaries {
             let ids: Vec<String> = plan.units.iter().filter_map(|u| u.module_id.clone()).collect();
-            outputs.push(OutputFile { path: absolute(&req.cwd, r), data: regbin::render(&ids).into_bytes(), append: false });
+            outputs.push(OutputFile {
+                path: absolute(&req.cwd, r),
+                data: regbin::render(&ids).into_bytes(),
+                append: false,
+            });
         }
         Outcome {
             exit_code: 0,
@@ -184,7 +189,9 @@ impl Linker {
     fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec) -> Outcome {
         if !req.shared_fs {
             bump(&self.stats.fallbacks);
-            return Outcome::fallback("this link needs the real nvlink and the daemon does not share the caller's files");
+            return Outcome::fallback(
+                "this link needs the real nvlink and the daemon does not share the caller's files",
+            );
         }
         match process::run(&tk.nvlink(), req, spec, &self.scratch_dir()) {
             Ok(r) => {

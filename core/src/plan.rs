@@ -39,7 +39,12 @@ impl Plan {
     }
 }
 
-pub fn build(spec: &Spec, mode: Mode, ctx: &LoadContext<'_>, env_library_path: Option<&str>) -> Result<Plan, LoadError> {
+pub fn build(
+    spec: &Spec,
+    mode: Mode,
+    ctx: &LoadContext<'_>,
+    env_library_path: Option<&str>,
+) -> Result<Plan, LoadError> {
     let mut units = Vec::new();
     let mut seen_archives = HashSet::new();
     for input in &spec.inputs {

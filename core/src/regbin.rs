@@ -14,11 +14,7 @@ use std::path::Path;
 /// The module id nvlink makes up for an input without host code:
 /// its absolute path with every character outside `[A-Za-z0-9]` replaced by `_`.
 pub fn synthetic_module_id(absolute: &Path) -> String {
-    absolute
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
+    absolute.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 /// The file's contents for these module ids, in link order.

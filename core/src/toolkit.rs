@@ -83,7 +83,13 @@ impl Toolkit {
             .map_err(|e| ToolkitError::Version(nvlink.clone(), e.to_string()))?;
         let banner = String::from_utf8_lossy(&out.stdout).into_owned();
         let release = Release::from_banner(&banner).ok_or_else(|| ToolkitError::Banner(nvlink.clone()))?;
-        Ok(Toolkit { root: root.to_owned(), release, identity: OnceLock::new(), jitlink: OnceLock::new(), help: OnceLock::new() })
+        Ok(Toolkit {
+            root: root.to_owned(),
+            release,
+            identity: OnceLock::new(),
+            jitlink: OnceLock::new(),
+            help: OnceLock::new(),
+        })
     }
 
     pub fn nvlink(&self) -> PathBuf {

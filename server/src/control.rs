@@ -85,13 +85,7 @@ fn pid_alive(pid: u32) -> bool {
 
 pub async fn status(socket: &Path) -> Result<String, String> {
     let p = ping(socket).await?;
-    Ok(format!(
-        "nvlinkd {} running (pid {})\nsocket: {}\ncache: {}",
-        p.version,
-        p.pid,
-        socket.display(),
-        p.cache_dir
-    ))
+    Ok(format!("nvlinkd {} running (pid {})\nsocket: {}\ncache: {}", p.version, p.pid, socket.display(), p.cache_dir))
 }
 
 pub async fn stats(socket: &Path) -> Result<String, String> {

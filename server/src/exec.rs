@@ -15,7 +15,11 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let env = RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
     let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from);
     let scratch = std::env::temp_dir().join(format!("nvlinkd-exec-{}", std::process::id()));
-    let linker = Linker::new(LinkerConfig { default_toolkit: cuda_home.clone(), cache_dir: scratch.clone(), ..Default::default() });
+    let linker = Linker::new(LinkerConfig {
+        default_toolkit: cuda_home.clone(),
+        cache_dir: scratch.clone(),
+        ..Default::default()
+    });
     let req = Request { args, cwd, env, toolkit: cuda_home, shared_fs: true };
     let out = linker.link(&req, &LocalFs);
     let _ = std::fs::remove_dir_all(&scratch);

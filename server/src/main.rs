@@ -65,7 +65,12 @@ impl ServeArgs {
         if let Some(j) = self.jobs {
             a.extend(["--jobs".into(), j.to_string()]);
         }
-        a.extend(["--cache-mem".into(), self.cache_mem.to_string(), "--cache-size".into(), self.cache_size.to_string()]);
+        a.extend([
+            "--cache-mem".into(),
+            self.cache_mem.to_string(),
+            "--cache-size".into(),
+            self.cache_size.to_string(),
+        ]);
         a
     }
 }

@@ -100,7 +100,11 @@ impl Service {
                         outputs: o
                             .outputs
                             .into_iter()
-                            .map(|f| OutputFile { path: f.path.to_string_lossy().into_owned(), data: f.data, append: f.append })
+                            .map(|f| OutputFile {
+                                path: f.path.to_string_lossy().into_owned(),
+                                data: f.data,
+                                append: f.append,
+                            })
                             .collect(),
                         fallback: o.fallback.is_some(),
                         fallback_reason: o.fallback.unwrap_or_default(),
@@ -109,7 +113,11 @@ impl Service {
                 Err(_) => {
                     warn!(args = %args, "link panicked; asking the shim to fall back");
                     linker.note_failure();
-                    LinkResult { fallback: true, fallback_reason: "internal error in nvlinkd".into(), ..Default::default() }
+                    LinkResult {
+                        fallback: true,
+                        fallback_reason: "internal error in nvlinkd".into(),
+                        ..Default::default()
+                    }
                 }
             };
             let _ = tx.blocking_send(Ok(ServerMessage { msg: Some(server_message::Msg::Result(result)) }));

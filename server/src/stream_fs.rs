@@ -5,12 +5,12 @@
 //! reader task routes replies by id). If the shim goes away, every pending and
 //! future request fails with `BrokenPipe`, so the link stops promptly.
 
-use std::io;
 use std::collections::HashMap;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 use dashmap::DashMap;
 use nvlinkd_core::fs::{FileStat, InputFs};
@@ -92,7 +92,10 @@ impl InputFs for StreamFs {
             file_reply::Result::Data(d) => {
                 let total = self.bytes_read.fetch_add(d.len() as u64, Ordering::Relaxed) + d.len() as u64;
                 if total > self.max_bytes {
-                    return Err(io::Error::new(io::ErrorKind::FileTooLarge, "request exceeds the daemon's input budget"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::FileTooLarge,
+                        "request exceeds the daemon's input budget",
+                    ));
                 }
                 Ok(d.into())
             }

@@ -42,7 +42,8 @@ pub fn cubin_diff(expected: &[u8], actual: &[u8]) -> Vec<String> {
         return vec!["unparsable ELF".into()];
     };
     let mut d = Vec::new();
-    if (a.e_type, a.machine, a.flags, a.abi_version, a.osabi) != (b.e_type, b.machine, b.flags, b.abi_version, b.osabi) {
+    if (a.e_type, a.machine, a.flags, a.abi_version, a.osabi) != (b.e_type, b.machine, b.flags, b.abi_version, b.osabi)
+    {
         d.push(format!("ELF header: type/machine/flags {:?} vs {:?}", (a.e_type, a.flags), (b.e_type, b.flags)));
     }
     let names = |e: &Elf<'_>| e.sections.iter().map(|s| s.name.clone()).collect::<Vec<_>>();

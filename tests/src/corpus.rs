@@ -30,12 +30,18 @@ fn build() -> PathBuf {
     let root = bin_dir().join("nvlinkd-corpus");
     std::fs::create_dir_all(&root).expect("corpus root");
     let out = root.join(&key.as_str()[..16]);
-    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join("lock")).expect("lock file");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join("lock"))
+        .expect("lock file");
     // SAFETY: flock on an open file descriptor.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
     if !out.join("corpus.done").is_file() {
         let _ = std::fs::remove_dir_all(&out);
-        let res = Command::new(src.join("build.sh")).arg(&out).env("CUDA_HOME", cuda_home()).output().expect("build.sh");
+        let res =
+            Command::new(src.join("build.sh")).arg(&out).env("CUDA_HOME", cuda_home()).output().expect("build.sh");
         if !res.status.success() {
             let _ = std::io::stderr().write_all(&res.stderr);
             panic!("corpus build failed");

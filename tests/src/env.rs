@@ -18,9 +18,8 @@ pub fn cuda_home() -> &'static Path {
                 return p;
             }
         }
-        let out = Command::new(repo_root().join("scripts/setup-toolkit.sh"))
-            .output()
-            .expect("run scripts/setup-toolkit.sh");
+        let out =
+            Command::new(repo_root().join("scripts/setup-toolkit.sh")).output().expect("run scripts/setup-toolkit.sh");
         assert!(out.status.success(), "toolkit setup failed: {}", String::from_utf8_lossy(&out.stderr));
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
     })

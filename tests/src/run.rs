@@ -55,10 +55,5 @@ pub fn run(program: &Path, inv: &Invocation, extra_env: &[(String, String)]) -> 
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: out.stderr,
-        files: snapshot(&inv.out_dir),
-    }
+    Run { code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr, files: snapshot(&inv.out_dir) }
 }

@@ -38,7 +38,8 @@ fn nvcc_through_the_overlay_links_via_the_daemon() {
 
     let work = TempDir::new("ovl-work");
     let demo = repo_root().join("demo");
-    let sources: Vec<String> = ["main.cu", "poly.cu", "reduce.cu"].iter().map(|f| demo.join(f).display().to_string()).collect();
+    let sources: Vec<String> =
+        ["main.cu", "poly.cu", "reduce.cu"].iter().map(|f| demo.join(f).display().to_string()).collect();
     let mut dc: Vec<&str> = vec!["-arch=sm_90", "-dc"];
     dc.extend(sources.iter().map(String::as_str));
     nvcc(cuda_home(), &dc, work.path(), &[]);

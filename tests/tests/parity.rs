@@ -89,12 +89,20 @@ fn parity_with_nvlink() {
                 let inv = Invocation {
                     args: expand(args, &out_s).split_whitespace().map(String::from).collect(),
                     cwd: corpus.clone(),
-                    env: env.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect(),
+                    env: env
+                        .split_whitespace()
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.into(), v.into()))
+                        .collect(),
                     out_dir: out,
                 };
                 let expected = run(&real_nvlink(), &inv, &[]);
                 let actual = run(&shim(), &inv, &daemon.shim_env());
-                rows.lock().unwrap().push(Row { name, args: inv.args.join(" "), cmp: compare::runs(&expected, &actual) });
+                rows.lock().unwrap().push(Row {
+                    name,
+                    args: inv.args.join(" "),
+                    cmp: compare::runs(&expected, &actual),
+                });
             });
         }
     });

@@ -173,11 +173,11 @@ fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
 /// A number as nvlink reads option values (C `strtol(v, 0)`: decimal, `0x` hex,
 /// leading-`0` octal, optional sign), the whole value consumed.
 pub fn parse_number(v: &str) -> Result<i64, Diagnostic> {
-    parse_c_long(v).map_err(|_| Diagnostic::fatal(format!("'{v}': expected a number")))
+    parse_c_long(v).ok_or_else(|| Diagnostic::fatal(format!("'{v}': expected a number")))
 }
 
 /// `strtol(v, &end, 0)` with `*end == 0` required.
-pub fn parse_c_long(v: &str) -> Result<i64, ()> {
+pub fn parse_c_long(v: &str) -> Option<i64> {
     let t = v.trim_start();
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -192,10 +192,10 @@ pub fn parse_c_long(v: &str) -> Result<i64, ()> {
         (10, t)
     };
     if digits.is_empty() {
-        return Err(());
+        return None;
     }
-    let n = i64::from_str_radix(digits, radix).map_err(|_| ())?;
-    Ok(if neg { -n } else { n })
+    let n = i64::from_str_radix(digits, radix).ok()?;
+    Some(if neg { -n } else { n })
 }
 
 /// Split an options file into words: whitespace separates, quotes group.
@@ -263,7 +263,10 @@ mod tests {
         assert_eq!(p(&["-ox.cubin"]).unwrap_err(), "nvlink fatal   : Unknown option 'ox.cubin'");
         assert_eq!(p(&["-r=1"]).unwrap_err(), "nvlink fatal   : no argument expected after '-r'");
         assert_eq!(p(&["-L"]).unwrap_err(), "nvlink fatal   : argument expected after '-L'");
-        assert_eq!(p(&["-arch", "sm_91"]).unwrap_err(), "nvlink fatal   : Value 'sm_91' is not defined for option 'arch'");
+        assert_eq!(
+            p(&["-arch", "sm_91"]).unwrap_err(),
+            "nvlink fatal   : Value 'sm_91' is not defined for option 'arch'"
+        );
         assert_eq!(p(&["-m32"]).unwrap_err(), "nvlink fatal   : Value '32' is not defined for option 'machine'");
         assert_eq!(p(&["--maxrregcount=abc"]).unwrap_err(), "nvlink fatal   : 'abc': expected a number");
     }

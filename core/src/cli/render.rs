@@ -55,17 +55,14 @@ pub fn options_string(parsed: &Parsed) -> String {
         let value = match (def.arity, def.id) {
             (_, Opt::OptionsFile) => String::new(),
             (Arity::Flag, _) => String::new(),
-            (Arity::List, _) => given
-                .iter()
-                .filter_map(|v| v.as_deref())
-                .filter(|v| !v.is_empty())
-                .collect::<Vec<_>>()
-                .join(","),
+            (Arity::List, _) => {
+                given.iter().filter_map(|v| v.as_deref()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(",")
+            }
             (Arity::Single, _) => {
                 let v = given.last().and_then(|v| v.as_deref()).unwrap_or("");
                 match def.kind {
                     ValueKind::Number | ValueKind::NumberIn(_) => {
-                        parse_c_long(v).map(|n| n.to_string()).unwrap_or_else(|_| v.to_owned())
+                        parse_c_long(v).map(|n| n.to_string()).unwrap_or_else(|| v.to_owned())
                     }
                     _ if file_option && v != "-" => basename(v).to_owned(),
                     _ => v.to_owned(),
@@ -116,7 +113,19 @@ mod tests {
     fn nvcc_dlink_example() {
         // Observed in the real nvlink's output for nvcc's device-link command line.
         assert_eq!(
-            render(&["-m64", "--arch=sm_90", "-L/x/lib", "-cpu-arch=X86_64", "a.o", "b.o", "-lcudadevrt", "-o", "o.cubin", "--host-ccbin", "gcc"]),
+            render(&[
+                "-m64",
+                "--arch=sm_90",
+                "-L/x/lib",
+                "-cpu-arch=X86_64",
+                "a.o",
+                "b.o",
+                "-lcudadevrt",
+                "-o",
+                "o.cubin",
+                "--host-ccbin",
+                "gcc"
+            ]),
             "-arch sm_90 -m 64 -l cudadevrt -L /x/lib -cpu-arch X86_64 "
         );
         assert_eq!(
@@ -127,7 +136,10 @@ mod tests {
 
     #[test]
     fn verbose_mode_renders_files_as_basenames() {
-        assert_eq!(render(&["./x/a.o", "b.o", "-o", "d/o.cubin", "-g", "-arch", "sm_90"]), "a.o,b.o -o o.cubin -g  -arch sm_90 ");
+        assert_eq!(
+            render(&["./x/a.o", "b.o", "-o", "d/o.cubin", "-g", "-arch", "sm_90"]),
+            "a.o,b.o -o o.cubin -g  -arch sm_90 "
+        );
         assert_eq!(render(&["-maxrregcount=0x28", "-arch", "sm_90", "-o", "o"]), "-arch sm_90 -maxrregcount 40 ");
     }
 }

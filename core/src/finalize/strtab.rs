@@ -192,17 +192,36 @@ mod tests {
         ];
         let live: HashSet<String> = ["k_live", "k_live2", "helper_live"].iter().map(|s| s.to_string()).collect();
         let mut s: Vec<String> = [
-            "", ".nv.compat", ".text.k_live", ".nv.info.k_live", ".nv.shared.k_live", ".nv.shared.k_dead2",
-            ".nv.global", ".text.k_live2", ".nv.info.k_live2", ".nv.shared.k_live2", ".text.helper_live",
+            "",
+            ".nv.compat",
+            ".text.k_live",
+            ".nv.info.k_live",
+            ".nv.shared.k_live",
+            ".nv.shared.k_dead2",
+            ".nv.global",
+            ".text.k_live2",
+            ".nv.info.k_live2",
+            ".nv.shared.k_live2",
+            ".text.helper_live",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         insert_ghosts(&mut s, &objects, &live).unwrap();
         let expect = [
-            "", ".nv.compat", ".nv.shared.k_dead2", ".text.k_live", ".nv.info.k_live", ".nv.shared.k_live",
-            ".nv.shared.k_dead1", ".nv.global", ".text.k_live2", ".nv.info.k_live2", ".nv.shared.k_live2",
-            ".nv.shared.k_dead3", ".text.helper_live",
+            "",
+            ".nv.compat",
+            ".nv.shared.k_dead2",
+            ".text.k_live",
+            ".nv.info.k_live",
+            ".nv.shared.k_live",
+            ".nv.shared.k_dead1",
+            ".nv.global",
+            ".text.k_live2",
+            ".nv.info.k_live2",
+            ".nv.shared.k_live2",
+            ".nv.shared.k_dead3",
+            ".text.helper_live",
         ];
         assert_eq!(s, expect);
     }

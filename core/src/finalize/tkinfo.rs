@@ -113,7 +113,13 @@ mod tests {
                 build: "Build cuda_13.5.r13.5/compiler.39125733_0".into(),
                 options: "-arch sm_90 -m 64 ".into(),
             },
-            Entry { object: String::new(), tool: "ptxas".into(), release: "r".into(), build: "b".into(), options: "".into() },
+            Entry {
+                object: String::new(),
+                tool: "ptxas".into(),
+                release: "r".into(),
+                build: "b".into(),
+                options: "".into(),
+            },
         ];
         let bytes = serialize(&e);
         assert_eq!(bytes.len() % 4, 0);

@@ -38,7 +38,9 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let functions: Vec<InputFunction> = symbols
         .iter()
         .filter(|s| s.kind() == object::elf::STT_FUNC.0 && s.is_defined())
-        .filter(|s| elf.sections.get(s.shndx as usize).is_some_and(|sec| sec.name.strip_prefix(".text.") == Some(&s.name)))
+        .filter(|s| {
+            elf.sections.get(s.shndx as usize).is_some_and(|sec| sec.name.strip_prefix(".text.") == Some(&s.name))
+        })
         .map(|s| InputFunction { name: s.name.clone(), is_kernel: s.is_entry() })
         .collect();
     let mut info = CubinInfo {

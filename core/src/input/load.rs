@@ -131,7 +131,9 @@ impl LoadContext<'_> {
                 is_cudadevrt: false,
                 device_only: true,
             })),
-            ("cubin" | "ptx" | "fatbin" | "nvvm" | "ltoir" | "bc", _) => unsupported(format!("{given}: extension/content")),
+            ("cubin" | "ptx" | "fatbin" | "nvvm" | "ltoir" | "bc", _) => {
+                unsupported(format!("{given}: extension/content"))
+            }
             (_, Content::Archive) => Ok(InputItem::Library(self.archive(given, data)?)),
             (_, Content::HostElf) => match self.host_unit(given, &data, false)? {
                 Some(u) => Ok(InputItem::Unit(u)),
@@ -155,7 +157,8 @@ impl LoadContext<'_> {
     }
 
     fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
-        let (thin, members) = archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
+        let (thin, members) =
+            archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
         if thin {
             return unsupported(format!("{shown}: thin archive"));
         }

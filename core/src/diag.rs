@@ -107,6 +107,11 @@ impl Report {
         true
     }
 
+    /// Text nvlink writes to stderr verbatim (`-v` command echoes).
+    pub fn emit_raw(&mut self, text: &str) {
+        self.stderr.extend_from_slice(text.as_bytes());
+    }
+
     /// Text nvlink writes to stdout (help, version, `-v` statistics, `-ghls` to stdout).
     pub fn print(&mut self, text: &str) {
         self.stdout.extend_from_slice(text.as_bytes());

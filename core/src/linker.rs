@@ -14,11 +14,12 @@ use dashmap::DashMap;
 use tracing::{debug, warn};
 
 use crate::cli::parse::parse;
-use crate::cli::spec::{Mode, Spec};
+use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
 use crate::engine::inprocess::{self, Unsupported};
 use crate::engine::process;
 use crate::fs::{absolute, InputFs};
+use crate::ghls::{self, GhlsError};
 use crate::input::load::{LoadContext, LoadError};
 use crate::plan;
 use crate::regbin;
@@ -121,8 +122,47 @@ impl Linker {
         match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
-            Mode::HostLinkerScript(_) => self.run_nvlink(&tk, req, &spec),
+            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
             _ => self.device_link(&tk, req, fs, &spec, mode),
+        }
+    }
+
+    /// Modes H and I: the host linker script, made here (the daemon runs on the
+    /// caller's machine when it shares its filesystem).
+    fn host_linker_script(&self, tk: &Toolkit, req: &Request, spec: &Spec, kind: HostScript) -> Outcome {
+        if !req.shared_fs {
+            bump(&self.stats.fallbacks);
+            return Outcome::fallback("host linker scripts come from the caller's host tools");
+        }
+        let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
+        if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
+            return self.run_nvlink(tk, req, spec);
+        }
+        let scratch = match process::Scratch::new(&self.scratch_dir()) {
+            Ok(s) => s,
+            Err(_) => return self.run_nvlink(tk, req, spec),
+        };
+        let mut report = Report::new(Filters::default());
+        match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
+            Ok(script) => {
+                bump(&self.stats.frontend);
+                let outputs = match (script.file, out) {
+                    (Some(data), Some(path)) => vec![OutputFile { path, data, append: false }],
+                    _ => Vec::new(),
+                };
+                Outcome {
+                    exit_code: 0,
+                    stdout: report.stdout,
+                    stderr: report.stderr,
+                    outputs,
+                    fallback: None,
+                    engine: EngineKind::Frontend,
+                }
+            }
+            Err(GhlsError::Unsupported(why)) => {
+                debug!(%why, "host linker script left to nvlink");
+                self.run_nvlink(tk, req, spec)
+            }
         }
     }
 

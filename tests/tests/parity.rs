@@ -33,6 +33,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
     ("ptx-input", "--arch=sm_90 saxpy.ptx -o {OUT}/out.cubin", ""),
     ("host-linker-script-aug", "-ghls=lcs-aug -o {OUT}/script.ld", ""),
+    ("host-linker-script-aug-stdout", "--gen-host-linker-script=lcs-aug", ""),
+    ("host-linker-script-abs", "-ghls=lcs-abs -o {OUT}/script.ld -v", ""),
+    ("host-linker-script-abs-shared", "-ghls lcs-abs -shared -o {OUT}/script.ld", ""),
+    ("host-linker-script-default", "-v -o {OUT}/script.ld -ghls", ""),
+    ("host-linker-script-stdout", "-ghls", ""),
+    ("host-linker-script-inputs", "-ghls=lcs-aug accumulate.o", ""),
     ("version", "--version", ""),
     ("help", "--help", ""),
     // Errors.
@@ -124,7 +130,7 @@ fn parity_with_nvlink() {
         } else {
             "equal except tkinfo"
         };
-        println!("  {:<28} {:<22} {}", r.name, verdict, engine_of(&log, &r.args));
+        println!("  {:<32} {:<22} {}", r.name, verdict, engine_of(&log, &r.args));
     }
     println!(
         "cases: {}  byte-identical: {identical}  equivalent: {equivalent}  differing: {}",

@@ -108,6 +108,9 @@ pub struct OptionDef {
     pub kind: ValueKind,
     /// Whether the value may be glued to the short name (`-Lpath`, `-lname`, `-m64`).
     pub attached: bool,
+    /// Value used when the option is given without one (at the end of the
+    /// command line, or followed by another option): `-ghls` means `lcs-abs`.
+    pub default: Option<&'static str>,
     pub hidden: bool,
 }
 
@@ -194,13 +197,17 @@ pub const ARCHS: &[&str] = &[
 pub const CPU_ARCHS: &[&str] = &["AARCH64", "ARMv7", "PPC64LE", "RISCV64", "X86", "X86_64", "unknown"];
 
 const fn def(id: Opt, long: &'static str, short: &'static str, arity: Arity, kind: ValueKind) -> OptionDef {
-    OptionDef { id, long, short, arity, kind, attached: false, hidden: false }
+    OptionDef { id, long, short, arity, kind, attached: false, hidden: false, default: None }
 }
 const fn flag(id: Opt, long: &'static str, short: &'static str) -> OptionDef {
     def(id, long, short, Arity::Flag, ValueKind::Text)
 }
 const fn attached(mut d: OptionDef) -> OptionDef {
     d.attached = true;
+    d
+}
+const fn defaults_to(mut d: OptionDef, v: &'static str) -> OptionDef {
+    d.default = Some(v);
     d
 }
 const fn hidden(mut d: OptionDef) -> OptionDef {
@@ -262,7 +269,10 @@ pub static OPTIONS: &[OptionDef] = &[
     ),
     def(Opt::OptionsFile, "options-file", "optf", List, Text),
     flag(Opt::EmitPtx, "emit-ptx", "emit-ptx"),
-    def(Opt::GenHostLinkerScript, "gen-host-linker-script", "ghls", Single, Enum(&["lcs-abs", "lcs-aug"])),
+    defaults_to(
+        def(Opt::GenHostLinkerScript, "gen-host-linker-script", "ghls", Single, Enum(&["lcs-abs", "lcs-aug"])),
+        "lcs-abs",
+    ),
     def(Opt::UidxFile, "uidx-file", "uidx", Single, Text),
     flag(Opt::Help, "help", "h"),
     flag(Opt::Version, "version", "V"),

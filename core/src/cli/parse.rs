@@ -76,14 +76,22 @@ impl Parser<'_> {
             }
             let attached = value.is_some();
             if value.is_none() {
-                let Some(next) = args.get(i) else {
-                    return Err(Diagnostic::fatal(format!("argument expected after '{spelled}'")));
-                };
-                i += 1;
-                value = Some(next.clone());
+                match (args.get(i), def.default) {
+                    (Some(next), Some(_)) if !next.starts_with('-') => {
+                        i += 1;
+                        value = Some(next.clone());
+                    }
+                    (_, Some(default)) => value = Some(default.to_owned()),
+                    (Some(next), None) => {
+                        i += 1;
+                        value = Some(next.clone());
+                    }
+                    (None, None) => return Err(Diagnostic::fatal(format!("argument expected after '{spelled}'"))),
+                }
             }
             let value = value.unwrap_or_default();
-            let at = (depth == 0).then_some(ArgPos { option: option_index, value: (!attached).then_some(i - 1) });
+            let separate = !attached && i > option_index + 1;
+            let at = (depth == 0).then_some(ArgPos { option: option_index, value: separate.then_some(i - 1) });
             if def.id == Opt::OptionsFile {
                 for file in value.split(',') {
                     self.options_file(file, depth)?;

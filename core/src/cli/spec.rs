@@ -174,9 +174,7 @@ impl Spec {
         }
         if let Some(kind) = self.ghls {
             if !self.inputs.is_empty() {
-                return Err(Diagnostic::fatal(
-                    "Input files are not allowed with -ghls option; use --help for more information",
-                ));
+                return Err(crate::ghls::inputs_not_allowed());
             }
             return Ok(Mode::HostLinkerScript(kind));
         }

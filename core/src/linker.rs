@@ -157,6 +157,7 @@ impl Linker {
                     outputs,
                     fallback: None,
                     engine: EngineKind::Frontend,
+                    routed: None,
                 }
             }
             Err(GhlsError::Unsupported(why)) => {
@@ -175,14 +176,14 @@ impl Linker {
             Err(LoadError::Fatal(d)) => return self.fatal(d),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
-                return self.run_nvlink(tk, req, spec);
+                return self.run_nvlink(tk, req, spec).routed(why);
             }
         };
         let output = match inprocess::link(tk, spec, mode, &plan) {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
                 debug!(%why, "link not reproduced in process");
-                return self.run_nvlink(tk, req, spec);
+                return self.run_nvlink(tk, req, spec).routed(why);
             }
         };
         bump(&self.stats.in_process);
@@ -213,12 +214,21 @@ impl Linker {
             outputs,
             fallback: None,
             engine: EngineKind::InProcess,
+            routed: None,
         }
     }
 
     fn frontend(&self, exit_code: i32, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
         bump(&self.stats.frontend);
-        Outcome { exit_code, stdout, stderr, outputs: Vec::new(), fallback: None, engine: EngineKind::Frontend }
+        Outcome {
+            exit_code,
+            stdout,
+            stderr,
+            outputs: Vec::new(),
+            fallback: None,
+            engine: EngineKind::Frontend,
+            routed: None,
+        }
     }
 
     fn fatal(&self, d: Diagnostic) -> Outcome {
@@ -243,6 +253,7 @@ impl Linker {
                     outputs: r.outputs,
                     fallback: None,
                     engine: EngineKind::NvlinkProcess,
+                    routed: None,
                 }
             }
             Err(e) => {

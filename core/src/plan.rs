@@ -81,9 +81,10 @@ pub fn build(
             .cloned()
             .collect()
     });
+    // Only a link that registers its binaries warns about device-only inputs.
     let infos = units
         .iter()
-        .filter(|u| u.device_only)
+        .filter(|u| u.device_only && spec.register_link_binaries.is_some())
         .map(|u| {
             Diagnostic::info(format!(
                 "Input '{}' has no host code, which could cause later host link error if there is a reference to it",

@@ -56,6 +56,8 @@ pub struct Outcome {
     /// the real nvlink itself (with the reason, for logs).
     pub fallback: Option<String>,
     pub engine: EngineKind,
+    /// Why the in-process engine did not serve the link, when it did not.
+    pub routed: Option<String>,
 }
 
 impl Outcome {
@@ -67,6 +69,15 @@ impl Outcome {
             outputs: Vec::new(),
             fallback: Some(reason.into()),
             engine: EngineKind::Frontend,
+            routed: None,
         }
+    }
+}
+
+impl Outcome {
+    /// Record why the in-process engine passed this link on.
+    pub fn routed(mut self, why: String) -> Self {
+        self.routed = Some(why);
+        self
     }
 }

@@ -42,6 +42,9 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let _ = std::io::stderr().write_all(&out.stderr);
     if explain {
         eprintln!("nvlinkd exec: engine {:?}", out.engine);
+        if let Some(why) = &out.routed {
+            eprintln!("nvlinkd exec: not in process: {why}");
+        }
     }
     ExitCode::from(out.exit_code as u8)
 }

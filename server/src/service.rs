@@ -92,7 +92,7 @@ impl Service {
             pending.clear();
             let result = match outcome {
                 Ok(o) => {
-                    info!(args = %args, exit = o.exit_code, engine = ?o.engine, fallback = ?o.fallback, "link done");
+                    info!(args = %args, exit = o.exit_code, engine = ?o.engine, fallback = ?o.fallback, routed = ?o.routed, "link done");
                     LinkResult {
                         exit_code: o.exit_code,
                         stdout: o.stdout,

@@ -32,6 +32,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
     ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
     ("ptx-input", "--arch=sm_90 saxpy.ptx -o {OUT}/out.cubin", ""),
+    ("ptx-input-registered", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o saxpy.ptx scale.o -o {OUT}/out.cubin", ""),
     ("host-linker-script-aug", "-ghls=lcs-aug -o {OUT}/script.ld", ""),
     ("host-linker-script-aug-stdout", "--gen-host-linker-script=lcs-aug", ""),
     ("host-linker-script-abs", "-ghls=lcs-abs -o {OUT}/script.ld -v", ""),

@@ -65,6 +65,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
     }
     let mut inputs = Vec::new();
     let mut functions = Vec::new();
+    let mut ptxas_entries = Vec::new();
     for unit in &plan.units {
         for m in &unit.modules {
             match &m.code {
@@ -72,7 +73,16 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
                     inputs.push(JitInput { kind: InputType::Cubin, data, name: &unit.name });
                     functions.push(m.info.as_ref().map(|i| i.functions.clone()).unwrap_or_default());
                 }
-                Code::Ptx(_) => return no("PTX compiled at link time"),
+                Code::Ptx(data) => {
+                    if plan.live_kernels.is_some() {
+                        return no("host-reference pruning with PTX compiled at link time");
+                    }
+                    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
+                        return no("ptxas options for PTX compiled at link time");
+                    }
+                    inputs.push(JitInput { kind: InputType::Ptx, data, name: &unit.name });
+                    ptxas_entries.push(jit_ptxas_entry(tk, arch));
+                }
                 Code::LtoIr(_) => return no("LTO IR"),
             }
         }
@@ -117,7 +127,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
     };
     let fix = Fixups {
         linker_entry: render::linker_entry(&spec.parsed, &tk.release),
-        ptxas_entries: Vec::new(),
+        ptxas_entries,
         inputs: if plan.live_kernels.is_some() { functions } else { Vec::new() },
     };
     finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
@@ -141,4 +151,15 @@ fn check_duplicates(plan: &Plan) -> Result<(), Unsupported> {
         }
     }
     Ok(())
+}
+
+/// The tool entry nvlink's embedded ptxas writes for PTX it compiles at link time.
+fn jit_ptxas_entry(tk: &Toolkit, arch: &str) -> crate::finalize::tkinfo::Entry {
+    crate::finalize::tkinfo::Entry {
+        object: String::new(),
+        tool: "ptxas".into(),
+        release: tk.release.tools_line.clone(),
+        build: tk.release.build_line.clone(),
+        options: format!("-arch {arch} -m 64 -c  "),
+    }
 }

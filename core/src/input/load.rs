@@ -220,6 +220,10 @@ impl LoadContext<'_> {
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
             let info = cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?;
             Module { code: Code::Cubin(bytes), arch: m.arch, options: m.options.to_owned(), info: Some(info) }
+        } else if let (true, Some(m)) = (members.iter().all(|m| m.kind == MemberKind::Ptx), pick(MemberKind::Ptx)) {
+            // PTX only, for exactly this arch: nvlink compiles it at link time.
+            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+            Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None }
         } else {
             return unsupported(format!("{name}: no sm_{} cubin member", self.sm));
         };

@@ -24,6 +24,8 @@ use crate::toolkit::Toolkit;
 
 /// Environment variables that change nvlink's behaviour (must match the daemon's list).
 const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
+/// HTTP/2 flow-control windows: whole files flow without waiting for updates.
+const WINDOW: u32 = 32 << 20;
 /// Largest file we send in one message.
 const MAX_FILE: u64 = (nvlinkd_proto::MAX_MESSAGE_BYTES as u64) - 4096;
 
@@ -169,6 +171,8 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
     match addr {
         Target::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
             .map_err(|e| e.to_string())?
+            .initial_stream_window_size(WINDOW)
+            .initial_connection_window_size(WINDOW)
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
@@ -176,6 +180,8 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
         Target::Unix(path) => {
             let path = path.clone();
             Endpoint::from_static("http://nvlinkd.local")
+                .initial_stream_window_size(WINDOW)
+                .initial_connection_window_size(WINDOW)
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
                     async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }

@@ -169,6 +169,7 @@ impl Linker {
 
     /// Modes A to E: plan, then the in-process engine or the real nvlink.
     fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+        let t0 = std::time::Instant::now();
         let ctx = LoadContext { fs, cwd: &req.cwd, sm: spec.sm().unwrap_or(0), lto: spec.lto };
         fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
         let plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
@@ -179,6 +180,7 @@ impl Linker {
                 return self.run_nvlink(tk, req, spec).routed(why);
             }
         };
+        let t_plan = t0.elapsed();
         let output = match inprocess::link(tk, spec, mode, &plan) {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
@@ -187,6 +189,7 @@ impl Linker {
             }
         };
         bump(&self.stats.in_process);
+        debug!(plan_ms = t_plan.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3, "in-process link");
         let mut report = Report::new(Filters {
             no_warnings: spec.disable_warnings,
             warnings_as_errors: spec.warning_as_error,

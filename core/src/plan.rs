@@ -9,10 +9,11 @@
 //! libcudadevrt carries `.nvHR*` sections; the kernels kept are those matching
 //! a host pattern of any unit.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::cli::spec::{Mode, Spec};
 use crate::diag::Diagnostic;
+use crate::input::cubin::CubinInfo;
 use crate::input::host::glob_match;
 use crate::input::libsearch;
 use crate::input::load::{select_members, InputItem, Library, LoadContext, LoadError, Unit};
@@ -21,8 +22,8 @@ use crate::input::load::{select_members, InputItem, Library, LoadContext, LoadEr
 pub struct Plan {
     /// Units in link order.
     pub units: Vec<Unit>,
-    /// Kernels kept by host-reference pruning; `None` when pruning does not apply.
-    pub live_kernels: Option<BTreeSet<String>>,
+    /// What host-reference pruning keeps; `None` when pruning does not apply.
+    pub pruning: Option<Pruning>,
     /// Messages nvlink prints while reading the inputs.
     pub infos: Vec<Diagnostic>,
 }
@@ -69,17 +70,10 @@ pub fn build(
     let prune = mode == Mode::Executable
         && !spec.ignore_host_info
         && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some());
-    let live_kernels = prune.then(|| {
+    let pruning = prune.then(|| {
         let patterns: Vec<&str> =
             units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
-        units
-            .iter()
-            .flat_map(|u| &u.modules)
-            .filter_map(|m| m.info.as_ref())
-            .flat_map(|i| i.kernels.iter())
-            .filter(|k| patterns.iter().any(|p| glob_match(p, k)))
-            .cloned()
-            .collect()
+        liveness(&units, &patterns)
     });
     // Only a link that registers its binaries warns about device-only inputs.
     let infos = units
@@ -92,7 +86,81 @@ pub fn build(
             ))
         })
         .collect();
-    Ok(Plan { units, live_kernels, infos })
+    Ok(Plan { units, pruning, infos })
+}
+
+/// Device code that survives host-reference pruning.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pruning {
+    pub live_kernels: BTreeSet<String>,
+    pub dead_kernels: BTreeSet<String>,
+    /// Names of the functions (kernels included) that survive.
+    pub live_functions: BTreeSet<String>,
+    /// How many functions (kernels included) are removed.
+    pub dead_functions: usize,
+}
+
+impl Pruning {
+    pub fn removes_anything(&self) -> bool {
+        self.dead_functions > 0
+    }
+}
+
+/// Which functions survive: the kernels host code references, everything data
+/// refers to, and everything their code reaches through relocations (calls,
+/// device-side launches). Static functions resolve within their own cubin.
+fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
+    type Key<'a> = (Option<usize>, &'a str);
+    let modules: Vec<&CubinInfo> = units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_ref()).collect();
+    let locals: Vec<HashSet<&str>> =
+        modules.iter().map(|i| i.local_functions.iter().map(String::as_str).collect()).collect();
+    fn key_of<'a>(locals: &[HashSet<&str>], mi: usize, name: &'a str) -> (Option<usize>, &'a str) {
+        (locals[mi].contains(name).then_some(mi), name)
+    }
+    let key = |mi: usize, name| key_of(&locals, mi, name);
+    let mut edges: HashMap<Key<'_>, Vec<Key<'_>>> = HashMap::new();
+    let mut work: Vec<Key<'_>> = Vec::new();
+    for (mi, info) in modules.iter().enumerate() {
+        for r in &info.refs {
+            let to = key(mi, &r.to);
+            match &r.from {
+                Some(f) => edges.entry(key(mi, f)).or_default().push(to),
+                None => work.push(to),
+            }
+        }
+        for k in &info.kernels {
+            if patterns.iter().any(|p| glob_match(p, k)) {
+                work.push(key(mi, k));
+            }
+        }
+    }
+    let mut live: HashSet<Key<'_>> = HashSet::new();
+    while let Some(k) = work.pop() {
+        if live.insert(k) {
+            if let Some(next) = edges.get(&k) {
+                work.extend(next.iter().copied());
+            }
+        }
+    }
+    let mut p = Pruning::default();
+    for (mi, info) in modules.iter().enumerate() {
+        for f in &info.functions {
+            let alive = live.contains(&key(mi, &f.name));
+            if alive {
+                p.live_functions.insert(f.name.clone());
+            } else {
+                p.dead_functions += 1;
+            }
+            if f.is_kernel {
+                if alive {
+                    p.live_kernels.insert(f.name.clone());
+                } else {
+                    p.dead_kernels.insert(f.name.clone());
+                }
+            }
+        }
+    }
+    p
 }
 
 /// nvlink links every member of an archive, except that the CUDA device

@@ -55,6 +55,16 @@ fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// HTTP/2 windows large enough that whole input files flow without waiting
+/// for window updates.
+fn builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(WINDOW))
+        .initial_connection_window_size(Some(WINDOW))
+}
+
+pub const WINDOW: u32 = 32 << 20;
+
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let linker = Arc::new(Linker::new(opts.linker));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -90,7 +100,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let unix_server = tonic::transport::Server::builder()
+    let unix_server = builder()
         .add_service(service(true))
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(shutdown_rx.clone()));
     let tcp_server = match &opts.listen {
@@ -98,7 +108,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             let listener = TcpListener::bind(addr).await?;
             info!(listen = %addr, "serving remote shims over TCP");
             Some(
-                tonic::transport::Server::builder()
+                builder()
                     .add_service(service(false))
                     .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx.clone())),
             )

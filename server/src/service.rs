@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use nvlinkd_core::fs::{InputFs, LocalFs};
 use nvlinkd_core::request::Request as LinkRequest;
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
@@ -86,9 +87,12 @@ impl Service {
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
             }
-            let fs = StreamFs::new(tx.clone(), pending.clone(), MAX_REQUEST_BYTES);
+            let stream_fs = StreamFs::new(tx.clone(), pending.clone(), MAX_REQUEST_BYTES);
+            // A daemon on the caller's filesystem reads the files itself: no copies
+            // through the stream.
+            let fs: &dyn InputFs = if req.shared_fs { &LocalFs } else { &stream_fs };
             let args = req.args.join(" ");
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, &fs)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, fs)));
             pending.clear();
             let result = match outcome {
                 Ok(o) => {

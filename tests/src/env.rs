@@ -32,8 +32,13 @@ pub fn real_nvlink() -> PathBuf {
 /// `target/<profile>`, where cargo put nvlinkd and the nvlink shim.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    // target/<profile>/deps/<test>-<hash>
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    // Tests run from target/<profile>/deps/<test>-<hash>, tools from target/<profile>/.
+    let dir = exe.parent().expect("target dir");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 pub fn shim() -> PathBuf {

@@ -74,7 +74,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
                     functions.push(m.info.as_ref().map(|i| i.functions.clone()).unwrap_or_default());
                 }
                 Code::Ptx(data) => {
-                    if plan.live_kernels.is_some() {
+                    if plan.pruning.is_some() {
                         return no("host-reference pruning with PTX compiled at link time");
                     }
                     if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
@@ -88,6 +88,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
         }
     }
     check_duplicates(plan)?;
+    let t_jit = std::time::Instant::now();
     let jit = tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
     let run = |extra: &[String]| -> Result<Vec<u8>, Unsupported> {
         let mut opts = options.clone();
@@ -95,48 +96,31 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
         let out = jit.link(&opts, &inputs, false).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
         out.cubin.ok_or_else(|| Unsupported("nvJitLink returned no cubin".into()))
     };
-    let cubin = match &plan.live_kernels {
+    let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything());
+    let cubin = match pruning {
         None => run(&[])?,
-        Some(roots) => {
-            let all = plan.kernels();
-            if roots.is_empty() && !all.is_empty() {
+        Some(p) => {
+            if p.live_kernels.is_empty() {
                 return no("host references keep no kernel");
             }
-            // Pass 1: nvJitLink keeps the host-referenced kernels and whatever
-            // device code reaches; the kernels in its output are the live set.
-            let flags = |set: &BTreeSet<String>| set.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>();
-            let first = if roots.len() < all.len() { run(&flags(roots))? } else { run(&[])? };
-            let live = output_kernels(&first)?;
-            // nvJitLink matches -kernels-used by substring: a kept name inside a
-            // removed one would keep that one too.
-            for dead in all.difference(&live) {
-                if live.iter().any(|l| dead.contains(l.as_str())) {
-                    return no(format!("kernel name {dead} contains a kept kernel's name"));
-                }
+            let cover = kernels_used_cover(&p.live_kernels, &p.dead_kernels)?;
+            let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
+            // nvlink and nvJitLink must agree on what survives.
+            let kept = crate::input::cubin::read(&cubin).map_err(|e| Unsupported(format!("nvJitLink output: {e}")))?;
+            let kept: BTreeSet<String> = kept.functions.into_iter().map(|f| f.name).collect();
+            if kept != p.live_functions {
+                return no("nvJitLink kept different device code than host-reference pruning");
             }
-            // nvlink lays out as if it had known the live set up front: pass 2
-            // with the complete set (or none, when nothing is dead).
-            if live == *roots || (roots.len() == all.len() && live == all) {
-                first
-            } else if live.len() == all.len() {
-                run(&[])?
-            } else {
-                run(&flags(&live))?
-            }
+            cubin
         }
     };
+    tracing::debug!(jit_ms = t_jit.elapsed().as_secs_f64() * 1e3, "nvJitLink done");
     let fix = Fixups {
         linker_entry: render::linker_entry(&spec.parsed, &tk.release),
         ptxas_entries,
-        inputs: if plan.live_kernels.is_some() { functions } else { Vec::new() },
+        inputs: if pruning.is_some() { functions } else { Vec::new() },
     };
     finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
-}
-
-/// The kernels (entry functions) defined in a linked cubin.
-fn output_kernels(cubin: &[u8]) -> Result<BTreeSet<String>, Unsupported> {
-    let info = crate::input::cubin::read(cubin).map_err(|e| Unsupported(format!("nvJitLink output: {e}")))?;
-    Ok(info.kernels.into_iter().collect())
 }
 
 /// nvJitLink accepts some duplicate definitions nvlink rejects; leave those
@@ -162,4 +146,29 @@ fn jit_ptxas_entry(tk: &Toolkit, arch: &str) -> crate::finalize::tkinfo::Entry {
         build: tk.release.build_line.clone(),
         options: format!("-arch {arch} -m 64 -c  "),
     }
+}
+
+/// A short list of `-kernels-used` strings selecting exactly `live`.
+///
+/// nvJitLink keeps every kernel whose name contains one of the strings, and it
+/// takes about 2 ms per string; so each live kernel not yet covered adds the
+/// shortest prefix of its name that no dead kernel contains (one prefix usually
+/// covers a whole family, e.g. libcudadevrt's kernels).
+pub fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> Result<Vec<String>, Unsupported> {
+    let mut cover: Vec<String> = Vec::new();
+    for k in live {
+        if cover.iter().any(|c| k.contains(c.as_str())) {
+            continue;
+        }
+        let safe = |p: &str| !dead.iter().any(|d| d.contains(p));
+        let prefix = (1..=k.len())
+            .filter(|&n| k.is_char_boundary(n))
+            .map(|n| &k[..n])
+            .find(|p| safe(p))
+            .ok_or_else(|| Unsupported(format!("kernel name {k} is contained in a removed kernel's name")))?;
+        cover.push(prefix.to_owned());
+    }
+    // A prefix chosen for one kernel must not select a dead one (checked) and
+    // must cover only live ones: anything it matches is live or absent.
+    Ok(cover)
 }

@@ -21,6 +21,20 @@ pub struct CubinInfo {
     pub undefined: Vec<String>,
     /// Kernel (entry function) names, local ones included.
     pub kernels: Vec<String>,
+    /// Local (static) function names, which resolve within this cubin only.
+    pub local_functions: Vec<String>,
+    /// References found in relocations: from a function's code, or from data.
+    pub refs: Vec<Ref>,
+}
+
+/// A relocation's reference to a symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ref {
+    /// The function whose code refers, or `None` for data (initializers,
+    /// constant banks): data is always kept, so its targets are live.
+    pub from: Option<String>,
+    /// The symbol referred to (for a section symbol of `.text.F`: `F`).
+    pub to: String,
 }
 
 /// The SM number encoded in a cubin's `e_flags` (bits 8..16 for the ABI of sm_75+).
@@ -47,6 +61,12 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
         sm: sm_of(&elf),
         relocatable: elf.e_type == object::elf::ET_REL.0,
         kernels: functions.iter().filter(|f| f.is_kernel).map(|f| f.name.clone()).collect(),
+        local_functions: symbols
+            .iter()
+            .filter(|s| s.kind() == object::elf::STT_FUNC.0 && s.is_defined() && !s.is_global())
+            .map(|s| s.name.clone())
+            .collect(),
+        refs: relocation_refs(&elf, &symbols)?,
         functions,
         ..Default::default()
     };
@@ -61,4 +81,41 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
         }
     }
     Ok(info)
+}
+
+const SHT_RELA: u32 = 4;
+const SHT_REL: u32 = 9;
+
+/// The symbol references of every relocation section, attributed to the
+/// function whose `.text` they patch (or to data). Debug sections refer to
+/// every function and keep nothing alive: they are skipped.
+fn relocation_refs(elf: &Elf<'_>, symbols: &[crate::elf::Symbol]) -> Result<Vec<Ref>, ElfError> {
+    let name_of = |idx: usize| -> Option<String> {
+        let s = symbols.get(idx)?;
+        if s.kind() == object::elf::STT_SECTION.0 {
+            let sec = elf.sections.get(s.shndx as usize)?;
+            return sec.name.strip_prefix(".text.").map(str::to_owned);
+        }
+        (!s.name.is_empty()).then(|| s.name.clone())
+    };
+    let mut refs = Vec::new();
+    for rs in elf.sections.iter().filter(|s| s.sh_type == SHT_RELA || s.sh_type == SHT_REL) {
+        let target = elf.sections.get(rs.info as usize).ok_or(ElfError::Malformed("relocation target"))?;
+        if target.name.starts_with(".debug") || target.name.starts_with(".nv.debug") {
+            continue;
+        }
+        let from = target.name.strip_prefix(".text.").map(str::to_owned);
+        let entsize = if rs.sh_type == SHT_RELA { 24 } else { 16 };
+        for entry in elf.section_data(rs).chunks_exact(entsize) {
+            let info = u64::from_le_bytes(entry[8..16].try_into().map_err(|_| ElfError::Malformed("relocation"))?);
+            if let Some(to) = name_of((info >> 32) as usize) {
+                if from.as_deref() != Some(to.as_str()) {
+                    refs.push(Ref { from: from.clone(), to });
+                }
+            }
+        }
+    }
+    refs.sort_by(|a, b| (&a.from, &a.to).cmp(&(&b.from, &b.to)));
+    refs.dedup();
+    Ok(refs)
 }

@@ -114,16 +114,23 @@ impl Linker {
             Ok(s) => s,
             Err(d) => return self.fatal(d),
         };
+        let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
         let mode = match spec.mode() {
             Ok(m) => m,
-            Err(d) => return self.fatal(d),
+            Err(d) => return self.fatal(d).after(warnings),
         };
         debug!(?mode, "dispatch");
-        match mode {
+        let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
             Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
             _ => self.device_link(&tk, req, fs, &spec, mode),
+        };
+        // The real nvlink engine prints the parse warnings itself.
+        if outcome.engine == EngineKind::NvlinkProcess {
+            outcome
+        } else {
+            outcome.after(warnings)
         }
     }
 

@@ -75,6 +75,16 @@ impl Outcome {
 }
 
 impl Outcome {
+    /// Put `stderr` text printed earlier (parse warnings) in front of this outcome's.
+    pub fn after(mut self, stderr: Vec<u8>) -> Self {
+        if !stderr.is_empty() {
+            let mut all = stderr;
+            all.append(&mut self.stderr);
+            self.stderr = all;
+        }
+        self
+    }
+
     /// Record why the in-process engine passed this link on.
     pub fn routed(mut self, why: String) -> Self {
         self.routed = Some(why);

@@ -41,4 +41,24 @@ wait
 # Not an object at all.
 echo "this is not an object file, just some text for nvlink to choke on" > notes.txt
 cp notes.txt notes.o
+printf 'hello\n' > tiny.o
+: > empty.o
+mkdir -p adir.o
+
+# Damaged objects: truncated, and a host object whose fatbin payload is corrupted.
+head -c 3000 accumulate.o > truncated.o
+python3 - <<'PY'
+data = bytearray(open("accumulate.o", "rb").read())
+# Flip bytes in the middle of the compressed device code (after the fatbin headers).
+at = data.find(b"\x28\xb5\x2f\xfd")
+for i in range(at + 64, at + 96):
+    data[i] ^= 0x5a
+open("corrupt_fatbin.o", "wb").write(data)
+open("random.o", "wb").write(bytes((i * 7919 + 13) % 251 for i in range(4096)))
+PY
+
+# Options files.
+printf -- '--arch=sm_90\naccumulate.o "scale.o"\n' > link.opts
+printf -- '-L lib\n-ldevmath\n' > lib.opts
+
 touch corpus.done

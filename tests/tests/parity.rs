@@ -42,6 +42,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("host-linker-script-inputs", "-ghls=lcs-aug accumulate.o", ""),
     ("version", "--version", ""),
     ("help", "--help", ""),
+    // Spellings and repeats.
+    ("spellings", "--arch sm_90 --output-file={OUT}/out.cubin -L {L} --library=cudadevrt cdp.o", ""),
+    ("redefined-options", "-arch=sm_80 -arch=sm_86 -arch=sm_90 -o {OUT}/x.cubin accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("same-option-twice", "-arch=sm_90 -arch=sm_90 -r -r accumulate.o scale.o -o {OUT}/out.o", ""),
     // Errors.
     ("undefined-symbol", "--arch=sm_90 missing.o -o {OUT}/out.cubin", ""),
     ("multiple-definition", "--arch=sm_90 accumulate.o scale.o dup/scale.o -o {OUT}/out.cubin", ""),
@@ -53,6 +57,15 @@ const CASES: &[(&str, &str, &str)] = &[
     ("no-arch", "accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("bad-arch", "--arch=sm_91 accumulate.o -o {OUT}/out.cubin", ""),
     ("missing-value", "--arch=sm_90 accumulate.o -o", ""),
+    ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
+    ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
+    ("empty-input", "--arch=sm_90 accumulate.o scale.o empty.o -o {OUT}/out.cubin", ""),
+    ("random-bytes-input", "--arch=sm_90 accumulate.o scale.o random.o -o {OUT}/out.cubin", ""),
+    ("tiny-text-input", "--arch=sm_90 accumulate.o scale.o tiny.o -o {OUT}/out.cubin", ""),
+    ("directory-input", "--arch=sm_90 accumulate.o scale.o adir.o -o {OUT}/out.cubin", ""),
+    ("options-file", "--options-file link.opts -o {OUT}/out.cubin", ""),
+    ("options-file-short", "-arch=sm_90 mathlib_main.o -optf lib.opts -o {OUT}/out.cubin", ""),
+    ("options-file-missing", "--options-file no_such.opts -o {OUT}/out.cubin", ""),
 ];
 
 fn expand(s: &str, out: &str) -> String {

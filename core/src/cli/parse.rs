@@ -37,6 +37,9 @@ pub struct ArgPos {
 pub struct Parsed {
     pub options: Vec<Occurrence>,
     pub inputs: Vec<String>,
+    /// Warnings of the parse itself (redefined options). nvlink prints them
+    /// before anything else, and `-w`/`-Werror` do not apply to them.
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// Most nesting of `--options-file` we follow (nvlink recurses; a loop must end).
@@ -107,6 +110,13 @@ impl Parser<'_> {
                 }
                 _ => {
                     check_value(def, &value)?;
+                    let previous = self.out.options.iter().rev().find(|o| o.id == def.id);
+                    if previous.is_some_and(|p| p.value.as_deref() != Some(value.as_str())) {
+                        self.out.warnings.push(Diagnostic::warning(format!(
+                            "incompatible redefinition for option '{}', the last value of this option was used",
+                            def.long
+                        )));
+                    }
                     self.out.options.push(Occurrence { id: def.id, value: Some(value), at });
                 }
             }

@@ -111,9 +111,14 @@ fn extension(path: &str) -> &str {
 
 impl LoadContext<'_> {
     fn read(&self, given: &str) -> Result<Bytes, LoadError> {
-        self.fs
-            .read(&absolute(self.cwd, given))
-            .map_err(|_| LoadError::Fatal(Diagnostic::fatal(format!("Could not open input file '{given}'"))))
+        use std::io::ErrorKind::*;
+        self.fs.read(&absolute(self.cwd, given)).map_err(|e| match e.kind() {
+            NotFound | PermissionDenied | IsADirectory => {
+                LoadError::Fatal(Diagnostic::fatal(format!("Could not open input file '{given}'")))
+            }
+            // Too large for the wire, or the caller went away: not nvlink's business.
+            _ => LoadError::Unsupported(format!("cannot read {given}: {e}")),
+        })
     }
 
     /// Load one input named on the command line.

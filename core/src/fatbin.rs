@@ -106,6 +106,25 @@ pub fn is_fatbin(data: &[u8]) -> bool {
     u32_at(data, 0) == Some(FATBIN_MAGIC)
 }
 
+/// The members of the first container only: what nvlink reads from a host
+/// object's `__nv_relfatbin` (an `ld -r` of two objects holds two containers,
+/// and nvlink links only the first).
+pub fn parse_first(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {
+    if u32_at(data, 0) != Some(FATBIN_MAGIC) {
+        return Err(FatbinError::BadMagic);
+    }
+    let header_size = u16_at(data, 6).ok_or(FatbinError::Truncated)? as usize;
+    let fat_size = u64_at(data, 8).ok_or(FatbinError::Truncated)?;
+    let end = usize::try_from(fat_size).ok().and_then(|s| header_size.checked_add(s)).ok_or(FatbinError::Truncated)?;
+    if header_size < CONTAINER_HEADER {
+        return Err(FatbinError::Corrupt);
+    }
+    if end > data.len() {
+        return Err(FatbinError::Truncated);
+    }
+    parse(&data[..end])
+}
+
 /// Parse every container in `data` (a fatbin file or a fatbin section, which may
 /// hold several containers back to back, possibly followed by zero padding).
 pub fn parse(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {

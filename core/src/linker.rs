@@ -177,16 +177,23 @@ impl Linker {
     /// Modes A to E: plan, then the in-process engine or the real nvlink.
     fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
         let t0 = std::time::Instant::now();
-        let ctx = LoadContext { fs, cwd: &req.cwd, sm: spec.sm().unwrap_or(0), lto: spec.lto };
+        let Some(target) = spec.target() else {
+            return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));
+        };
+        let ctx =
+            LoadContext { fs, cwd: &req.cwd, target, lto: spec.lto, suppress_arch_warning: spec.suppress_arch_warning };
         fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
         let plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,
-            Err(LoadError::Fatal(d)) => return self.fatal(d),
+            Err(LoadError::Fatal(ds)) => return self.fatals(ds),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
                 return self.run_nvlink(tk, req, spec).routed(why);
             }
         };
+        if spec.warning_as_error && !plan.warnings.is_empty() {
+            return self.run_nvlink(tk, req, spec).routed("-Werror with input warnings".into());
+        }
         let t_plan = t0.elapsed();
         let output = match inprocess::link(tk, spec, mode, &plan) {
             Ok(bytes) => bytes,
@@ -202,18 +209,17 @@ impl Linker {
             warnings_as_errors: spec.warning_as_error,
             no_infos: spec.disable_infos,
         });
-        for d in &plan.infos {
-            report.emit(d.clone());
+        for d in plan.warnings.iter().chain(&plan.notes) {
+            report.emit_raw(&format!("{d}\n"));
         }
         let mut outputs = Vec::new();
         if let Some(o) = &spec.output {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            let ids: Vec<String> = plan.units.iter().filter_map(|u| u.module_id.clone()).collect();
             outputs.push(OutputFile {
                 path: absolute(&req.cwd, r),
-                data: regbin::render(&ids).into_bytes(),
+                data: regbin::render(&plan.module_ids()).into_bytes(),
                 append: false,
             });
         }
@@ -239,6 +245,12 @@ impl Linker {
             engine: EngineKind::Frontend,
             routed: None,
         }
+    }
+
+    /// Fatal messages of the input stage (printed in order, exit status 1).
+    fn fatals(&self, ds: Vec<Diagnostic>) -> Outcome {
+        let text: String = ds.iter().map(|d| format!("{d}\n")).collect();
+        self.frontend(EXIT_FATAL, Vec::new(), text.into_bytes())
     }
 
     fn fatal(&self, d: Diagnostic) -> Outcome {

@@ -24,11 +24,18 @@ pub struct Plan {
     pub units: Vec<Unit>,
     /// What host-reference pruning keeps; `None` when pruning does not apply.
     pub pruning: Option<Pruning>,
-    /// Messages nvlink prints while reading the inputs.
-    pub infos: Vec<Diagnostic>,
+    /// Warnings nvlink prints while reading the inputs (`-w` does not hide them).
+    pub warnings: Vec<Diagnostic>,
+    /// Infos printed with `--register-link-binaries` (not filtered either).
+    pub notes: Vec<Diagnostic>,
 }
 
 impl Plan {
+    /// Module ids for `--register-link-binaries`, in load order.
+    pub fn module_ids(&self) -> Vec<String> {
+        self.units.iter().flat_map(|u| u.module_ids.iter().cloned()).collect()
+    }
+
     /// All kernels defined by the units.
     pub fn kernels(&self) -> BTreeSet<String> {
         self.units
@@ -46,12 +53,23 @@ pub fn build(
     ctx: &LoadContext<'_>,
     env_library_path: Option<&str>,
 ) -> Result<Plan, LoadError> {
+    if spec.inputs.is_empty() {
+        if !spec.libraries.is_empty() {
+            return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
+        }
+        return Err(LoadError::Unsupported("no input files".into()));
+    }
     let mut units = Vec::new();
+    let mut warnings = Vec::new();
     let mut seen_archives = HashSet::new();
+    let mut skipped_host_objects = false;
     for input in &spec.inputs {
-        match ctx.input(input)? {
+        let loaded = ctx.input(input)?;
+        warnings.extend(loaded.warnings);
+        match loaded.item {
             InputItem::Unit(u) => units.push(u),
             InputItem::Library(l) => {
+                skipped_host_objects |= l.skipped_host_objects;
                 if seen_archives.insert(l.path.clone()) {
                     add_library(&mut units, l, spec.keep_system_libraries);
                 }
@@ -59,9 +77,12 @@ pub fn build(
             InputItem::Nothing => {}
         }
     }
-    let dirs = libsearch::search_dirs(ctx.cwd, &spec.library_paths, env_library_path);
+    let dirs = libsearch::search_dirs(&spec.library_paths, env_library_path);
     for name in &spec.libraries {
-        if let Some(lib) = ctx.library(name, &dirs)? {
+        let loaded = ctx.library(name, &dirs)?;
+        warnings.extend(loaded.warnings);
+        if let Some(lib) = loaded.item {
+            skipped_host_objects |= lib.skipped_host_objects;
             if seen_archives.insert(lib.path.clone()) {
                 add_library(&mut units, lib, spec.keep_system_libraries);
             }
@@ -70,13 +91,17 @@ pub fn build(
     let prune = mode == Mode::Executable
         && !spec.ignore_host_info
         && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some());
+    if prune && skipped_host_objects {
+        return Err(LoadError::Unsupported("pruning with code-less host objects in archives".into()));
+    }
     let pruning = prune.then(|| {
         let patterns: Vec<&str> =
             units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
         liveness(&units, &patterns)
     });
-    // Only a link that registers its binaries warns about device-only inputs.
-    let infos = units
+    // Only a link that registers its binaries mentions device-only inputs; and
+    // --disable-infos does not silence it.
+    let notes = units
         .iter()
         .filter(|u| u.device_only && spec.register_link_binaries.is_some())
         .map(|u| {
@@ -86,7 +111,7 @@ pub fn build(
             ))
         })
         .collect();
-    Ok(Plan { units, pruning, infos })
+    Ok(Plan { units, pruning, warnings, notes })
 }
 
 /// Device code that survives host-reference pruning.

@@ -57,6 +57,20 @@ open("corrupt_fatbin.o", "wb").write(data)
 open("random.o", "wb").write(bytes((i * 7919 + 13) % 251 for i in range(4096)))
 PY
 
+# Odd but valid inputs: a cubin named .o, an object without extension or named
+# .so, a fatbin file, a non-rdc object, a host-only object, two objects merged
+# by ld -r, an uncompressed fatbin, a too-small library.
+cp scale.cubin scale_cubin.o
+cp accumulate.o accumulate_noext
+cp accumulate.o accumulate.so
+"$nvcc" -arch=sm_90 -dc -fatbin saxpy.cu -o saxpy.fatbin
+"$nvcc" -arch=sm_90 -c saxpy.cu -o saxpy_nonrdc.o
+printf 'int host_only(int x) { return x + 1; }\n' > host_only.c && gcc -c host_only.c -o host_only.o
+ld -r accumulate.o vars_use.o -o merged_r.o
+"$nvcc" -arch=sm_90 -dc -Xfatbin -compress-all scale.cu -o scale_compress_all.o
+"$nvcc" -arch=sm_90 -dc -Xfatbin -compress-mode=none vars_def.cu -o vars_def_nocompress.o
+mkdir -p tinylib && printf 'hi\n' > tinylib/libtiny.a
+
 # Options files.
 printf -- '--arch=sm_90\naccumulate.o "scale.o"\n' > link.opts
 printf -- '-L lib\n-ldevmath\n' > lib.opts

@@ -202,6 +202,16 @@ impl Spec {
         })
     }
 
+    /// The device target of `--arch sm_*` (None for `compute_*`/`lto_*`).
+    pub fn target(&self) -> Option<crate::input::load::Target> {
+        let arch = self.arch.as_deref()?;
+        let rest = arch.strip_prefix("sm_")?;
+        Some(crate::input::load::Target {
+            sm: arch_number(arch)?,
+            suffixed: rest.ends_with(|c: char| c.is_ascii_alphabetic()),
+        })
+    }
+
     /// The SM number of `--arch` (`sm_90a` → 90).
     pub fn sm(&self) -> Option<u32> {
         arch_number(self.arch.as_deref()?)

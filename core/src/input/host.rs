@@ -30,7 +30,8 @@ impl HostRefs {
 /// What nvlink uses from a host object.
 #[derive(Clone, Debug, Default)]
 pub struct HostObject<'a> {
-    pub module_id: Option<String>,
+    /// Contents of `__nv_module_id`: one NUL-terminated id per linked object.
+    pub module_id_section: Option<&'a [u8]>,
     /// Contents of `__nv_relfatbin`, if present.
     pub relfatbin: Option<&'a [u8]>,
     /// Whether `.nv_fatbin` (whole-program device code) is present.
@@ -46,10 +47,7 @@ fn patterns(data: &[u8]) -> Vec<String> {
 impl<'a> HostObject<'a> {
     pub fn read(elf: &Elf<'a>) -> Self {
         let sec = |n: &str| elf.section_data_by_name(n);
-        let module_id = sec("__nv_module_id").map(|d| {
-            let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
-            String::from_utf8_lossy(&d[..end]).into_owned()
-        });
+        let module_id_section = sec("__nv_module_id");
         let hr = ["nvHRKE", "nvHRKI", "nvHRDE", "nvHRDI", "nvHRCE", "nvHRCI"].map(|n| sec(&format!(".{n}")));
         let host_refs = hr.iter().any(Option::is_some).then(|| {
             let get = |i: usize| hr[i].map(patterns).unwrap_or_default();
@@ -63,11 +61,18 @@ impl<'a> HostObject<'a> {
             }
         });
         HostObject {
-            module_id,
+            module_id_section,
             relfatbin: sec("__nv_relfatbin"),
             has_nv_fatbin: elf.section(".nv_fatbin").is_some(),
             host_refs,
         }
+    }
+}
+
+impl HostObject<'_> {
+    /// The module ids, in order (an `ld -r` object carries several).
+    pub fn module_ids(&self) -> Vec<String> {
+        self.module_id_section.map(patterns).unwrap_or_default()
     }
 }
 

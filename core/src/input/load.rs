@@ -1,25 +1,30 @@
-//! Loading the inputs of a link into units of device code.
+//! Loading the inputs of a link into units of device code, following nvlink's
+//! decision tree for each file (measured on nvlink 13.5, see ARCHITECTURE.md):
 //!
-//! nvlink decides what an input is from its file-name extension first
-//! (`.cubin`, `.ptx`, `.fatbin`, `.nvvm`/`.ltoir`), then from an archive
-//! magic, and treats everything else as a host object. This loader follows the
-//! same decision tree for the cases whose nvlink behaviour is pinned down by the
-//! parity tests; anything else is reported as [`LoadError::Unsupported`] and the
-//! linker hands the whole link to the real nvlink.
+//! 1. Open and probe: unopenable → `Could not open input file`; empty → skipped;
+//!    1–55 bytes → `Could not open input file` unless it starts like an archive.
+//! 2. No `.` in the basename → skipped.
+//! 3. The extension decides first: `.cubin`, `.ptx`, `.fatbin`, `.nvvm`/`.ltoir`, `.bc`.
+//! 4. Then an archive magic makes it an archive; then `.so` is skipped.
+//! 5. Otherwise only `e_type` counts: not `ET_REL` → skipped; a CUDA ELF named
+//!    `.o` → cubin; anything else → host object.
+//!
+//! Host objects contribute the first fatbin of `__nv_relfatbin`, from which one
+//! member is chosen for the target (exact or compatible SASS, else PTX to
+//! compile). Paths this loader does not reproduce exactly are reported as
+//! [`LoadError::Unsupported`], and the linker hands the link to the real nvlink.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::archive;
-use super::classify::{classify, Content};
+use super::classify::{classify, is_ptx, Content};
 use super::cubin::{self, CubinInfo};
 use super::host::{HostObject, HostRefs};
 use super::libsearch;
 use super::Bytes;
 use crate::diag::Diagnostic;
-use crate::elf::Elf;
-use crate::fatbin::{self, MemberKind};
+use crate::elf::{is_elf, Elf, EM_CUDA};
+use crate::fatbin::{self, Member, MemberKind};
 use crate::fs::{absolute, InputFs};
 use crate::regbin::synthetic_module_id;
 
@@ -44,31 +49,32 @@ pub struct Module {
 }
 
 /// One input file or archive member, as nvlink names it in messages.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Unit {
     pub name: String,
-    pub module_id: Option<String>,
+    /// Registration ids (`--register-link-binaries`), in order.
+    pub module_ids: Vec<String>,
     pub host_refs: Option<HostRefs>,
     pub modules: Vec<Module>,
     /// Came from an archive (`-l` or a named archive).
     pub from_archive: bool,
     /// The CUDA device runtime (`libcudadevrt`).
     pub is_cudadevrt: bool,
-    /// A cubin or PTX file: device code without host code.
+    /// A cubin, PTX or fatbin file: device code without host code.
     pub device_only: bool,
 }
 
 #[derive(Debug)]
 pub enum LoadError {
-    /// nvlink stops with this message.
-    Fatal(Diagnostic),
+    /// nvlink stops with these messages (exit status 1).
+    Fatal(Vec<Diagnostic>),
     /// A case the in-process engine does not reproduce.
     Unsupported(String),
 }
 
 impl From<Diagnostic> for LoadError {
     fn from(d: Diagnostic) -> Self {
-        LoadError::Fatal(d)
+        LoadError::Fatal(vec![d])
     }
 }
 
@@ -76,12 +82,26 @@ fn unsupported<T>(why: impl Into<String>) -> Result<T, LoadError> {
     Err(LoadError::Unsupported(why.into()))
 }
 
+fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
+    Err(LoadError::Fatal(vec![Diagnostic::fatal(msg)]))
+}
+
+/// The target of the link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// SM number (90 for sm_90).
+    pub sm: u32,
+    /// `sm_90a`/`sm_100f` style suffix present.
+    pub suffixed: bool,
+}
+
 /// What the loader needs to know about the link.
 pub struct LoadContext<'a> {
     pub fs: &'a dyn InputFs,
     pub cwd: &'a Path,
-    pub sm: u32,
+    pub target: Target,
     pub lto: bool,
+    pub suppress_arch_warning: bool,
 }
 
 /// A loaded archive: its members that carry device code, in order.
@@ -92,155 +112,15 @@ pub struct Library {
     /// Absolute path, to load each archive once.
     pub path: PathBuf,
     pub members: Vec<Unit>,
+    /// Host objects without device code were skipped (their host references
+    /// could matter to pruning).
+    pub skipped_host_objects: bool,
 }
 
 impl Library {
-    /// The CUDA device runtime is a "system library" nvlink trims.
+    /// A path containing `cudadevrt` is a "system library" nvlink trims.
     pub fn is_system(&self) -> bool {
-        self.name.rsplit('/').next().is_some_and(|f| f.contains("cudadevrt"))
-    }
-}
-
-fn extension(path: &str) -> &str {
-    let file = path.rsplit('/').next().unwrap_or(path);
-    match file.rfind('.') {
-        Some(i) => &file[i + 1..],
-        None => "",
-    }
-}
-
-impl LoadContext<'_> {
-    fn read(&self, given: &str) -> Result<Bytes, LoadError> {
-        use std::io::ErrorKind::*;
-        self.fs.read(&absolute(self.cwd, given)).map_err(|e| match e.kind() {
-            NotFound | PermissionDenied | IsADirectory => {
-                LoadError::Fatal(Diagnostic::fatal(format!("Could not open input file '{given}'")))
-            }
-            // Too large for the wire, or the caller went away: not nvlink's business.
-            _ => LoadError::Unsupported(format!("cannot read {given}: {e}")),
-        })
-    }
-
-    /// Load one input named on the command line.
-    pub fn input(&self, given: &str) -> Result<InputItem, LoadError> {
-        let data = self.read(given)?;
-        let content = classify(&data);
-        match (extension(given), content) {
-            ("cubin", Content::Cubin) => Ok(InputItem::Unit(self.cubin_unit(given, data)?)),
-            ("ptx", Content::Ptx) => Ok(InputItem::Unit(Unit {
-                name: given.to_owned(),
-                module_id: Some(synthetic_module_id(&absolute(self.cwd, given))),
-                host_refs: None,
-                modules: vec![Module { code: Code::Ptx(data), arch: self.sm, options: String::new(), info: None }],
-                from_archive: false,
-                is_cudadevrt: false,
-                device_only: true,
-            })),
-            ("cubin" | "ptx" | "fatbin" | "nvvm" | "ltoir" | "bc", _) => {
-                unsupported(format!("{given}: extension/content"))
-            }
-            (_, Content::Archive) => Ok(InputItem::Library(self.archive(given, data)?)),
-            (_, Content::HostElf) => match self.host_unit(given, &data, false)? {
-                Some(u) => Ok(InputItem::Unit(u)),
-                None => Ok(InputItem::Nothing),
-            },
-            _ => unsupported(format!("{given}: {content:?} input")),
-        }
-    }
-
-    /// Resolve and load `-l name`.
-    pub fn library(&self, name: &str, dirs: &[PathBuf]) -> Result<Option<Library>, LoadError> {
-        let Some(path) = libsearch::find(self.fs, dirs, name) else {
-            return unsupported(format!("library {name} not found"));
-        };
-        let shown = path.to_string_lossy().into_owned();
-        let data = self.read(&shown)?;
-        if classify(&data) != Content::Archive {
-            return unsupported(format!("{shown} is not an archive"));
-        }
-        Ok(Some(self.archive(&shown, data)?))
-    }
-
-    fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
-        let (thin, members) =
-            archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
-        if thin {
-            return unsupported(format!("{shown}: thin archive"));
-        }
-        let mut units = Vec::new();
-        for m in members {
-            let Some(bytes) = m.data else { return unsupported("thin member") };
-            let member_name = format!("{shown}:{}", m.name);
-            if classify(bytes) != Content::HostElf {
-                return unsupported(format!("{member_name}: archive member is not a host object"));
-            }
-            if let Some(mut u) = self.host_unit(&member_name, bytes, true)? {
-                u.from_archive = true;
-                units.push(u);
-            }
-        }
-        let mut lib = Library { name: shown.to_owned(), path: absolute(self.cwd, shown), members: units };
-        if lib.is_system() {
-            for m in &mut lib.members {
-                m.is_cudadevrt = true;
-            }
-        }
-        Ok(lib)
-    }
-
-    fn cubin_unit(&self, name: &str, data: Bytes) -> Result<Unit, LoadError> {
-        let info = cubin::read(&data).or_else(|e| unsupported(format!("{name}: {e}")))?;
-        if !info.relocatable {
-            return unsupported(format!("{name}: executable cubin input"));
-        }
-        if info.sm != self.sm {
-            return unsupported(format!("{name}: cubin for sm_{} linked for sm_{}", info.sm, self.sm));
-        }
-        Ok(Unit {
-            name: name.to_owned(),
-            module_id: Some(synthetic_module_id(&absolute(self.cwd, name))),
-            host_refs: None,
-            modules: vec![Module { code: Code::Cubin(data), arch: info.sm, options: String::new(), info: Some(info) }],
-            from_archive: false,
-            is_cudadevrt: false,
-            device_only: true,
-        })
-    }
-
-    /// The device code of a host object: the member for the target arch.
-    fn host_unit(&self, name: &str, data: &[u8], in_archive: bool) -> Result<Option<Unit>, LoadError> {
-        let elf = Elf::parse(data).or_else(|e| unsupported(format!("{name}: {e}")))?;
-        let host = HostObject::read(&elf);
-        let Some(fatbin_bytes) = host.relfatbin else {
-            if host.has_nv_fatbin {
-                return unsupported(format!("{name}: whole-program (non -rdc) object"));
-            }
-            return if in_archive { Ok(None) } else { unsupported(format!("{name}: host object without device code")) };
-        };
-        let members = fatbin::parse(fatbin_bytes).or_else(|e| unsupported(format!("{name}: fatbin: {e}")))?;
-        let pick = |kind: MemberKind| members.iter().find(|m| m.kind == kind && m.arch == self.sm);
-        let module = if self.lto {
-            return unsupported("LTO links");
-        } else if let Some(m) = pick(MemberKind::Cubin) {
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let info = cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?;
-            Module { code: Code::Cubin(bytes), arch: m.arch, options: m.options.to_owned(), info: Some(info) }
-        } else if let (true, Some(m)) = (members.iter().all(|m| m.kind == MemberKind::Ptx), pick(MemberKind::Ptx)) {
-            // PTX only, for exactly this arch: nvlink compiles it at link time.
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None }
-        } else {
-            return unsupported(format!("{name}: no sm_{} cubin member", self.sm));
-        };
-        Ok(Some(Unit {
-            name: name.to_owned(),
-            module_id: host.module_id,
-            host_refs: host.host_refs,
-            modules: vec![module],
-            from_archive: in_archive,
-            is_cudadevrt: false,
-            device_only: false,
-        }))
+        self.name.contains("cudadevrt")
     }
 }
 
@@ -252,11 +132,324 @@ pub enum InputItem {
     Nothing,
 }
 
-/// Archive semantics: take members that define a symbol still undefined, until
-/// nothing changes.
+/// The messages a loader step printed and whether it produced something.
+pub struct Loaded<T> {
+    pub item: T,
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// The extension nvlink sees: after the last `.` of the basename; `None` without a dot.
+fn extension(path: &str) -> Option<&str> {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.rfind('.').map(|i| &file[i + 1..])
+}
+
+fn u16_at(d: &[u8], o: usize) -> Option<u16> {
+    d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+}
+
+const PROBE: usize = 56;
+
+fn is_archive_magic(d: &[u8]) -> bool {
+    d.starts_with(b"!<arch>\n") || d.starts_with(b"!<thin>\n")
+}
+
+impl LoadContext<'_> {
+    fn read(&self, given: &str) -> Result<Bytes, LoadError> {
+        use std::io::ErrorKind::*;
+        self.fs.read(&absolute(self.cwd, given)).map_err(|e| match e.kind() {
+            NotFound | PermissionDenied | IsADirectory => {
+                LoadError::Fatal(vec![Diagnostic::fatal(format!("Could not open input file '{given}'"))])
+            }
+            // Too large for the wire, or the caller went away: not nvlink's business.
+            _ => LoadError::Unsupported(format!("cannot read {given}: {e}")),
+        })
+    }
+
+    fn synthetic_id(&self, given: &str) -> String {
+        let p = Path::new(given);
+        let full = if p.is_absolute() { given.to_owned() } else { format!("{}/{given}", self.cwd.display()) };
+        synthetic_module_id(Path::new(&full))
+    }
+
+    /// Load one input named on the command line.
+    pub fn input(&self, given: &str) -> Result<Loaded<InputItem>, LoadError> {
+        let nothing = || Ok(Loaded { item: InputItem::Nothing, warnings: Vec::new() });
+        let data = self.read(given)?;
+        if data.is_empty() {
+            return nothing();
+        }
+        if data.len() < PROBE && !is_archive_magic(&data) {
+            return fatal(format!("Could not open input file '{given}'"));
+        }
+        let Some(ext) = extension(given) else { return nothing() };
+        match ext {
+            "cubin" => self.cubin_file(given, data),
+            "ptx" => {
+                if !is_ptx(&data) {
+                    return unsupported(format!("{given}: non-PTX content in a .ptx file"));
+                }
+                let unit = Unit {
+                    name: given.to_owned(),
+                    module_ids: vec![self.synthetic_id(given)],
+                    modules: vec![Module {
+                        code: Code::Ptx(data),
+                        arch: self.target.sm,
+                        options: String::new(),
+                        info: None,
+                    }],
+                    device_only: true,
+                    ..Default::default()
+                };
+                Ok(Loaded { item: InputItem::Unit(unit), warnings: Vec::new() })
+            }
+            "fatbin" => {
+                if !fatbin::is_fatbin(&data) {
+                    return fatal("fatbin wrong format?");
+                }
+                let members = fatbin::parse_first(&data).or_else(|e| unsupported(format!("{given}: {e}")))?;
+                let (modules, warnings) = self.select(given, &members, false)?;
+                let unit = Unit {
+                    name: given.to_owned(),
+                    module_ids: vec![self.synthetic_id(given)],
+                    modules,
+                    device_only: true,
+                    ..Default::default()
+                };
+                Ok(Loaded { item: InputItem::Unit(unit), warnings })
+            }
+            "nvvm" | "ltoir" if !self.lto => fatal("should only see nvvm files when -lto"),
+            "nvvm" | "ltoir" => unsupported("LTO IR files"),
+            "bc" => fatal("should never see bc files"),
+            _ if is_archive_magic(&data) => {
+                Ok(Loaded { item: InputItem::Library(self.archive(given, data)?), warnings: Vec::new() })
+            }
+            "so" => nothing(),
+            _ if u16_at(&data, 16) != Some(1) => nothing(),
+            "o" if is_elf(&data) && u16_at(&data, 18) == Some(EM_CUDA) => self.cubin_file(given, data),
+            _ => match self.host_object(given, &data, false)? {
+                Some(loaded) => Ok(Loaded { item: InputItem::Unit(loaded.item), warnings: loaded.warnings }),
+                None => nothing(),
+            },
+        }
+    }
+
+    /// Resolve `-l name`: `lib<name>.a` in the search directories. Returns
+    /// `None` (silently) when it is not found.
+    pub fn library(&self, name: &str, dirs: &[String]) -> Result<Loaded<Option<Library>>, LoadError> {
+        let mut warnings = Vec::new();
+        for dir in dirs {
+            let shown = libsearch::candidate(dir, name);
+            let Ok(stat) = self.fs.stat(&absolute(self.cwd, &shown)) else { continue };
+            if stat.is_dir {
+                return unsupported(format!("{shown} is a directory"));
+            }
+            if stat.size <= 8 {
+                warnings
+                    .push(Diagnostic::warning(format!("Skipping incompatible '{shown}' when searching for -l{name}")));
+                continue;
+            }
+            let data = self.read(&shown)?;
+            if !data.starts_with(b"!<arch>\n") {
+                return unsupported(format!("{shown} is not an archive"));
+            }
+            return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
+        }
+        Ok(Loaded { item: None, warnings })
+    }
+
+    fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
+        let (thin, members) =
+            archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
+        if thin {
+            return unsupported(format!("{shown}: thin archive"));
+        }
+        let mut units = Vec::new();
+        let mut skipped_host_objects = false;
+        for m in members {
+            let Some(bytes) = m.data else { return unsupported("thin member") };
+            let member_name = format!("{shown}:{}", m.name);
+            // Only host relocatable objects contribute; everything else is ignored.
+            if classify(bytes) != Content::HostElf || u16_at(bytes, 16) != Some(1) {
+                if is_elf(bytes) && bytes.len() < 64 {
+                    return unsupported(format!("{member_name}: truncated ELF member"));
+                }
+                continue;
+            }
+            match Elf::parse(bytes) {
+                Err(_) => continue,
+                Ok(e) if HostObject::read(&e).relfatbin.is_none() => {
+                    skipped_host_objects = true;
+                    continue;
+                }
+                Ok(_) => {}
+            }
+            if let Some(mut loaded) = self.host_object(&member_name, bytes, true)? {
+                loaded.item.from_archive = true;
+                units.push(loaded.item);
+            }
+        }
+        let mut lib =
+            Library { name: shown.to_owned(), path: absolute(self.cwd, shown), members: units, skipped_host_objects };
+        if lib.is_system() {
+            for m in &mut lib.members {
+                m.is_cudadevrt = true;
+            }
+        }
+        Ok(lib)
+    }
+
+    fn cubin_file(&self, name: &str, data: Bytes) -> Result<Loaded<InputItem>, LoadError> {
+        let nothing = Ok(Loaded { item: InputItem::Nothing, warnings: Vec::new() });
+        if !is_elf(&data) {
+            return fatal("cubin not an elf?");
+        }
+        if u16_at(&data, 18) != Some(EM_CUDA) {
+            return fatal("cubin not a device elf?");
+        }
+        let Ok(elf) = Elf::parse(&data) else {
+            // Truncated, 32-bit or big-endian cubins are skipped without a word.
+            return nothing;
+        };
+        match elf.e_type {
+            1 => {}
+            2 => return nothing,
+            _ => return unsupported(format!("{name}: cubin of ELF type {}", elf.e_type)),
+        }
+        if elf.osabi != 0x41 {
+            return unsupported(format!("{name}: cubin without the CUDA ABI"));
+        }
+        let info = cubin::read(&data).or_else(|e| unsupported(format!("{name}: {e}")))?;
+        self.check_cubin_arch(name, &info)?;
+        let unit = Unit {
+            name: name.to_owned(),
+            module_ids: vec![self.synthetic_id(name)],
+            modules: vec![Module { code: Code::Cubin(data), arch: info.sm, options: String::new(), info: Some(info) }],
+            device_only: true,
+            ..Default::default()
+        };
+        Ok(Loaded { item: InputItem::Unit(unit), warnings: Vec::new() })
+    }
+
+    fn check_cubin_arch(&self, name: &str, info: &CubinInfo) -> Result<(), LoadError> {
+        if info.sm == self.target.sm && !self.target.suffixed {
+            return Ok(());
+        }
+        if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
+            return fatal(format!("Input file '{name}' arch does not match target 'sm_{}'", self.target.sm));
+        }
+        unsupported(format!("{name}: sm_{} cubin linked for sm_{}", info.sm, self.target.sm))
+    }
+
+    /// The device code of a host object: `None` when it has none (skipped).
+    fn host_object(&self, name: &str, data: &[u8], in_archive: bool) -> Result<Option<Loaded<Unit>>, LoadError> {
+        let elf = match Elf::parse(data) {
+            Ok(e) => e,
+            Err(_) => {
+                return Err(LoadError::Fatal(vec![
+                    Diagnostic::fatal(format!("Could not find fatbin in '{name}'")),
+                    Diagnostic::fatal("elfLink internal error"),
+                ]))
+            }
+        };
+        let host = HostObject::read(&elf);
+        // An object without linkable device code contributes nothing, but its
+        // host code may still reference device code: without host-reference
+        // sections it turns nvlink's pruning off.
+        let code_less = || {
+            Ok(Some(Loaded {
+                item: Unit { name: name.to_owned(), host_refs: host.host_refs.clone(), ..Default::default() },
+                warnings: Vec::new(),
+            }))
+        };
+        if elf.section(".nvFatBinSegment").is_none() {
+            return if in_archive { Ok(None) } else { code_less() };
+        }
+        let Some(fatbin_bytes) = host.relfatbin else {
+            if host.has_nv_fatbin {
+                return if in_archive { Ok(None) } else { code_less() };
+            }
+            return Err(LoadError::Fatal(vec![
+                Diagnostic::fatal(format!("Could not find fatbin in '{name}'")),
+                Diagnostic::fatal("elfLink internal error"),
+            ]));
+        };
+        let members = fatbin::parse_first(fatbin_bytes).or_else(|e| unsupported(format!("{name}: fatbin: {e}")))?;
+        let (modules, warnings) = self.select(name, &members, in_archive)?;
+        let module_ids = match host.module_ids() {
+            ids if ids.is_empty() => vec![self.synthetic_id(name)],
+            ids if ids.len() > 1 => return unsupported(format!("{name}: several module ids (an ld -r object)")),
+            ids => ids,
+        };
+        let unit = Unit {
+            name: name.to_owned(),
+            module_ids,
+            host_refs: host.host_refs,
+            modules,
+            from_archive: in_archive,
+            ..Default::default()
+        };
+        Ok(Some(Loaded { item: unit, warnings }))
+    }
+
+    /// nvlink's member choice for the target: LTO IR (with `-dlto`), then SASS
+    /// of the same major with the highest minor not above the target's, then
+    /// PTX not newer than the target (compiled at link time).
+    fn select(
+        &self,
+        name: &str,
+        members: &[Member<'_>],
+        in_archive: bool,
+    ) -> Result<(Vec<Module>, Vec<Diagnostic>), LoadError> {
+        let t = self.target;
+        if self.target.suffixed || t.sm >= 100 {
+            return unsupported(format!(
+                "member selection for target sm_{}{}",
+                t.sm,
+                if t.suffixed { "+" } else { "" }
+            ));
+        }
+        if self.lto && members.iter().any(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm) {
+            return unsupported("LTO IR members");
+        }
+        let sass = members
+            .iter()
+            .filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm)
+            .max_by_key(|m| m.arch);
+        if let Some(m) = sass {
+            if m.arch != t.sm {
+                return unsupported(format!("{name}: sm_{} SASS reused for sm_{}", m.arch, t.sm));
+            }
+            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+            let info = cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?;
+            let module =
+                Module { code: Code::Cubin(bytes), arch: m.arch, options: m.options.to_owned(), info: Some(info) };
+            return Ok((vec![module], Vec::new()));
+        }
+        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm).max_by_key(|m| m.arch);
+        if let Some(m) = ptx {
+            if m.arch != t.sm {
+                return unsupported(format!("{name}: compute_{} PTX compiled for sm_{}", m.arch, t.sm));
+            }
+            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+            let module = Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None };
+            return Ok((vec![module], Vec::new()));
+        }
+        if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
+            return fatal("LTO objects found, use -dlto");
+        }
+        let mut warnings = Vec::new();
+        if !in_archive && !self.suppress_arch_warning {
+            warnings.push(Diagnostic::warning(format!("SM Arch ('sm_{}') not found in '{name}'", t.sm)));
+        }
+        Ok((Vec::new(), warnings))
+    }
+}
+
+/// libcudadevrt semantics: take the members that define a symbol still
+/// undefined, until nothing changes.
 pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
-    let mut defined: HashSet<String> = HashSet::new();
-    let mut undefined: HashSet<String> = HashSet::new();
+    use std::collections::HashSet;
     let note = |u: &Unit, defined: &mut HashSet<String>, undefined: &mut HashSet<String>| {
         for m in &u.modules {
             if let Some(info) = &m.info {
@@ -265,6 +458,7 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
             }
         }
     };
+    let (mut defined, mut undefined) = (HashSet::new(), HashSet::new());
     for u in units {
         note(u, &mut defined, &mut undefined);
     }
@@ -277,15 +471,9 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
                 u.modules.iter().any(|md| md.info.as_ref().is_some_and(|i| i.defined.iter().any(|d| need.contains(d))))
             })
         });
-        let Some(pos) = pos else { break };
-        let Some(u) = remaining[pos].take() else { break };
+        let Some(u) = pos.and_then(|p| remaining[p].take()) else { break };
         note(&u, &mut defined, &mut undefined);
         chosen.push(u);
     }
     chosen
-}
-
-/// A convenient shared empty byte buffer.
-pub fn empty() -> Bytes {
-    Arc::from(Vec::new())
 }

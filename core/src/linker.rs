@@ -217,11 +217,18 @@ impl Linker {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            outputs.push(OutputFile {
-                path: absolute(&req.cwd, r),
-                data: regbin::render(&plan.module_ids()).into_bytes(),
-                append: false,
-            });
+            let path = absolute(&req.cwd, r);
+            let mut ids = plan.module_ids();
+            // Whole-program LTO registers in reverse load order; under -dlto an
+            // existing file is left as it is when there is anything to list;
+            // --emit-ptx writes none.
+            if mode == Mode::LtoWhole {
+                ids.reverse();
+            }
+            let keep_existing = spec.lto && !ids.is_empty() && fs.stat(&path).is_ok();
+            if mode != Mode::LtoEmitPtx && !keep_existing {
+                outputs.push(OutputFile { path, data: regbin::render(&ids).into_bytes(), append: false });
+            }
         }
         Outcome {
             exit_code: 0,

@@ -28,6 +28,9 @@ pub struct Plan {
     pub warnings: Vec<Diagnostic>,
     /// Infos printed with `--register-link-binaries` (not filtered either).
     pub notes: Vec<Diagnostic>,
+    /// A system library (a path containing `cudadevrt`) was loaded, whether or
+    /// not any of it is linked.
+    pub system_library_found: bool,
 }
 
 impl Plan {
@@ -63,6 +66,7 @@ pub fn build(
     let mut warnings = Vec::new();
     let mut seen_archives = HashSet::new();
     let mut skipped_host_objects = false;
+    let mut system_library_found = false;
     for input in &spec.inputs {
         let loaded = ctx.input(input)?;
         warnings.extend(loaded.warnings);
@@ -70,6 +74,7 @@ pub fn build(
             InputItem::Unit(u) => units.push(u),
             InputItem::Library(l) => {
                 skipped_host_objects |= l.skipped_host_objects;
+                system_library_found |= l.is_system();
                 if seen_archives.insert(l.path.clone()) {
                     add_library(&mut units, l, spec.keep_system_libraries);
                 }
@@ -83,6 +88,7 @@ pub fn build(
         warnings.extend(loaded.warnings);
         if let Some(lib) = loaded.item {
             skipped_host_objects |= lib.skipped_host_objects;
+            system_library_found |= lib.is_system();
             if seen_archives.insert(lib.path.clone()) {
                 add_library(&mut units, lib, spec.keep_system_libraries);
             }
@@ -111,7 +117,7 @@ pub fn build(
             ))
         })
         .collect();
-    Ok(Plan { units, pruning, warnings, notes })
+    Ok(Plan { units, pruning, warnings, notes, system_library_found })
 }
 
 /// Device code that survives host-reference pruning.

@@ -30,6 +30,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-relocatable", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.o", ""),
     ("emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("lto-registered", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c saxpy_lto.o accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-no-devrt", "--arch=sm_90 -dlto -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
+    ("lto-ignore-host-info", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --ignore-host-info accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("emit-ptx-single", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} saxpy_lto.o -o {OUT}/out.ptx", ""),
     ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
     ("ptx-input", "--arch=sm_90 saxpy.ptx -o {OUT}/out.cubin", ""),
     ("ptx-input-registered", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o saxpy.ptx scale.o -o {OUT}/out.cubin", ""),
@@ -97,6 +101,21 @@ struct Row {
     name: &'static str,
     args: String,
     cmp: Comparison,
+}
+
+/// The finalizer's layout model must reproduce every cubin nvlink wrote:
+/// parse and serialize again, byte for byte.
+fn layout_roundtrip_problems(files: &std::collections::BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    use nvlinkd_core::finalize::image::CubinImage;
+    files
+        .iter()
+        .filter(|(_, b)| nvlinkd_core::elf::Elf::parse(b).map(|e| e.is_cubin()).unwrap_or(false))
+        .filter_map(|(n, b)| match CubinImage::parse(b) {
+            Ok(img) if img.serialize() == *b => None,
+            Ok(_) => Some(format!("{n}: nvlink's cubin does not survive parse+serialize")),
+            Err(e) => Some(format!("{n}: {e}")),
+        })
+        .collect()
 }
 
 /// The engine the daemon's log names for a link with these arguments.

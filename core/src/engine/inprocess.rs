@@ -51,8 +51,10 @@ pub fn check_options(spec: &Spec) -> Result<(), Unsupported> {
 
 /// Link `plan` in process; returns the output file.
 pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Unsupported> {
-    if !matches!(mode, Mode::Executable | Mode::Relocatable) {
-        return no(format!("{mode:?} links"));
+    match mode {
+        Mode::Executable | Mode::Relocatable => {}
+        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(tk, spec, mode, plan),
+        _ => return no(format!("{mode:?} links")),
     }
     check_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
@@ -83,7 +85,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
                     inputs.push(JitInput { kind: InputType::Ptx, data, name: &unit.name });
                     ptxas_entries.push(jit_ptxas_entry(tk, arch));
                 }
-                Code::LtoIr(_) => return no("LTO IR"),
+                Code::LtoObject(_) => return no("LTO IR in a non-LTO link"),
             }
         }
     }
@@ -116,7 +118,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
     };
     tracing::debug!(jit_ms = t_jit.elapsed().as_secs_f64() * 1e3, "nvJitLink done");
     let fix = Fixups {
-        linker_entry: render::linker_entry(&spec.parsed, &tk.release),
+        linker_entry: Some(render::linker_entry(&spec.parsed, &tk.release)),
         ptxas_entries,
         inputs: if pruning.is_some() { functions } else { Vec::new() },
     };
@@ -171,4 +173,108 @@ pub fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> R
     // A prefix chosen for one kernel must not select a dead one (checked) and
     // must cover only live ones: anything it matches is live or absent.
     Ok(cover)
+}
+
+/// Functions and variables a whole program may leave to the driver.
+const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
+
+/// Whole-program LTO (`-dlto`) and `-dlto --emit-ptx`, when every linked unit is
+/// LTO IR and the LTO modules form a closed program (nothing left for
+/// libcudadevrt or non-LTO code: that is nvlink's partial LTO).
+///
+/// nvlink hands the host references to NVVM (`-host-ref-*`); nvJitLink's
+/// `-kernels-used` (the host-referenced kernels) and `-optimize-unused-variables`
+/// (no variable is host-referenced) tell it the same. The output carries the
+/// single tool entry of nvlink's embedded ptxas and no entry of nvlink's own.
+fn link_lto(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Unsupported> {
+    check_options(spec)?;
+    let lto_options: &[(bool, &str)] = &[
+        (!spec.xnvvm.is_empty(), "-Xnvvm"),
+        (!spec.xptxas.is_empty(), "-Xptxas"),
+        (spec.maxrregcount.is_some(), "--maxrregcount"),
+        (spec.ofast_compile.is_some(), "--Ofast-compile"),
+        (spec.split_compile.is_some() || spec.split_compile_extended.is_some(), "split compilation"),
+        (spec.nvvm_latest, "--nvvm-latest"),
+        (spec.force_whole_lto || spec.force_partial_lto, "forced LTO kind"),
+    ];
+    if let Some((_, what)) = lto_options.iter().find(|(on, _)| *on) {
+        return no(format!("{what} with -dlto is not reproduced in process"));
+    }
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let mut objects = Vec::new();
+    let mut symbols = Vec::new();
+    for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
+        for m in &unit.modules {
+            match (&m.code, &m.lto) {
+                (Code::LtoObject(data), Some(syms)) => {
+                    objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
+                    symbols.push(syms);
+                }
+                _ => return no("partial LTO (non-LTO device code in an LTO link)"),
+            }
+        }
+    }
+    if objects.is_empty() {
+        return no("-dlto without LTO objects");
+    }
+    if mode == Mode::LtoWhole && !plan.system_library_found {
+        return no("whole-program LTO without libcudadevrt");
+    }
+    // A closed program: every extern is defined by an LTO module.
+    let defined: std::collections::HashSet<&str> = symbols
+        .iter()
+        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
+        .map(String::as_str)
+        .collect();
+    if let Some(open) = symbols
+        .iter()
+        .flat_map(|s| &s.externs)
+        .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
+    {
+        return no(format!("{open} is not defined by the LTO modules (partial LTO)"));
+    }
+    let mut options = vec![format!("-arch={arch}"), "-lto".to_owned()];
+    let host_info =
+        !spec.ignore_host_info && plan.units.iter().filter(|u| !u.modules.is_empty()).all(|u| u.host_refs.is_some());
+    if host_info {
+        let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
+        if refs.iter().any(|r| {
+            !(r.variables_external.is_empty()
+                && r.variables_internal.is_empty()
+                && r.constants_external.is_empty()
+                && r.constants_internal.is_empty())
+        }) {
+            return no("host-referenced device variables with -dlto");
+        }
+        let patterns: Vec<&str> = refs.iter().flat_map(|r| r.kernel_patterns()).collect();
+        let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
+        let live: BTreeSet<String> =
+            all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
+        if live.is_empty() {
+            return no("host references keep no kernel");
+        }
+        let dead: BTreeSet<String> = all.difference(&live).cloned().collect();
+        options.extend(kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")));
+        options.push("-optimize-unused-variables".to_owned());
+    }
+    let jit = tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
+    if mode == Mode::LtoEmitPtx {
+        options.push("-ptx".to_owned());
+        let out = jit.link(&options, &objects, true).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
+        return out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()));
+    }
+    let out = jit.link(&options, &objects, false).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
+    let cubin = out.cubin.ok_or_else(|| Unsupported("nvJitLink returned no cubin".into()))?;
+    let fix = Fixups {
+        linker_entry: None,
+        ptxas_entries: vec![crate::finalize::tkinfo::Entry {
+            object: String::new(),
+            tool: "ptxas".into(),
+            release: tk.release.tools_line.clone(),
+            build: tk.release.build_line.clone(),
+            options: format!("-arch {arch} -m 64 "),
+        }],
+        inputs: Vec::new(),
+    };
+    finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
 }

@@ -3,7 +3,7 @@
 //! nvlink (and nvJitLink, which shares its ELF writer) lays a cubin out in one
 //! simple pass: the 64-byte ELF header, then every section in section-header
 //! order, each at the next multiple of its alignment (NOBITS-like sections
-//! take no room, see [`crate::elf::occupies_file`]), then the section header table at the next multiple of 8, then the
+//! take no room, see [`crate::elf::occupies_file`]), then the section header table right after, then the
 //! program header table right after it. A LOAD segment starts at its first
 //! section and ends where its last file-backed section ends; the PHDR segment
 //! (and the LOAD that maps it) covers the program header table.
@@ -173,7 +173,9 @@ impl CubinImage {
                 pos += s.data.len() as u64;
             }
         }
-        let shoff = pos.div_ceil(8) * 8;
+        // The section header table follows the last section directly (ptxas-written
+        // cubins, e.g. whole-program LTO outputs, show it is not padded).
+        let shoff = pos;
         let phoff = if self.segments.is_empty() { 0 } else { shoff + (self.sections.len() * SHDR_SIZE) as u64 };
         let total = if self.segments.is_empty() {
             shoff as usize + self.sections.len() * SHDR_SIZE

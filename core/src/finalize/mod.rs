@@ -36,8 +36,9 @@ pub enum FinalizeError {
 /// What nvlink would have written that nvJitLink did not.
 #[derive(Clone, Debug)]
 pub struct Fixups {
-    /// nvlink's own tkinfo entry (replaces nvJitLink's "nvJIT API" entry).
-    pub linker_entry: tkinfo::Entry,
+    /// nvlink's own tkinfo entry (replaces nvJitLink's "nvJIT API" entry);
+    /// `None` for whole-program LTO, where nvlink writes no entry of its own.
+    pub linker_entry: Option<tkinfo::Entry>,
     /// Replacements, in order, for the entries nvJitLink's embedded ptxas wrote
     /// for PTX it compiled (nvlink's embedded ptxas writes these instead).
     pub ptxas_entries: Vec<tkinfo::Entry>,
@@ -59,12 +60,17 @@ pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError
 fn rewrite_tkinfo(img: &mut CubinImage, fix: &Fixups) -> Result<(), FinalizeError> {
     let idx = img.section_index(".note.nv.tkinfo").ok_or(FinalizeError::Missing(".note.nv.tkinfo"))?;
     let mut entries = tkinfo::parse(&img.sections[idx].data)?;
-    if entries.first().map(|e| e.tool.as_str()) != Some("nvJIT API") {
-        return Err(FinalizeError::UnexpectedEntries("first entry is not nvJitLink's".into()));
+    match (&fix.linker_entry, entries.first().map(|e| e.tool.as_str())) {
+        (Some(own), Some("nvJIT API")) => entries[0] = own.clone(),
+        (None, Some("nvJIT API")) => {
+            entries.remove(0);
+        }
+        (None, _) => {}
+        (Some(_), _) => return Err(FinalizeError::UnexpectedEntries("first entry is not nvJitLink's".into())),
     }
-    entries[0] = fix.linker_entry.clone();
     let mut replacements = fix.ptxas_entries.iter();
-    for e in entries.iter_mut().skip(1) {
+    let skip = usize::from(fix.linker_entry.is_some());
+    for e in entries.iter_mut().skip(skip) {
         if e.build == JIT_PTXAS_BUILD_PLACEHOLDER {
             *e = replacements
                 .next()

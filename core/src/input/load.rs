@@ -21,6 +21,7 @@ use super::classify::{classify, is_ptx, Content};
 use super::cubin::{self, CubinInfo};
 use super::host::{HostObject, HostRefs};
 use super::libsearch;
+use super::ptx::{self, PtxSymbols};
 use super::Bytes;
 use crate::diag::Diagnostic;
 use crate::elf::{is_elf, Elf, EM_CUDA};
@@ -33,7 +34,9 @@ use crate::regbin::synthetic_module_id;
 pub enum Code {
     Cubin(Bytes),
     Ptx(Bytes),
-    LtoIr(Bytes),
+    /// A host object whose LTO IR member is linked (nvJitLink reads the member
+    /// and its compile options from the object itself).
+    LtoObject(Bytes),
 }
 
 /// One piece of device code going into the link.
@@ -46,6 +49,8 @@ pub struct Module {
     pub options: String,
     /// Parsed symbols and functions, for cubins.
     pub info: Option<CubinInfo>,
+    /// Declarations of the PTX twin of an LTO module.
+    pub lto: Option<PtxSymbols>,
 }
 
 /// One input file or archive member, as nvlink names it in messages.
@@ -197,6 +202,7 @@ impl LoadContext<'_> {
                         arch: self.target.sm,
                         options: String::new(),
                         info: None,
+                        lto: None,
                     }],
                     device_only: true,
                     ..Default::default()
@@ -208,7 +214,7 @@ impl LoadContext<'_> {
                     return fatal("fatbin wrong format?");
                 }
                 let members = fatbin::parse_first(&data).or_else(|e| unsupported(format!("{given}: {e}")))?;
-                let (modules, warnings) = self.select(given, &members, false)?;
+                let (modules, warnings) = self.select(given, &members, false, None)?;
                 let unit = Unit {
                     name: given.to_owned(),
                     module_ids: vec![self.synthetic_id(given)],
@@ -324,7 +330,13 @@ impl LoadContext<'_> {
         let unit = Unit {
             name: name.to_owned(),
             module_ids: vec![self.synthetic_id(name)],
-            modules: vec![Module { code: Code::Cubin(data), arch: info.sm, options: String::new(), info: Some(info) }],
+            modules: vec![Module {
+                code: Code::Cubin(data),
+                arch: info.sm,
+                options: String::new(),
+                info: Some(info),
+                lto: None,
+            }],
             device_only: true,
             ..Default::default()
         };
@@ -375,7 +387,7 @@ impl LoadContext<'_> {
             ]));
         };
         let members = fatbin::parse_first(fatbin_bytes).or_else(|e| unsupported(format!("{name}: fatbin: {e}")))?;
-        let (modules, warnings) = self.select(name, &members, in_archive)?;
+        let (modules, warnings) = self.select(name, &members, in_archive, Some(data))?;
         let module_ids = match host.module_ids() {
             ids if ids.is_empty() => vec![self.synthetic_id(name)],
             ids if ids.len() > 1 => return unsupported(format!("{name}: several module ids (an ld -r object)")),
@@ -400,6 +412,7 @@ impl LoadContext<'_> {
         name: &str,
         members: &[Member<'_>],
         in_archive: bool,
+        object: Option<&[u8]>,
     ) -> Result<(Vec<Module>, Vec<Diagnostic>), LoadError> {
         let t = self.target;
         if self.target.suffixed || t.sm >= 100 {
@@ -409,8 +422,25 @@ impl LoadContext<'_> {
                 if t.suffixed { "+" } else { "" }
             ));
         }
-        if self.lto && members.iter().any(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm) {
-            return unsupported("LTO IR members");
+        if self.lto {
+            let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
+            if let Some(ir) = ir {
+                let (Some(object), true) = (object, ir.arch == t.sm) else {
+                    return unsupported(format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
+                };
+                // The PTX twin names the module's kernels and needs.
+                let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
+                let Some(twin) = twin else { return unsupported(format!("{name}: LTO IR without PTX")) };
+                let text = twin.contents().or_else(|e| unsupported(format!("{name}: {e}")))?;
+                let module = Module {
+                    code: Code::LtoObject(object.to_vec().into()),
+                    arch: ir.arch,
+                    options: ir.options.to_owned(),
+                    info: None,
+                    lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
+                };
+                return Ok((vec![module], Vec::new()));
+            }
         }
         let sass = members
             .iter()
@@ -422,8 +452,13 @@ impl LoadContext<'_> {
             }
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
             let info = cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?;
-            let module =
-                Module { code: Code::Cubin(bytes), arch: m.arch, options: m.options.to_owned(), info: Some(info) };
+            let module = Module {
+                code: Code::Cubin(bytes),
+                arch: m.arch,
+                options: m.options.to_owned(),
+                info: Some(info),
+                lto: None,
+            };
             return Ok((vec![module], Vec::new()));
         }
         let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm).max_by_key(|m| m.arch);
@@ -432,7 +467,8 @@ impl LoadContext<'_> {
                 return unsupported(format!("{name}: compute_{} PTX compiled for sm_{}", m.arch, t.sm));
             }
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let module = Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None };
+            let module =
+                Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };
             return Ok((vec![module], Vec::new()));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {

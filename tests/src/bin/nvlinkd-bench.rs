@@ -65,12 +65,39 @@ fn pair(name: &str, args: &str, reps: usize, cwd: &Path, daemon: &Daemon, warm: 
     Measured { name: name.into(), nvlink: median(ta), nvlinkd: median(tb), identical }
 }
 
+/// Milliseconds from the shim's main() to its request being on the socket,
+/// from the shim's own `NVLINKD_TIMING` marks.
+fn shim_startup(cwd: &Path, daemon: &Daemon, reps: usize) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..reps {
+        let out = Command::new(shim())
+            .arg("--version")
+            .current_dir(cwd)
+            .envs(daemon.shim_env())
+            .env("NVLINKD_TIMING", "1")
+            .output()
+            .expect("shim");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if let Some(ms) = err
+            .lines()
+            .find(|l| l.ends_with("request sent"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|t| t.parse::<f64>().ok())
+        {
+            v.push(ms);
+        }
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(21);
     let dir = corpus::dir().clone();
     let daemon = Daemon::start();
     println!("nvlinkd-bench: {reps} repetitions per side, medians; toolkit {}", cuda_home().display());
     let rows = vec![
+        pair("nvlink --version (no link: process + round trip)", "--version", reps, &dir, &daemon, true),
         pair("tiny non-LTO link, warm daemon", "--arch=sm_90 accumulate.o scale.o -o {OUT}", reps, &dir, &daemon, true),
         pair(
             "libcudadevrt link (dynamic parallelism), warm",
@@ -96,6 +123,7 @@ fn main() {
         );
     }
     println!("\nratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
+    println!("shim startup to first byte sent (median, from main()): {:.2} ms", shim_startup(&dir, &daemon, reps));
     println!("daemon stats: {}", daemon.control("stats").map(|(_, s)| s).unwrap_or_default().trim());
     if !all_identical {
         eprintln!("some nvlinkd outputs differ from nvlink's");

@@ -184,14 +184,33 @@ impl Spec {
         if self.arch.is_none() {
             return Err(Diagnostic::fatal("Unknown arch name '(null)'"));
         }
-        if self.lto && self.nvvmpath.is_none() {
-            return Err(Diagnostic::fatal("-nvvmpath should be specified with -lto"));
+        let conflict = |a: &str, b: &str| Err(Diagnostic::fatal(format!("Conflicting options '{a}' and '{b}'")));
+        if self.dump_callgraph && self.dump_callgraph_no_demangle {
+            return conflict("-dump-callgraph", "-dump-callgraph-no-demangle");
+        }
+        if self.use_host_info && self.ignore_host_info {
+            return conflict("-use-host-info", "-ignore-host-info");
+        }
+        if self.suppress_debug_info && !self.debug {
+            return conflict("-suppress-debug-info", "no -g");
+        }
+        if !self.lto {
+            for (given, name) in [
+                (self.emit_ptx, "-emit-ptx"),
+                (self.force_partial_lto, "-force-partial-lto"),
+                (self.nvvm_latest, "-nvvm-latest"),
+                (self.ofast_compile.is_some(), "--Ofast-compile"),
+            ] {
+                if given {
+                    return conflict(name, "no -dlto");
+                }
+            }
         }
         if self.force_partial_lto && self.force_whole_lto {
-            return Err(Diagnostic::fatal("-force-partial-lto and -force-whole-lto are incompatible"));
+            return conflict("-force-partial-lto", "-force-whole-lto");
         }
-        if self.emit_ptx && !self.lto {
-            return Err(Diagnostic::fatal("-emit-ptx requires -dlto"));
+        if self.lto && self.nvvmpath.is_none() {
+            return Err(Diagnostic::fatal("-nvvmpath should be specified with -lto"));
         }
         Ok(match (self.lto, self.emit_ptx, self.relocatable || self.force_partial_lto) {
             (true, true, _) => Mode::LtoEmitPtx,

@@ -42,6 +42,7 @@ pub fn check_options(spec: &Spec) -> Result<(), Unsupported> {
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
         (spec.device_stack_protector.is_some(), "--device-stack-protector"),
+        (spec.cpu_arch.as_deref().is_some_and(|c| c != "X86_64"), "a --cpu-arch other than X86_64"),
     ];
     match checks.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(format!("{what} is not reproduced in process")),
@@ -121,6 +122,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
         linker_entry: Some(render::linker_entry(&spec.parsed, &tk.release)),
         ptxas_entries,
         inputs: if pruning.is_some() { functions } else { Vec::new() },
+        ptxas_written: false,
     };
     finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
 }
@@ -275,6 +277,7 @@ fn link_lto(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
             options: format!("-arch {arch} -m 64 "),
         }],
         inputs: Vec::new(),
+        ptxas_written: true,
     };
     finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
 }

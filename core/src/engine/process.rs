@@ -68,7 +68,11 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
         let given: Vec<&Occurrence> = spec.parsed.options.iter().filter(|o| o.id == id).collect();
         let Some(last) = given.last() else { continue };
         let Some(at) = last.at else { return Err(std::io::Error::other("output named in an options file")) };
-        let tmp = scratch.0.join(name);
+        // Same basename as the caller's file: nvlink renders it in verbose tkinfo.
+        let base = last.value.as_deref().and_then(|v| Path::new(v).file_name()).unwrap_or(std::ffi::OsStr::new(name));
+        let dir = scratch.0.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(base);
         let tmp_str = tmp.to_string_lossy().into_owned();
         let dest = absolute(&req.cwd, last.value.as_deref().unwrap_or_default());
         // Every occurrence of the option gets the scratch path (so that nvlink's

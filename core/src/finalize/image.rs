@@ -3,7 +3,8 @@
 //! nvlink (and nvJitLink, which shares its ELF writer) lays a cubin out in one
 //! simple pass: the 64-byte ELF header, then every section in section-header
 //! order, each at the next multiple of its alignment (NOBITS-like sections
-//! take no room, see [`crate::elf::occupies_file`]), then the section header table right after, then the
+//! take no room, see [`crate::elf::occupies_file`]), then the section header table (padded to 8
+//! bytes by nvlink's linker, not by ptxas), then the
 //! program header table right after it. A LOAD segment starts at its first
 //! section and ends where its last file-backed section ends; the PHDR segment
 //! (and the LOAD that maps it) covers the program header table.
@@ -77,6 +78,9 @@ struct ImageSegment {
 pub struct CubinImage {
     /// The original ELF header (offset fields are rewritten on output).
     header: [u8; EHDR_SIZE],
+    /// Alignment of the section header table: nvlink's linker pads it to 8,
+    /// ptxas (whole-program LTO outputs) does not.
+    pub shdr_align: u64,
     pub sections: Vec<ImageSection>,
     segments: Vec<ImageSegment>,
 }
@@ -126,7 +130,9 @@ impl CubinImage {
                 }
             })
             .collect();
-        Ok(CubinImage { header, sections, segments })
+        let shoff = u64::from_le_bytes(header[0x28..0x30].try_into().unwrap_or_default());
+        let shdr_align = if shoff % 8 == 0 { 8 } else { 1 };
+        Ok(CubinImage { header, sections, segments, shdr_align })
     }
 
     /// Find which sections a segment maps: the first section (in header order)
@@ -173,9 +179,7 @@ impl CubinImage {
                 pos += s.data.len() as u64;
             }
         }
-        // The section header table follows the last section directly (ptxas-written
-        // cubins, e.g. whole-program LTO outputs, show it is not padded).
-        let shoff = pos;
+        let shoff = pos.div_ceil(self.shdr_align) * self.shdr_align;
         let phoff = if self.segments.is_empty() { 0 } else { shoff + (self.sections.len() * SHDR_SIZE) as u64 };
         let total = if self.segments.is_empty() {
             shoff as usize + self.sections.len() * SHDR_SIZE

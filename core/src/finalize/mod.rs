@@ -45,11 +45,16 @@ pub struct Fixups {
     /// The functions of each linked cubin in link order, to place ghost names
     /// of dead kernels; empty when nothing was removed.
     pub inputs: Vec<Vec<InputFunction>>,
+    /// The cubin is ptxas's own output (whole-program LTO), laid out by ptxas's rules.
+    pub ptxas_written: bool,
 }
 
 /// Rewrite `jit_cubin` into nvlink's bytes.
 pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError> {
     let mut img = CubinImage::parse(jit_cubin)?;
+    if fix.ptxas_written {
+        img.shdr_align = 1;
+    }
     rewrite_tkinfo(&mut img, fix)?;
     if !fix.inputs.is_empty() {
         insert_ghost_names(&mut img, &fix.inputs)?;

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fatbin;
 pub mod finalize;
 pub mod fs;
+pub mod fuzz;
 pub mod ghls;
 pub mod input;
 pub mod jitlink;

@@ -20,6 +20,8 @@ const EHDR_SIZE: usize = 64;
 const SHDR_SIZE: usize = 64;
 const PHDR_SIZE: usize = 56;
 const PT_PHDR: u32 = 6;
+/// Largest section alignment accepted (cubins use at most 128).
+const MAX_ALIGN: u64 = 1 << 16;
 
 /// A section with its header fields and (owned) contents.
 #[derive(Clone, Debug)]
@@ -90,6 +92,11 @@ impl CubinImage {
         let elf = Elf::parse(data)?;
         let mut header = [0u8; EHDR_SIZE];
         header.copy_from_slice(data.get(..EHDR_SIZE).ok_or(ElfError::Malformed("header"))?);
+        // Alignments are powers of two and small in every real cubin; anything
+        // else would make the layout (and its allocation) absurd.
+        if elf.sections.iter().any(|s| s.align > MAX_ALIGN || (s.align > 1 && !s.align.is_power_of_two())) {
+            return Err(ElfError::Malformed("section alignment"));
+        }
         let sections: Vec<ImageSection> = elf
             .sections
             .iter()

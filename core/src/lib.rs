@@ -8,6 +8,7 @@
 //!
 //! See ARCHITECTURE.md at the repository root for how a request flows.
 
+pub mod cache;
 pub mod cli;
 pub mod diag;
 pub mod elf;
@@ -19,6 +20,7 @@ pub mod fuzz;
 pub mod ghls;
 pub mod input;
 pub mod jitlink;
+pub mod linkcache;
 pub mod linker;
 pub mod plan;
 pub mod regbin;

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tracing::{debug, warn};
 
+use crate::cache::flight::Flights;
+use crate::cache::{LinkEntry, Store};
 use crate::cli::parse::parse;
 use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
@@ -21,6 +23,7 @@ use crate::engine::process;
 use crate::fs::{absolute, InputFs};
 use crate::ghls::{self, GhlsError};
 use crate::input::load::{LoadContext, LoadError};
+use crate::linkcache::{self, MemoFs};
 use crate::plan;
 use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
@@ -47,6 +50,13 @@ pub struct Linker {
     toolkits: DashMap<PathBuf, Arc<Toolkit>>,
     pub stats: Stats,
     in_flight: std::sync::atomic::AtomicU64,
+    cache: Option<LinkCache>,
+}
+
+/// The whole-link cache of a linker.
+struct LinkCache {
+    store: Store,
+    flights: Flights<Arc<LinkEntry>>,
 }
 
 /// See [`Linker::in_flight_guard`].
@@ -61,11 +71,31 @@ impl Drop for InFlight<'_> {
 impl Linker {
     pub fn new(config: LinkerConfig) -> Self {
         let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
-        Linker { config, toolkits: DashMap::new(), stats: Stats::default(), in_flight: Default::default() }
+        let cache = (config.cache_mem > 0 || config.cache_size > 0).then(|| LinkCache {
+            store: Store::open(
+                (config.cache_size > 0).then_some(config.cache_dir.as_path()),
+                config.cache_mem,
+                config.cache_size,
+            ),
+            flights: Flights::default(),
+        });
+        Linker { config, toolkits: DashMap::new(), stats: Stats::default(), in_flight: Default::default(), cache }
     }
 
     pub fn stats_json(&self) -> String {
-        self.stats.to_json(&[("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed))])
+        let (mem, disk, corrupt) = match &self.cache {
+            Some(c) => {
+                let (m, d) = c.store.sizes();
+                (m, d, c.store.corrupt.load(std::sync::atomic::Ordering::Relaxed))
+            }
+            None => (0, 0, 0),
+        };
+        self.stats.to_json(&[
+            ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
+            ("cache_mem_bytes", mem),
+            ("cache_disk_bytes", disk),
+            ("cache_corrupt_entries", corrupt),
+        ])
     }
 
     /// Count a link as in flight until the guard drops (from the moment the
@@ -93,6 +123,11 @@ impl Linker {
             return Ok(tk.clone());
         }
         let tk = Arc::new(Toolkit::open(&root).map_err(|e| e.to_string())?);
+        if self.cache.is_some() {
+            // Hash the toolkit's libraries now, off the request path.
+            let warm = tk.clone();
+            std::thread::spawn(move || warm.identity());
+        }
         self.toolkits.insert(root, tk.clone());
         Ok(tk)
     }
@@ -174,8 +209,81 @@ impl Linker {
         }
     }
 
-    /// Modes A to E: plan, then the in-process engine or the real nvlink.
+    /// Modes A to E, through the whole-link cache: a hit returns the stored
+    /// result; identical links in flight are computed once.
     fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+        let memo = MemoFs::new(fs);
+        let Some(cache) = &self.cache else { return self.compute_link(tk, req, &memo, spec, mode) };
+        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, &memo) else {
+            return self.compute_link(tk, req, &memo, spec, mode);
+        };
+        if let Some(o) = self.lookup(cache, &keys, req, spec) {
+            bump(&self.stats.cache_hits);
+            return o;
+        }
+        bump(&self.stats.cache_misses);
+        let mine = std::cell::RefCell::new(None);
+        let (entry, leader) = cache.flights.run(keys.content, || {
+            let outcome = self.compute_link(tk, req, &memo, spec, mode);
+            let entry = self.entry_of(&outcome, req, spec, &memo).map(Arc::new);
+            if let Some(e) = &entry {
+                let bytes: Arc<[u8]> = e.encode().into();
+                cache.store.put(&keys.named, bytes.clone());
+                cache.store.put(&keys.content, bytes);
+            }
+            *mine.borrow_mut() = Some(outcome);
+            entry
+        });
+        if let Some(outcome) = mine.into_inner() {
+            return outcome;
+        }
+        // Another request computed it: usable unless it depends on names.
+        match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
+            Some(o) if !leader => o,
+            _ => self.compute_link(tk, req, &memo, spec, mode),
+        }
+    }
+
+    fn lookup(&self, cache: &LinkCache, keys: &linkcache::LinkKeys, req: &Request, spec: &Spec) -> Option<Outcome> {
+        let entry = LinkEntry::decode(&cache.store.get(&keys.content)?)?;
+        let entry = if entry.name_sensitive { LinkEntry::decode(&cache.store.get(&keys.named)?)? } else { entry };
+        self.outcome_of(&entry, req, spec)
+    }
+
+    fn outcome_of(&self, e: &LinkEntry, req: &Request, spec: &Spec) -> Option<Outcome> {
+        Some(Outcome {
+            exit_code: e.exit_code,
+            stdout: e.stdout.clone(),
+            stderr: e.stderr.clone(),
+            outputs: linkcache::outputs_of(e, req, spec)?,
+            fallback: None,
+            engine: EngineKind::Cache,
+            routed: None,
+        })
+    }
+
+    /// The stored form of an outcome, when it can be stored.
+    fn entry_of(&self, o: &Outcome, req: &Request, spec: &Spec, fs: &dyn InputFs) -> Option<LinkEntry> {
+        if o.fallback.is_some() || o.engine == EngineKind::Frontend {
+            return None;
+        }
+        let files = linkcache::entry_files(&o.outputs, req, spec)?;
+        let device_only_registered = spec.register_link_binaries.is_some()
+            && spec.inputs.iter().any(|i| {
+                matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
+                    || fs.read(&absolute(&req.cwd, i)).map(|d| d.get(18..20) == Some(&[190, 0][..])).unwrap_or(true)
+            });
+        Some(LinkEntry {
+            exit_code: o.exit_code,
+            stdout: o.stdout.clone(),
+            stderr: o.stderr.clone(),
+            files,
+            name_sensitive: linkcache::name_sensitive(spec, &o.stdout, &o.stderr, device_only_registered),
+        })
+    }
+
+    /// Modes A to E: plan, then the in-process engine or the real nvlink.
+    fn compute_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
         let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
             return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));

@@ -11,6 +11,8 @@ pub struct Daemon {
     pub child: Option<Child>,
     /// Environment given to the daemon process.
     pub env: Vec<(String, String)>,
+    /// Another daemon's cache directory, when sharing one.
+    pub shared_cache: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -18,7 +20,15 @@ impl Daemon {
         self.dir.path().join("sock")
     }
     pub fn cache_dir(&self) -> PathBuf {
-        self.dir.path().join("cache")
+        self.shared_cache.clone().unwrap_or_else(|| self.dir.path().join("cache"))
+    }
+
+    /// A second daemon on its own socket over `other`'s cache directory.
+    pub fn start_sharing(other: &Daemon) -> Daemon {
+        let mut d =
+            Daemon { dir: TempDir::new("d"), child: None, env: Vec::new(), shared_cache: Some(other.cache_dir()) };
+        d.spawn(&[]);
+        d
     }
 
     /// Start `nvlinkd serve` and wait until it answers.
@@ -34,7 +44,7 @@ impl Daemon {
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = TempDir::new("d");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut d = Daemon { dir, child: None, env };
+        let mut d = Daemon { dir, child: None, env, shared_cache: None };
         d.spawn(extra);
         d
     }

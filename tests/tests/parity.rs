@@ -232,12 +232,21 @@ fn parity_with_nvlink() {
                 }
                 let mut cmp = compare::runs(&expected, &actual);
                 cmp.problems.extend(layout_roundtrip_problems(&expected.files));
+                // Again, warm: whatever the cache returns must be nvlink's result too.
+                let mut again = run(&shim(), &inv, &daemon.shim_env());
+                if name.starts_with("opt-time") {
+                    mask_times(&mut again);
+                }
+                let warm = compare::runs(&expected, &again);
+                cmp.problems.extend(warm.problems.into_iter().map(|p| format!("warm: {p}")));
+                cmp.identical &= warm.identical;
                 rows.lock().unwrap().push(Row { name, args: inv.args.join(" "), cmp });
             });
         }
     });
     let mut rows = rows.into_inner().unwrap();
     let requests = daemon.stat("requests");
+    let hits = daemon.stat("cache_hits");
     let mut daemon = daemon;
     daemon.stop();
     let log = daemon.log();
@@ -264,6 +273,8 @@ fn parity_with_nvlink() {
     for r in &differing {
         println!("\n== {} ==\n{}", r.name, r.cmp.problems.join("\n"));
     }
-    assert!(requests >= CASES.len() as u64, "links did not go through the daemon");
+    assert!(requests >= 2 * CASES.len() as u64, "links did not go through the daemon");
+    println!("daemon: {requests} requests, {hits} served from the cache");
+    assert!(hits > 0, "the second pass never hit the cache");
     assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());
 }

@@ -1,0 +1,313 @@
+//! The content-addressed store: a bounded in-memory LRU tier over a bounded
+//! on-disk tier.
+//!
+//! Disk entries live at `<dir>/v1/<first two hex digits>/<64 hex digits>`, each a
+//! small header (magic, BLAKE3 of the payload, payload length) and the payload.
+//! Writes go to a temporary file in the same directory and are renamed into
+//! place, so a reader never sees half an entry and two daemons sharing a
+//! directory never corrupt each other. Every read is verified against the stored
+//! hash: a damaged or truncated entry is removed and reported as a miss, so it is
+//! recomputed and replaced, never returned. The disk tier is trimmed to its
+//! bound by least-recent use (access refreshes the file's modification time).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use lru::LruCache;
+use tracing::{debug, warn};
+
+/// A cache key: the BLAKE3 hash of everything the value depends on.
+pub type Key = [u8; 32];
+
+const MAGIC: &[u8; 8] = b"nvlkdc01";
+const HEADER: usize = 8 + 32 + 8;
+
+pub fn hex(key: &Key) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+struct Mem {
+    lru: LruCache<Key, Arc<[u8]>>,
+    bytes: u64,
+}
+
+struct DiskIndex {
+    /// Size and last use of every entry this process knows about.
+    entries: HashMap<Key, (u64, SystemTime)>,
+    bytes: u64,
+}
+
+/// Both tiers.
+pub struct Store {
+    dir: Option<PathBuf>,
+    mem_limit: u64,
+    disk_limit: u64,
+    mem: Mutex<Mem>,
+    disk: Mutex<DiskIndex>,
+    tmp_counter: AtomicU64,
+    /// Entries found damaged on disk and dropped.
+    pub corrupt: AtomicU64,
+}
+
+impl Store {
+    /// A store over `dir` (None: memory only). Scans the directory to learn its
+    /// current size.
+    pub fn open(dir: Option<&Path>, mem_limit: u64, disk_limit: u64) -> Store {
+        let dir = dir.map(|d| d.join("v1"));
+        let mut index = DiskIndex { entries: HashMap::new(), bytes: 0 };
+        if let Some(d) = &dir {
+            let _ = fs::create_dir_all(d);
+            for (key, size, mtime) in scan(d) {
+                index.bytes += size;
+                index.entries.insert(key, (size, mtime));
+            }
+        }
+        Store {
+            dir,
+            mem_limit,
+            disk_limit,
+            mem: Mutex::new(Mem { lru: LruCache::unbounded(), bytes: 0 }),
+            disk: Mutex::new(index),
+            tmp_counter: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
+        }
+    }
+
+    fn path(&self, key: &Key) -> Option<PathBuf> {
+        let h = hex(key);
+        self.dir.as_ref().map(|d| d.join(&h[..2]).join(&h))
+    }
+
+    /// Bytes held in memory and on disk.
+    pub fn sizes(&self) -> (u64, u64) {
+        let mem = self.mem.lock().map(|m| m.bytes).unwrap_or(0);
+        let disk = self.disk.lock().map(|d| d.bytes).unwrap_or(0);
+        (mem, disk)
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
+        if let Ok(mut m) = self.mem.lock() {
+            if let Some(v) = m.lru.get(key) {
+                return Some(v.clone());
+            }
+        }
+        let path = self.path(key)?;
+        let raw = fs::read(&path).ok()?;
+        match verify(&raw) {
+            Some(payload) => {
+                let value: Arc<[u8]> = payload.into();
+                // Touch: the disk tier evicts by least-recent use.
+                let now = SystemTime::now();
+                if let Ok(f) = fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(now);
+                }
+                if let Ok(mut d) = self.disk.lock() {
+                    if let Some(e) = d.entries.get_mut(key) {
+                        e.1 = now;
+                    }
+                }
+                self.put_mem(key, value.clone());
+                Some(value)
+            }
+            None => {
+                warn!(entry = %path.display(), "damaged cache entry dropped");
+                self.corrupt.fetch_add(1, Ordering::Relaxed);
+                let _ = fs::remove_file(&path);
+                if let Ok(mut d) = self.disk.lock() {
+                    if let Some((size, _)) = d.entries.remove(key) {
+                        d.bytes = d.bytes.saturating_sub(size);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    pub fn put(&self, key: &Key, value: Arc<[u8]>) {
+        self.put_mem(key, value.clone());
+        if let Err(e) = self.put_disk(key, &value) {
+            debug!("cache write failed: {e}");
+        }
+    }
+
+    fn put_mem(&self, key: &Key, value: Arc<[u8]>) {
+        let Ok(mut m) = self.mem.lock() else { return };
+        if value.len() as u64 > self.mem_limit {
+            return;
+        }
+        if let Some(old) = m.lru.put(*key, value.clone()) {
+            m.bytes -= old.len() as u64;
+        }
+        m.bytes += value.len() as u64;
+        while m.bytes > self.mem_limit {
+            match m.lru.pop_lru() {
+                Some((_, v)) => m.bytes -= v.len() as u64,
+                None => break,
+            }
+        }
+    }
+
+    fn put_disk(&self, key: &Key, value: &[u8]) -> std::io::Result<()> {
+        let Some(path) = self.path(key) else { return Ok(()) };
+        let size = (HEADER + value.len()) as u64;
+        if size > self.disk_limit {
+            return Ok(());
+        }
+        let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent"))?;
+        fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), self.tmp_counter.fetch_add(1, Ordering::Relaxed)));
+        let written = (|| {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(MAGIC)?;
+            f.write_all(blake3::hash(value).as_bytes())?;
+            f.write_all(&(value.len() as u64).to_le_bytes())?;
+            f.write_all(value)?;
+            f.sync_data()?;
+            fs::rename(&tmp, &path)
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+            return written;
+        }
+        let victims = {
+            let mut d = self.disk.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+            if let Some((old, _)) = d.entries.insert(*key, (size, SystemTime::now())) {
+                d.bytes = d.bytes.saturating_sub(old);
+            }
+            d.bytes += size;
+            let mut victims = Vec::new();
+            if d.bytes > self.disk_limit {
+                // Trim to 90% of the bound, least recently used first.
+                let target = self.disk_limit / 10 * 9;
+                let mut by_age: Vec<(SystemTime, Key, u64)> =
+                    d.entries.iter().map(|(k, (s, t))| (*t, *k, *s)).collect();
+                by_age.sort();
+                for (_, k, s) in by_age {
+                    if d.bytes <= target {
+                        break;
+                    }
+                    if &k == key {
+                        continue;
+                    }
+                    d.entries.remove(&k);
+                    d.bytes = d.bytes.saturating_sub(s);
+                    victims.push(k);
+                }
+            }
+            victims
+        };
+        for k in victims {
+            if let Some(p) = self.path(&k) {
+                let _ = fs::remove_file(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The payload of a stored entry, if it is intact.
+fn verify(raw: &[u8]) -> Option<Vec<u8>> {
+    if raw.len() < HEADER || &raw[..8] != MAGIC {
+        return None;
+    }
+    let len = u64::from_le_bytes(raw[40..48].try_into().ok()?) as usize;
+    let payload = raw.get(HEADER..)?;
+    if payload.len() != len || blake3::hash(payload).as_bytes() != &raw[8..40] {
+        return None;
+    }
+    Some(payload.to_vec())
+}
+
+fn scan(dir: &Path) -> Vec<(Key, u64, SystemTime)> {
+    let mut out = Vec::new();
+    let Ok(shards) = fs::read_dir(dir) else { return out };
+    for shard in shards.flatten() {
+        let Ok(files) = fs::read_dir(shard.path()) else { continue };
+        for f in files.flatten() {
+            let name = f.file_name();
+            let Some(key) = parse_hex(&name.to_string_lossy()) else {
+                // Leftover temporary files from an interrupted write.
+                if name.to_string_lossy().starts_with(".tmp-") {
+                    let _ = fs::remove_file(f.path());
+                }
+                continue;
+            };
+            if let Ok(m) = f.metadata() {
+                out.push((key, m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+            }
+        }
+    }
+    out
+}
+
+fn parse_hex(s: &str) -> Option<Key> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut k = [0u8; 32];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nvlinkd-store-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    fn key(n: u8) -> Key {
+        *blake3::hash(&[n]).as_bytes()
+    }
+
+    #[test]
+    fn survives_reopen_and_detects_corruption() {
+        let d = tmpdir("reopen");
+        let s = Store::open(Some(&d), 1 << 20, 1 << 20);
+        s.put(&key(1), Arc::from(&b"hello"[..]));
+        drop(s);
+        let s = Store::open(Some(&d), 1 << 20, 1 << 20);
+        assert_eq!(s.get(&key(1)).as_deref(), Some(&b"hello"[..]));
+        // Damage the file: the entry is dropped, not returned.
+        let p = s.path(&key(1)).unwrap();
+        let mut raw = fs::read(&p).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        fs::write(&p, &raw).unwrap();
+        let s = Store::open(Some(&d), 1 << 20, 1 << 20);
+        assert!(s.get(&key(1)).is_none());
+        assert!(!p.exists());
+        // Truncated.
+        s.put(&key(2), Arc::from(&b"world"[..]));
+        let p = s.path(&key(2)).unwrap();
+        let raw = fs::read(&p).unwrap();
+        fs::write(&p, &raw[..raw.len() - 2]).unwrap();
+        let s = Store::open(Some(&d), 1 << 20, 1 << 20);
+        assert!(s.get(&key(2)).is_none());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn bounds_hold() {
+        let d = tmpdir("bounds");
+        let s = Store::open(Some(&d), 1000, 5000);
+        for n in 0..50u8 {
+            s.put(&key(n), Arc::from(vec![n; 400]));
+        }
+        let (mem, disk) = s.sizes();
+        assert!(mem <= 1000, "memory tier {mem}");
+        assert!(disk <= 5000, "disk tier {disk}");
+        assert!(s.get(&key(49)).is_some(), "newest entry evicted");
+        let _ = fs::remove_dir_all(&d);
+    }
+}

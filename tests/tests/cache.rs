@@ -1,0 +1,166 @@
+//! The whole-link cache: counters, content keys (renames hit, changes miss),
+//! persistence across restarts, recovery from damaged entries, single flight,
+//! and two daemons on one cache directory. Every result is compared with the
+//! real nvlink's.
+
+use std::time::Duration;
+
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+
+fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
+    let lib = cuda_home().join("lib").display().to_string();
+    let args = args.replace("{L}", &lib).replace("{OUT}", &out.path().display().to_string());
+    Invocation {
+        args: args.split_whitespace().map(String::from).collect(),
+        cwd: cwd.to_path_buf(),
+        env: vec![],
+        out_dir: out.path().to_path_buf(),
+    }
+}
+
+const LINK: &str =
+    "--arch=sm_90 -L{L} --register-link-binaries={OUT}/reg.c cdp.o accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin";
+
+fn same(expected: &Run, actual: &Run) {
+    let cmp = compare::runs(expected, actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+#[test]
+fn hits_misses_and_content_keys() {
+    let d = Daemon::start();
+    let dir = corpus::dir();
+    let out = TempDir::new("c1");
+    let expected = run(&real_nvlink(), &inv(LINK, dir, &out), &[]);
+    let (h0, m0) = (d.stat("cache_hits"), d.stat("cache_misses"));
+    same(&expected, &run(&shim(), &inv(LINK, dir, &out), &d.shim_env()));
+    assert_eq!((d.stat("cache_hits") - h0, d.stat("cache_misses") - m0), (0, 1), "first link must miss");
+    same(&expected, &run(&shim(), &inv(LINK, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits") - h0, 1, "same link again must hit");
+
+    // Renamed and touched copies of the inputs, in another directory: a hit.
+    let copy = TempDir::new("c1-copy");
+    for (from, to) in [("cdp.o", "dyn.o"), ("accumulate.o", "acc.o"), ("scale.o", "sc.o")] {
+        std::fs::copy(dir.join(from), copy.path().join(to)).unwrap();
+    }
+    let renamed = LINK.replace("cdp.o accumulate.o scale.o", "dyn.o acc.o sc.o");
+    let expected_renamed = run(&real_nvlink(), &inv(&renamed, copy.path(), &out), &[]);
+    same(&expected_renamed, &run(&shim(), &inv(&renamed, copy.path(), &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits") - h0, 2, "renamed, touched inputs must hit");
+
+    // Option order nvlink ignores does not matter either.
+    let reordered = "-L{L} -lcudadevrt cdp.o accumulate.o scale.o --arch sm_90 -o {OUT}/out.cubin --register-link-binaries {OUT}/reg.c";
+    same(&expected, &run(&shim(), &inv(reordered, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits") - h0, 3, "reordered options must hit");
+
+    // A changed input misses.
+    std::fs::copy(dir.join("vars_def.o"), copy.path().join("sc.o")).unwrap();
+    let m1 = d.stat("cache_misses");
+    let expected_changed = run(&real_nvlink(), &inv(&renamed, copy.path(), &out), &[]);
+    same(&expected_changed, &run(&shim(), &inv(&renamed, copy.path(), &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_misses") - m1, 1, "a changed input must miss");
+}
+
+#[test]
+fn cache_survives_restart_and_recovers_from_damage() {
+    let mut d = Daemon::start();
+    let dir = corpus::dir();
+    let out = TempDir::new("c2");
+    let link = "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(link, dir, &out), &[]);
+    same(&expected, &run(&shim(), &inv(link, dir, &out), &d.shim_env()));
+    d.stop();
+    d.spawn(&[]);
+    same(&expected, &run(&shim(), &inv(link, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits"), 1, "restarted daemon did not find the entry on disk");
+
+    // Damage every entry on disk, restart (empty memory tier): the damaged
+    // entries are misses, recomputed correctly, and replaced.
+    d.stop();
+    let mut damaged = 0;
+    for shard in std::fs::read_dir(d.cache_dir().join("v1")).unwrap().flatten() {
+        for f in std::fs::read_dir(shard.path()).unwrap().flatten() {
+            let mut b = std::fs::read(f.path()).unwrap();
+            let n = b.len();
+            b[n / 2] ^= 0xff;
+            b.truncate(n - 1);
+            std::fs::write(f.path(), b).unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0);
+    d.spawn(&[]);
+    same(&expected, &run(&shim(), &inv(link, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits"), 0, "a damaged entry was served");
+    assert!(d.stat("cache_corrupt_entries") >= 1);
+    same(&expected, &run(&shim(), &inv(link, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits"), 1, "the recomputed entry was not stored again");
+}
+
+#[test]
+fn concurrent_identical_links_are_computed_once() {
+    // Every link waits before starting, so all of them are in flight together.
+    let d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "500")]);
+    let dir = corpus::dir();
+    let link = "--arch=sm_90 -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin";
+    let ref_out = TempDir::new("c3-ref");
+    let expected = run(&real_nvlink(), &inv(link, dir, &ref_out), &[]);
+    let env = d.shim_env();
+    let results: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let out = TempDir::new("c3");
+                    run(&shim(), &inv(link, dir, &out), &env)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        same(&expected, r);
+    }
+    let computed = d.stat("in_process") + d.stat("nvlink_process");
+    assert_eq!(computed, 1, "4 identical concurrent links computed {computed} times");
+}
+
+#[test]
+fn two_daemons_share_one_cache_directory() {
+    let a = Daemon::start();
+    // A second daemon on its own socket, over the first one's cache directory.
+    let b = Daemon::start_sharing(&a);
+    let dir = corpus::dir();
+    let links = [
+        "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin",
+        "--arch=sm_90 vars_def.o vars_use.o -o {OUT}/out.cubin",
+        "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin",
+        "--arch=sm_90 -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin",
+    ];
+    let expected: Vec<Run> = links
+        .iter()
+        .map(|l| {
+            let out = TempDir::new("c4-ref");
+            run(&real_nvlink(), &inv(l, dir, &out), &[])
+        })
+        .collect();
+    for round in 0..3 {
+        std::thread::scope(|s| {
+            for (i, l) in links.iter().enumerate() {
+                for dmn in [&a, &b] {
+                    let expected = &expected[i];
+                    s.spawn(move || {
+                        let out = TempDir::new("c4");
+                        same(expected, &run(&shim(), &inv(l, dir, &out), &dmn.shim_env()));
+                    });
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50 * round));
+    }
+    assert_eq!(a.stat("cache_corrupt_entries") + b.stat("cache_corrupt_entries"), 0);
+    assert!(b.stat("cache_hits") > 0 && a.stat("cache_hits") > 0);
+}

@@ -18,6 +18,7 @@ use crate::cache::{LinkEntry, Store};
 use crate::cli::parse::parse;
 use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
+use crate::engine::artifacts::Artifacts;
 use crate::engine::inprocess::{self, Unsupported};
 use crate::engine::process;
 use crate::fs::{absolute, InputFs};
@@ -51,12 +52,18 @@ pub struct Linker {
     pub stats: Stats,
     in_flight: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
+    /// Workers for parallel compile steps (`--jobs`).
+    pool: rayon::ThreadPool,
+    /// Single flight for artifacts when there is no cache.
+    no_cache_flights: Flights<Arc<[u8]>>,
 }
 
 /// The whole-link cache of a linker.
 struct LinkCache {
     store: Store,
     flights: Flights<Arc<LinkEntry>>,
+    /// Single flight for intermediate artifacts (JIT, NVVM, ptxas).
+    artifact_flights: Flights<Arc<[u8]>>,
 }
 
 /// See [`Linker::in_flight_guard`].
@@ -78,8 +85,22 @@ impl Linker {
                 config.cache_size,
             ),
             flights: Flights::default(),
+            artifact_flights: Flights::default(),
         });
-        Linker { config, toolkits: DashMap::new(), stats: Stats::default(), in_flight: Default::default(), cache }
+        let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("nvlinkd-worker-{i}"));
+        if let Some(j) = config.jobs {
+            pool = pool.num_threads(j);
+        }
+        let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        Linker {
+            config,
+            toolkits: DashMap::new(),
+            stats: Stats::default(),
+            in_flight: Default::default(),
+            cache,
+            pool,
+            no_cache_flights: Flights::default(),
+        }
     }
 
     pub fn stats_json(&self) -> String {
@@ -291,7 +312,7 @@ impl Linker {
         let ctx =
             LoadContext { fs, cwd: &req.cwd, target, lto: spec.lto, suppress_arch_warning: spec.suppress_arch_warning };
         fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-        let plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
+        let mut plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,
             Err(LoadError::Fatal(ds)) => return self.fatals(ds),
             Err(LoadError::Unsupported(why)) => {
@@ -303,7 +324,16 @@ impl Linker {
             return self.run_nvlink(tk, req, spec).routed("-Werror with input warnings".into());
         }
         let t_plan = t0.elapsed();
-        let output = match inprocess::link(tk, spec, mode, &plan) {
+        let artifacts = Artifacts {
+            store: self.cache.as_ref().map(|c| &c.store),
+            flights: self.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&self.no_cache_flights),
+            toolkit: if self.cache.is_some() { tk.identity() } else { [0; 32] },
+            stats: &self.stats,
+        };
+        let scratch = self.scratch_dir();
+        let cx = inprocess::Context { tk, artifacts: &artifacts, scratch: &scratch };
+        let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
+        let output = match linked {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
                 debug!(%why, "link not reproduced in process");

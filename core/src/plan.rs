@@ -94,17 +94,9 @@ pub fn build(
             }
         }
     }
-    let prune = mode == Mode::Executable
-        && !spec.ignore_host_info
-        && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some());
-    if prune && skipped_host_objects {
+    if prunes(spec, mode, &units) && skipped_host_objects {
         return Err(LoadError::Unsupported("pruning with code-less host objects in archives".into()));
     }
-    let pruning = prune.then(|| {
-        let patterns: Vec<&str> =
-            units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
-        liveness(&units, &patterns)
-    });
     // Only a link that registers its binaries mentions device-only inputs; and
     // --disable-infos does not silence it.
     let notes = units
@@ -117,7 +109,28 @@ pub fn build(
             ))
         })
         .collect();
-    Ok(Plan { units, pruning, warnings, notes, system_library_found })
+    Ok(Plan { units, pruning: None, warnings, notes, system_library_found })
+}
+
+/// Whether nvlink removes device code the host does not reference: when
+/// linking an executable without `--ignore-host-info`, if every unit outside
+/// libcudadevrt carries host-reference sections.
+fn prunes(spec: &Spec, mode: Mode, units: &[Unit]) -> bool {
+    mode == Mode::Executable
+        && !spec.ignore_host_info
+        && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some())
+}
+
+impl Plan {
+    /// Decide what pruning keeps; every module must be a cubin by now (PTX
+    /// compiled), since liveness follows the cubins' relocations.
+    pub fn prune(&mut self, spec: &Spec, mode: Mode) {
+        self.pruning = prunes(spec, mode, &self.units).then(|| {
+            let patterns: Vec<&str> =
+                self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
+            liveness(&self.units, &patterns)
+        });
+    }
 }
 
 /// Device code that survives host-reference pruning.

@@ -25,6 +25,7 @@ mkdir -p lib && ar rcs lib/libdevmath.a mathlib_1.o mathlib_2.o
 
 # PTX only (compiled by nvlink at link time), two real archs, LTO IR.
 "$nvcc" -gencode arch=compute_90,code=compute_90 -dc saxpy.cu -o saxpy_ptx.o &
+"$nvcc" -gencode arch=compute_80,code=compute_80 -dc saxpy.cu -o saxpy_ptx80.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc saxpy.cu -o saxpy_2arch.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc scale.cu -o scale_2arch.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc accumulate.cu -o accumulate_2arch.o &

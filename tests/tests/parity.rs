@@ -21,6 +21,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("static-lib", "--arch=sm_90 -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
     ("static-lib-LIBRARY_PATH", "--arch=sm_90 mathlib_main.o -ldevmath -o {OUT}/out.cubin", "LIBRARY_PATH=lib"),
     ("ptx-only", "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    ("ptx-older-arch", "--arch=sm_90 --register-link-binaries={OUT}/reg.c saxpy_ptx80.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("ptx-newer-arch", "--arch=sm_80 saxpy_ptx.o -o {OUT}/out.cubin", ""),
     ("two-arch-sm90", "--arch=sm_90 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
     ("two-arch-sm80", "--arch=sm_80 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
     ("relocatable", "--arch=sm_90 -r accumulate.o scale.o -o {OUT}/out.o", ""),

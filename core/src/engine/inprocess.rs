@@ -1,17 +1,29 @@
 //! The in-process engine: libnvJitLink links the plan, the finalizer turns its
 //! cubin into nvlink's bytes.
 //!
-//! [`supports`] decides up front whether a plan is one this engine reproduces
-//! exactly (the cases the parity tests pin down); the linker sends every other
-//! plan to the real nvlink. A failure inside nvJitLink (an undefined symbol, a
-//! duplicate definition) is also handed to nvlink, which then prints its own
-//! diagnostics: errors stay nvlink's, word for word.
+//! Before linking, PTX modules are compiled to relocatable cubins the way
+//! nvlink's embedded ptxas does (`ptxas -c`), in parallel and cached; nvlink's
+//! output for a PTX input is the same as for that cubin. Whole-program LTO is
+//! split as nvlink's own pipeline is: NVVM (nvJitLink `-lto -ptx`) then ptxas,
+//! each step cached, so a relink whose optimized PTX did not change skips
+//! ptxas.
+//!
+//! [`check_options`] and the checks along the way decline, with a reason, every
+//! plan this engine does not reproduce exactly; the linker sends those to the
+//! real nvlink. A failure inside nvJitLink (an undefined symbol) is handed to
+//! nvlink as well, which then prints its own diagnostics: errors stay nvlink's.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
+use rayon::prelude::*;
+
+use super::artifacts::{Artifacts, Level};
+use super::ptxas;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
 use crate::finalize::{self, Fixups};
+use crate::input::cubin;
 use crate::input::load::Code;
 use crate::jitlink::{InputType, JitInput};
 use crate::plan::Plan;
@@ -23,6 +35,13 @@ pub struct Unsupported(pub String);
 
 fn no<T>(why: impl Into<String>) -> Result<T, Unsupported> {
     Err(Unsupported(why.into()))
+}
+
+/// What an in-process link needs besides the plan.
+pub struct Context<'a> {
+    pub tk: &'a Toolkit,
+    pub artifacts: &'a Artifacts<'a>,
+    pub scratch: &'a Path,
 }
 
 /// Options whose effect the in-process engine does not reproduce (yet).
@@ -51,10 +70,10 @@ pub fn check_options(spec: &Spec) -> Result<(), Unsupported> {
 }
 
 /// Link `plan` in process; returns the output file.
-pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Unsupported> {
+pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Unsupported> {
     match mode {
         Mode::Executable | Mode::Relocatable => {}
-        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(tk, spec, mode, plan),
+        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
         _ => return no(format!("{mode:?} links")),
     }
     check_options(spec)?;
@@ -62,13 +81,16 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
     if !arch.starts_with("sm_") {
         return no(format!("--arch {arch}"));
     }
+    compile_ptx_modules(cx, spec, plan)?;
+    plan.prune(spec, mode);
+    check_duplicates(plan)?;
+
     let mut options = vec![format!("-arch={arch}")];
     if mode == Mode::Relocatable {
         options.push("-r".into());
     }
     let mut inputs = Vec::new();
     let mut functions = Vec::new();
-    let mut ptxas_entries = Vec::new();
     for unit in &plan.units {
         for m in &unit.modules {
             match &m.code {
@@ -76,23 +98,12 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
                     inputs.push(JitInput { kind: InputType::Cubin, data, name: &unit.name });
                     functions.push(m.info.as_ref().map(|i| i.functions.clone()).unwrap_or_default());
                 }
-                Code::Ptx(data) => {
-                    if plan.pruning.is_some() {
-                        return no("host-reference pruning with PTX compiled at link time");
-                    }
-                    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
-                        return no("ptxas options for PTX compiled at link time");
-                    }
-                    inputs.push(JitInput { kind: InputType::Ptx, data, name: &unit.name });
-                    ptxas_entries.push(jit_ptxas_entry(tk, arch));
-                }
+                Code::Ptx(_) => return no("PTX left uncompiled"),
                 Code::LtoObject(_) => return no("LTO IR in a non-LTO link"),
             }
         }
     }
-    check_duplicates(plan)?;
-    let t_jit = std::time::Instant::now();
-    let jit = tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
+    let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
     let run = |extra: &[String]| -> Result<Vec<u8>, Unsupported> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
@@ -109,7 +120,7 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
             let cover = kernels_used_cover(&p.live_kernels, &p.dead_kernels)?;
             let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
             // nvlink and nvJitLink must agree on what survives.
-            let kept = crate::input::cubin::read(&cubin).map_err(|e| Unsupported(format!("nvJitLink output: {e}")))?;
+            let kept = cubin::read(&cubin).map_err(|e| Unsupported(format!("nvJitLink output: {e}")))?;
             let kept: BTreeSet<String> = kept.functions.into_iter().map(|f| f.name).collect();
             if kept != p.live_functions {
                 return no("nvJitLink kept different device code than host-reference pruning");
@@ -117,14 +128,36 @@ pub fn link(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
             cubin
         }
     };
-    tracing::debug!(jit_ms = t_jit.elapsed().as_secs_f64() * 1e3, "nvJitLink done");
     let fix = Fixups {
-        linker_entry: Some(render::linker_entry(&spec.parsed, &tk.release)),
-        ptxas_entries,
+        linker_entry: Some(render::linker_entry(&spec.parsed, &cx.tk.release)),
         inputs: if pruning.is_some() { functions } else { Vec::new() },
-        ptxas_written: false,
     };
     finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
+}
+
+/// Compile every PTX module of the plan to a relocatable cubin, as nvlink's
+/// embedded ptxas does at link time: in parallel, each cached by its text.
+fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Unsupported> {
+    let has_ptx = plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::Ptx(_)));
+    if !has_ptx {
+        return Ok(());
+    }
+    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
+        return no("ptxas options for PTX compiled at link time");
+    }
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
+    let modules: Vec<&mut crate::input::load::Module> =
+        plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
+    modules.into_par_iter().try_for_each(|m| {
+        let Code::Ptx(text) = &m.code else { return Ok(()) };
+        let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
+        let bytes = cx.artifacts.get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch))?;
+        let info = cubin::read(&bytes).map_err(|e| Unsupported(format!("ptxas output: {e}")))?;
+        m.code = Code::Cubin(bytes);
+        m.info = Some(info);
+        Ok(())
+    })
 }
 
 /// nvJitLink accepts some duplicate definitions nvlink rejects; leave those
@@ -139,17 +172,6 @@ fn check_duplicates(plan: &Plan) -> Result<(), Unsupported> {
         }
     }
     Ok(())
-}
-
-/// The tool entry nvlink's embedded ptxas writes for PTX it compiles at link time.
-fn jit_ptxas_entry(tk: &Toolkit, arch: &str) -> crate::finalize::tkinfo::Entry {
-    crate::finalize::tkinfo::Entry {
-        object: String::new(),
-        tool: "ptxas".into(),
-        release: tk.release.tools_line.clone(),
-        build: tk.release.build_line.clone(),
-        options: format!("-arch {arch} -m 64 -c  "),
-    }
 }
 
 /// A short list of `-kernels-used` strings selecting exactly `live`.
@@ -172,8 +194,6 @@ pub fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> R
             .ok_or_else(|| Unsupported(format!("kernel name {k} is contained in a removed kernel's name")))?;
         cover.push(prefix.to_owned());
     }
-    // A prefix chosen for one kernel must not select a dead one (checked) and
-    // must cover only live ones: anything it matches is live or absent.
     Ok(cover)
 }
 
@@ -186,9 +206,10 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 ///
 /// nvlink hands the host references to NVVM (`-host-ref-*`); nvJitLink's
 /// `-kernels-used` (the host-referenced kernels) and `-optimize-unused-variables`
-/// (no variable is host-referenced) tell it the same. The output carries the
-/// single tool entry of nvlink's embedded ptxas and no entry of nvlink's own.
-fn link_lto(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Unsupported> {
+/// (no variable is host-referenced) tell it the same. NVVM's PTX is then
+/// compiled by ptxas as a whole program: that cubin, tool note included, is
+/// nvlink's output byte for byte.
+fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Unsupported> {
     check_options(spec)?;
     let lto_options: &[(bool, &str)] = &[
         (!spec.xnvvm.is_empty(), "-Xnvvm"),
@@ -235,7 +256,7 @@ fn link_lto(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
     {
         return no(format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
-    let mut options = vec![format!("-arch={arch}"), "-lto".to_owned()];
+    let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
     let host_info =
         !spec.ignore_host_info && plan.units.iter().filter(|u| !u.modules.is_empty()).all(|u| u.host_refs.is_some());
     if host_info {
@@ -259,25 +280,23 @@ fn link_lto(tk: &Toolkit, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8
         options.extend(kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")));
         options.push("-optimize-unused-variables".to_owned());
     }
-    let jit = tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
-    if mode == Mode::LtoEmitPtx {
-        options.push("-ptx".to_owned());
+
+    // NVVM: the LTO modules to optimized PTX.
+    let mut parts: Vec<&[u8]> = objects.iter().map(|o| o.data).collect();
+    let joined = options.join("\0");
+    parts.push(joined.as_bytes());
+    let key = cx.artifacts.key(Level::Nvvm, &parts);
+    let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
+        let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
         let out = jit.link(&options, &objects, true).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
-        return out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()));
+        out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()))
+    })?;
+    if mode == Mode::LtoEmitPtx {
+        return Ok(ptx.to_vec());
     }
-    let out = jit.link(&options, &objects, false).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
-    let cubin = out.cubin.ok_or_else(|| Unsupported("nvJitLink returned no cubin".into()))?;
-    let fix = Fixups {
-        linker_entry: None,
-        ptxas_entries: vec![crate::finalize::tkinfo::Entry {
-            object: String::new(),
-            tool: "ptxas".into(),
-            release: tk.release.tools_line.clone(),
-            build: tk.release.build_line.clone(),
-            options: format!("-arch {arch} -m 64 "),
-        }],
-        inputs: Vec::new(),
-        ptxas_written: true,
-    };
-    finalize::finalize(&cubin, &fix).map_err(|e| Unsupported(format!("finalize: {e}")))
+    // ptxas: the whole program to the final cubin.
+    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+    let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
+    Ok(cubin.to_vec())
 }

@@ -1,5 +1,8 @@
 //! Engines carry out a link plan: [`inprocess`] with libnvJitLink and the
-//! finalizer, [`process`] by running the real nvlink.
+//! finalizer (compile steps through [`ptxas`], results cached in
+//! [`artifacts`]), [`process`] by running the real nvlink.
 
+pub mod artifacts;
 pub mod inprocess;
 pub mod process;
+pub mod ptxas;

@@ -39,22 +39,14 @@ pub struct Fixups {
     /// nvlink's own tkinfo entry (replaces nvJitLink's "nvJIT API" entry);
     /// `None` for whole-program LTO, where nvlink writes no entry of its own.
     pub linker_entry: Option<tkinfo::Entry>,
-    /// Replacements, in order, for the entries nvJitLink's embedded ptxas wrote
-    /// for PTX it compiled (nvlink's embedded ptxas writes these instead).
-    pub ptxas_entries: Vec<tkinfo::Entry>,
     /// The functions of each linked cubin in link order, to place ghost names
     /// of dead kernels; empty when nothing was removed.
     pub inputs: Vec<Vec<InputFunction>>,
-    /// The cubin is ptxas's own output (whole-program LTO), laid out by ptxas's rules.
-    pub ptxas_written: bool,
 }
 
 /// Rewrite `jit_cubin` into nvlink's bytes.
 pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError> {
     let mut img = CubinImage::parse(jit_cubin)?;
-    if fix.ptxas_written {
-        img.shdr_align = 1;
-    }
     rewrite_tkinfo(&mut img, fix)?;
     if !fix.inputs.is_empty() {
         insert_ghost_names(&mut img, &fix.inputs)?;
@@ -73,18 +65,10 @@ fn rewrite_tkinfo(img: &mut CubinImage, fix: &Fixups) -> Result<(), FinalizeErro
         (None, _) => {}
         (Some(_), _) => return Err(FinalizeError::UnexpectedEntries("first entry is not nvJitLink's".into())),
     }
-    let mut replacements = fix.ptxas_entries.iter();
-    let skip = usize::from(fix.linker_entry.is_some());
-    for e in entries.iter_mut().skip(skip) {
-        if e.build == JIT_PTXAS_BUILD_PLACEHOLDER {
-            *e = replacements
-                .next()
-                .cloned()
-                .ok_or_else(|| FinalizeError::UnexpectedEntries("more JIT-compiled modules than expected".into()))?;
-        }
-    }
-    if replacements.next().is_some() {
-        return Err(FinalizeError::UnexpectedEntries("fewer JIT-compiled modules than expected".into()));
+    // PTX is compiled by the toolkit's ptxas before linking; an entry nvJitLink's
+    // own ptxas wrote would not be nvlink's.
+    if entries.iter().any(|e| e.build == JIT_PTXAS_BUILD_PLACEHOLDER) {
+        return Err(FinalizeError::UnexpectedEntries("nvJitLink compiled PTX itself".into()));
     }
     img.sections[idx].data = tkinfo::serialize(&entries);
     Ok(())

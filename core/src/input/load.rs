@@ -463,9 +463,6 @@ impl LoadContext<'_> {
         }
         let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm).max_by_key(|m| m.arch);
         if let Some(m) = ptx {
-            if m.arch != t.sm {
-                return unsupported(format!("{name}: compute_{} PTX compiled for sm_{}", m.arch, t.sm));
-            }
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
             let module =
                 Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };

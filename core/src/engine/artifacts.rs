@@ -1,0 +1,92 @@
+//! Cached intermediate artifacts: compiled PTX modules (JIT), NVVM's LTO PTX,
+//! ptxas's whole-program cubins.
+//!
+//! Each level has its own key domain and its own hit/miss counters. Identical
+//! work requested concurrently (two links sharing a module, two builds) is
+//! computed once. Without a store, work is simply done.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::cache::flight::Flights;
+use crate::cache::{Key, KeyBuilder, Store};
+use crate::engine::inprocess::Unsupported;
+use crate::stats::{bump, Stats};
+
+/// Which counters an artifact belongs to.
+#[derive(Clone, Copy, Debug)]
+pub enum Level {
+    /// A PTX module compiled to a relocatable cubin.
+    Jit,
+    /// LTO IR modules compiled to PTX by NVVM.
+    Nvvm,
+    /// PTX compiled to a whole-program cubin by ptxas.
+    Ptxas,
+}
+
+impl Level {
+    fn domain(self) -> &'static str {
+        match self {
+            Level::Jit => "jit",
+            Level::Nvvm => "nvvm",
+            Level::Ptxas => "ptxas",
+        }
+    }
+}
+
+pub struct Artifacts<'a> {
+    pub store: Option<&'a Store>,
+    pub flights: &'a Flights<Arc<[u8]>>,
+    pub toolkit: [u8; 32],
+    pub stats: &'a Stats,
+}
+
+impl Artifacts<'_> {
+    fn counters(&self, level: Level) -> (&AtomicU64, &AtomicU64) {
+        match level {
+            Level::Jit => (&self.stats.jit_hits, &self.stats.jit_misses),
+            Level::Nvvm => (&self.stats.nvvm_hits, &self.stats.nvvm_misses),
+            Level::Ptxas => (&self.stats.ptxas_hits, &self.stats.ptxas_misses),
+        }
+    }
+
+    /// A key for `level` over the toolkit and `parts`.
+    pub fn key(&self, level: Level, parts: &[&[u8]]) -> Key {
+        let mut k = KeyBuilder::new(level.domain());
+        k.bytes(&self.toolkit);
+        for p in parts {
+            k.bytes(p);
+        }
+        k.finish()
+    }
+
+    /// The artifact for `key`, computing and storing it on a miss.
+    pub fn get_or_compute(
+        &self,
+        level: Level,
+        key: Key,
+        compute: impl FnOnce() -> Result<Vec<u8>, Unsupported>,
+    ) -> Result<Arc<[u8]>, Unsupported> {
+        let (hits, misses) = self.counters(level);
+        if let Some(v) = self.store.and_then(|s| s.get(&key)) {
+            bump(hits);
+            return Ok(v);
+        }
+        bump(misses);
+        let mut error = None;
+        let (value, _) = self.flights.run(key, || match compute() {
+            Ok(v) => {
+                let v: Arc<[u8]> = v.into();
+                if let Some(s) = self.store {
+                    s.put(&key, v.clone());
+                }
+                Some(v)
+            }
+            Err(e) => {
+                error = Some(e);
+                None
+            }
+        });
+        value.ok_or_else(|| error.unwrap_or_else(|| Unsupported("concurrent computation failed".into())))
+    }
+}

@@ -76,7 +76,8 @@ impl<'a> Member<'a> {
         if self.uncompressed_size > MAX_MEMBER_SIZE {
             return Err(FatbinError::Corrupt);
         }
-        let mut out = Vec::with_capacity(self.uncompressed_size as usize);
+        // The declared size is untrusted: grow with the data rather than reserve it.
+        let mut out = Vec::with_capacity((self.uncompressed_size as usize).min(self.payload.len().saturating_mul(8)));
         let mut decoder = ruzstd::decoding::StreamingDecoder::new(self.payload).map_err(|_| FatbinError::Corrupt)?;
         use std::io::Read;
         (&mut decoder).take(self.uncompressed_size + 1).read_to_end(&mut out).map_err(|_| FatbinError::Corrupt)?;

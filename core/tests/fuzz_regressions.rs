@@ -6,6 +6,10 @@ use std::path::Path;
 
 #[test]
 fn replay_fuzz_crashes() {
+    // Like the fuzzer's RSS limit: an input must not make us reserve gigabytes.
+    let limit = libc::rlimit { rlim_cur: 3 << 30, rlim_max: 3 << 30 };
+    // SAFETY: setrlimit with a valid struct; this test binary runs only this test.
+    unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
     let mut n = 0;
     for dir in std::fs::read_dir(&root).expect("regression dir").flatten() {

@@ -13,11 +13,19 @@ use crate::env::{bin_dir, cuda_home, repo_root};
 /// The directory holding the built corpus (see `tests/corpus/build.sh`).
 pub fn dir() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(build)
+    DIR.get_or_init(|| build("tests/corpus", "corpus.done"))
 }
 
-fn build() -> PathBuf {
-    let src = repo_root().join("tests/corpus");
+/// The directory holding the built benchmark workload (`tests/bench/build.sh`).
+pub fn workload() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| build("tests/bench", "workload.done"))
+}
+
+/// Run `<src>/build.sh` into a directory keyed by the sources and the toolkit,
+/// once for all processes (under a file lock).
+fn build(src: &str, done: &str) -> PathBuf {
+    let src = repo_root().join(src);
     let mut h = blake3::Hasher::new();
     h.update(cuda_home().as_os_str().as_encoded_bytes());
     let mut names: Vec<_> = std::fs::read_dir(&src).expect("corpus dir").flatten().map(|e| e.path()).collect();
@@ -38,13 +46,13 @@ fn build() -> PathBuf {
         .expect("lock file");
     // SAFETY: flock on an open file descriptor.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
-    if !out.join("corpus.done").is_file() {
+    if !out.join(done).is_file() {
         let _ = std::fs::remove_dir_all(&out);
         let res =
             Command::new(src.join("build.sh")).arg(&out).env("CUDA_HOME", cuda_home()).output().expect("build.sh");
         if !res.status.success() {
             let _ = std::io::stderr().write_all(&res.stderr);
-            panic!("corpus build failed");
+            panic!("build of {} failed", src.display());
         }
     }
     // SAFETY: as above.

@@ -1,11 +1,19 @@
 //! `nvlinkd-bench`: nvlink and nvlinkd side by side, in one run, on one machine.
 //!
-//! Every scenario runs the real nvlink and the shim (through a private daemon)
-//! alternately on the same inputs, reports medians and the ratio, and checks
-//! that every nvlinkd output is byte-identical to nvlink's. Run it through
-//! `scripts/bench.sh` (release build).
+//! Scenarios (medians of repetitions, ratios nvlink/nvlinkd):
+//!   (a) cold LTO link of a CUB-heavy workload: nvlinkd with an empty cache vs
+//!       nvlink, and vs nvlink with its best split option;
+//!   (b) the same LTO link again (warm);
+//!   (c) the LTO link after one unit's device code changed;
+//!   (d) a tiny non-LTO link, warm;
+//!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes;
+//!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
+//!       1000 warm links.
+//! Every nvlinkd output is compared byte for byte with nvlink's.
+//!
+//!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -13,11 +21,33 @@ use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, real_nvlink, shim, TempDir};
 
-struct Measured {
-    name: String,
-    nvlink: Duration,
-    nvlinkd: Duration,
-    identical: bool,
+struct Timed {
+    wall: Duration,
+    ok: bool,
+    /// Peak resident set of the process, KiB.
+    max_rss_kb: i64,
+}
+
+/// Run and wait, with the child's peak RSS from wait4.
+fn timed(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) -> Timed {
+    let t = Instant::now();
+    let child = Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .spawn()
+        .expect("spawn");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as i32;
+    // SAFETY: waiting for our child, with valid out-pointers.
+    unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    Timed {
+        wall: t.elapsed(),
+        ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        max_rss_kb: usage.ru_maxrss,
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -25,107 +55,197 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn run_once(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) -> (Duration, bool) {
-    let t = Instant::now();
-    let st = Command::new(program)
-        .args(args)
-        .current_dir(cwd)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .status()
-        .expect("run");
-    (t.elapsed(), st.success())
+fn args(s: &str, out: &Path) -> Vec<String> {
+    let tk = cuda_home().display().to_string();
+    s.replace("{L}", &format!("{tk}/lib"))
+        .replace("{NVVM}", &format!("{tk}/nvvm"))
+        .replace("{OUT}", &out.display().to_string())
+        .split_whitespace()
+        .map(String::from)
+        .collect()
 }
 
-/// Alternate nvlink and the shim `reps` times on `args` (with `{OUT}` replaced
-/// by a per-side output path); compare the last outputs.
-fn pair(name: &str, args: &str, reps: usize, cwd: &Path, daemon: &Daemon, warm: bool) -> Measured {
-    let out = TempDir::new("bench");
-    let side = |tag: &str| -> Vec<String> {
-        let lib = cuda_home().join("lib").display().to_string();
-        let o = out.path().join(tag).display().to_string();
-        args.replace("{L}", &lib).replace("{OUT}", &o).split_whitespace().map(String::from).collect()
-    };
-    let (a, b) = (side("nvlink.out"), side("nvlinkd.out"));
-    let env = daemon.shim_env();
-    if warm {
-        run_once(&shim(), &b, cwd, &env);
-        run_once(&real_nvlink(), &a, cwd, &[]);
+fn same(a: &Path, b: &Path) -> bool {
+    match (std::fs::read(a), std::fs::read(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
     }
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
-        let (d, ok) = run_once(&real_nvlink(), &a, cwd, &[]);
-        assert!(ok, "nvlink failed: {name}");
-        ta.push(d);
-        let (d, ok) = run_once(&shim(), &b, cwd, &env);
-        assert!(ok, "nvlinkd failed: {name}");
-        tb.push(d);
-    }
-    let identical =
-        std::fs::read(out.path().join("nvlink.out")).ok() == std::fs::read(out.path().join("nvlinkd.out")).ok();
-    Measured { name: name.into(), nvlink: median(ta), nvlinkd: median(tb), identical }
 }
 
-/// Milliseconds from the shim's main() to its request being on the socket,
-/// from the shim's own `NVLINKD_TIMING` marks.
-fn shim_startup(cwd: &Path, daemon: &Daemon, reps: usize) -> f64 {
-    let mut v = Vec::new();
-    for _ in 0..reps {
-        let out = Command::new(shim())
-            .arg("--version")
-            .current_dir(cwd)
-            .envs(daemon.shim_env())
-            .env("NVLINKD_TIMING", "1")
-            .output()
-            .expect("shim");
-        let err = String::from_utf8_lossy(&out.stderr);
-        if let Some(ms) = err
-            .lines()
-            .find(|l| l.ends_with("request sent"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|t| t.parse::<f64>().ok())
-        {
-            v.push(ms);
-        }
+/// Kibibytes of a /proc/<pid>/status field (VmRSS, VmHWM).
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+struct Report {
+    rows: Vec<(String, Duration, Duration, String)>,
+    all_identical: bool,
+}
+
+impl Report {
+    fn row(&mut self, name: &str, nvlink: Duration, nvlinkd: Duration, identical: bool, note: &str) {
+        self.all_identical &= identical;
+        let n = format!("{}{}", if identical { "byte-identical" } else { "DIFFERS" }, note);
+        self.rows.push((name.into(), nvlink, nvlinkd, n));
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+const LTO: &str = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} tu1_lto.o tu2_lto.o tu3_lto.o tu4_lto.o tu5_lto.o transforms_lto.o -lcudadevrt -o {OUT}";
+const TINY: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}";
+
+/// A daemon with an empty cache whose libraries are loaded (one tiny link).
+fn fresh_daemon(corpus: &Path) -> Daemon {
+    let d = Daemon::start();
+    let out = TempDir::new("warmup");
+    timed(&shim(), &args(TINY, &out.path().join("w.cubin")), corpus, &d.shim_env());
+    d
 }
 
 fn main() {
-    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(21);
-    let dir = corpus::dir().clone();
-    let daemon = Daemon::start();
-    println!("nvlinkd-bench: {reps} repetitions per side, medians; toolkit {}", cuda_home().display());
-    let rows = vec![
-        pair("nvlink --version (no link: process + round trip)", "--version", reps, &dir, &daemon, true),
-        pair("tiny non-LTO link, warm daemon", "--arch=sm_90 accumulate.o scale.o -o {OUT}", reps, &dir, &daemon, true),
-        pair(
-            "libcudadevrt link (dynamic parallelism), warm",
-            "--arch=sm_90 -L{L} cdp.o -lcudadevrt -o {OUT}",
-            reps,
-            &dir,
-            &daemon,
-            true,
-        ),
-    ];
-    println!("\n{:<48} {:>12} {:>12} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
-    let mut all_identical = true;
-    for r in &rows {
-        let ratio = r.nvlink.as_secs_f64() / r.nvlinkd.as_secs_f64();
-        all_identical &= r.identical;
+    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
+    let corpus = corpus::dir().clone();
+    eprintln!("building the workload (once per machine)...");
+    let work: PathBuf = corpus::workload().clone();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let out = TempDir::new("bench");
+    let o = |n: &str| out.path().join(n);
+    let mut report = Report { rows: Vec::new(), all_identical: true };
+    println!("nvlinkd-bench: {reps} repetitions, medians, {cpus} CPUs, toolkit {}", cuda_home().display());
+
+    // (a) cold LTO, (f) peak memory.
+    let (mut nv, mut nvs, mut nvd) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut nv_rss, mut d_hwm, mut identical) = (0i64, 0u64, true);
+    for _ in 0..reps {
+        let d = fresh_daemon(&corpus);
+        let t = timed(&shim(), &args(LTO, &o("lto.nvlinkd")), &work, &d.shim_env());
+        assert!(t.ok, "nvlinkd LTO link failed");
+        nvd.push(t.wall);
+        d_hwm = d_hwm.max(d.child.as_ref().map(|c| proc_kb(c.id(), "VmHWM")).unwrap_or(0));
+        let t = timed(&real_nvlink(), &args(LTO, &o("lto.nvlink")), &work, &[]);
+        assert!(t.ok, "nvlink LTO link failed");
+        nv.push(t.wall);
+        nv_rss = nv_rss.max(t.max_rss_kb);
+        identical &= same(&o("lto.nvlink"), &o("lto.nvlinkd"));
+        let split = format!("{LTO} -split-compile={cpus}");
+        nvs.push(timed(&real_nvlink(), &args(&split, &o("lto.split")), &work, &[]).wall);
+    }
+    report.row("(a) cold LTO link, vs nvlink default", median(nv.clone()), median(nvd.clone()), identical, "");
+    report.row(
+        &format!("(a) cold LTO link, vs nvlink -split-compile={cpus}"),
+        median(nvs),
+        median(nvd),
+        identical,
+        " (to nvlink default)",
+    );
+
+    // (b) warm: the same link again.
+    let d = fresh_daemon(&corpus);
+    timed(&shim(), &args(LTO, &o("lto.prime")), &work, &d.shim_env());
+    let mut warm = Vec::new();
+    let mut identical = true;
+    for _ in 0..reps.max(5) {
+        let t = timed(&shim(), &args(LTO, &o("lto.warm")), &work, &d.shim_env());
+        warm.push(t.wall);
+        identical &= same(&o("lto.nvlink"), &o("lto.warm"));
+    }
+    report.row("(b) the same LTO link again (warm)", median(nv.clone()), median(warm), identical, "");
+    drop(d);
+
+    // (c) after one unit's device code changed: cache warm with the old version.
+    let changed = LTO.replace("tu3_lto.o", "tu3_changed_lto.o");
+    let (mut nvc, mut nvdc) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        let d = fresh_daemon(&corpus);
+        timed(&shim(), &args(LTO, &o("lto.before")), &work, &d.shim_env());
+        nvdc.push(timed(&shim(), &args(&changed, &o("changed.nvlinkd")), &work, &d.shim_env()).wall);
+        nvc.push(timed(&real_nvlink(), &args(&changed, &o("changed.nvlink")), &work, &[]).wall);
+        identical &= same(&o("changed.nvlink"), &o("changed.nvlinkd"));
+    }
+    report.row("(c) LTO link after a one-unit change", median(nvc), median(nvdc), identical, "");
+
+    // (d) tiny non-LTO link, warm; (f) RSS after 10 and 1000 warm links.
+    let d = fresh_daemon(&corpus);
+    let pid = d.child.as_ref().map(|c| c.id()).unwrap_or(0);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    let mut rss_10 = 0;
+    for i in 0..1000 {
+        if i < 21 {
+            a.push(timed(&real_nvlink(), &args(TINY, &o("tiny.nvlink")), &corpus, &[]).wall);
+        }
+        let t = timed(&shim(), &args(TINY, &o("tiny.nvlinkd")), &corpus, &d.shim_env());
+        if i < 21 {
+            b.push(t.wall);
+            identical &= same(&o("tiny.nvlink"), &o("tiny.nvlinkd"));
+        }
+        if i == 9 {
+            rss_10 = proc_kb(pid, "VmRSS");
+        }
+    }
+    let rss_1000 = proc_kb(pid, "VmRSS");
+    report.row("(d) tiny non-LTO link, warm", median(a), median(b), identical, "");
+    drop(d);
+
+    // (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes.
+    // Five pairs and three triples of units: eight distinct programs.
+    let sets: [&[usize]; 8] = [&[1, 2], &[2, 3], &[3, 4], &[4, 5], &[5, 1], &[1, 2, 3], &[2, 3, 4], &[3, 4, 5]];
+    let links: Vec<String> = sets
+        .iter()
+        .map(|set| {
+            let tus: Vec<String> = set.iter().map(|t| format!("tu{t}.o")).collect();
+            format!("--arch=sm_90 -L{{L}} {} transforms.o -lcudadevrt -o {{OUT}}", tus.join(" "))
+        })
+        .collect();
+    let (mut p8, mut d8) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        let d = fresh_daemon(&corpus);
+        let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for (i, l) in links.iter().enumerate() {
+                    let out = o(&format!("c{i}.{tag}"));
+                    let work = &work;
+                    s.spawn(move || assert!(timed(prog, &args(l, &out), work, env).ok, "concurrent link failed"));
+                }
+            });
+            t.elapsed()
+        };
+        d8.push(run_all(&shim(), &d.shim_env(), "nvlinkd"));
+        p8.push(run_all(&real_nvlink(), &[], "nvlink"));
+        for i in 0..links.len() {
+            identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
+        }
+    }
+    report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
+
+    println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
+    for (name, a, b, note) in &report.rows {
         println!(
-            "{:<48} {:>9.2} ms {:>9.2} ms {:>7.2}x  {}",
-            r.name,
-            r.nvlink.as_secs_f64() * 1e3,
-            r.nvlinkd.as_secs_f64() * 1e3,
-            ratio,
-            if r.identical { "byte-identical" } else { "DIFFERS" }
+            "{:<52} {:>8.3} s {:>8.3} s {:>7.1}x  {}",
+            name,
+            a.as_secs_f64(),
+            b.as_secs_f64(),
+            a.as_secs_f64() / b.as_secs_f64(),
+            note
         );
     }
-    println!("\nratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
-    println!("shim startup to first byte sent (median, from main()): {:.2} ms", shim_startup(&dir, &daemon, reps));
-    println!("daemon stats: {}", daemon.control("stats").map(|(_, s)| s).unwrap_or_default().trim());
-    if !all_identical {
+    println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
+    println!("\n(f) memory");
+    println!("  nvlink peak RSS, LTO link:               {:>8} KiB", nv_rss);
+    println!("  nvlinkd daemon peak RSS, cold LTO link:   {:>8} KiB", d_hwm);
+    println!("  nvlinkd daemon RSS after 10 warm links:   {:>8} KiB", rss_10);
+    println!("  nvlinkd daemon RSS after 1000 warm links: {:>8} KiB", rss_1000);
+    if !report.all_identical {
         eprintln!("some nvlinkd outputs differ from nvlink's");
         std::process::exit(1);
     }

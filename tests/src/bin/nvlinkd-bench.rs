@@ -28,7 +28,8 @@ struct Timed {
     max_rss_kb: i64,
 }
 
-/// Run and wait, with the child's peak RSS from wait4.
+/// Run and wait, with the child's peak RSS from wait4 (which reaps it).
+#[allow(clippy::zombie_processes)]
 fn timed(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) -> Timed {
     let t = Instant::now();
     let child = Command::new(program)

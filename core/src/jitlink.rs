@@ -123,6 +123,10 @@ impl JitLink {
             .collect::<Result<_, _>>()
             .map_err(|_| JitLinkError::Nul)?;
         let ptrs: Vec<*const c_char> = c_opts.iter().map(|c| c.as_ptr()).collect();
+        // nvJitLink keeps the input names by pointer (its diagnostics read them at
+        // complete time), so they live until the handle is destroyed: declared
+        // before the guard, they are dropped after it.
+        let mut names: Vec<CString> = Vec::with_capacity(inputs.len());
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: pointers are valid for the call; handle is an out-parameter.
         let status = unsafe { (self.create)(&mut handle, ptrs.len() as u32, ptrs.as_ptr()) };
@@ -131,16 +135,11 @@ impl JitLink {
         }
         let guard = HandleGuard { lib: self, handle };
         for input in inputs {
-            let name = CString::new(input.name).map_err(|_| JitLinkError::Nul)?;
-            // SAFETY: data outlives the call; nvJitLink copies what it keeps.
+            names.push(CString::new(input.name).map_err(|_| JitLinkError::Nul)?);
+            let name = names.last().map_or(std::ptr::null(), |n| n.as_ptr());
+            // SAFETY: data and name outlive the handle (borrowed from the caller / held in `names`).
             let status = unsafe {
-                (self.add_data)(
-                    guard.handle,
-                    input.kind as c_int,
-                    input.data.as_ptr().cast(),
-                    input.data.len(),
-                    name.as_ptr(),
-                )
+                (self.add_data)(guard.handle, input.kind as c_int, input.data.as_ptr().cast(), input.data.len(), name)
             };
             if status != 0 {
                 return Err(JitLinkError::Call { call: "add", status, log: self.log(guard.handle, false) });

@@ -12,7 +12,7 @@ cp "$src"/*.cu .
 dc() { "$nvcc" -arch=sm_90 -dc "$@"; }
 
 # Relocatable objects for sm_90 (the default target of the cases).
-for f in accumulate scale vars_def vars_use cdp tmpl_a tmpl_b mathlib_main saxpy missing; do
+for f in accumulate scale vars_def vars_use cdp tmpl_a tmpl_b mathlib_main saxpy missing shared_mix; do
   dc "$f.cu" -o "$f.o" &
 done
 dc mathlib_1.cu -o mathlib_1.o &

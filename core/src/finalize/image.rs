@@ -6,7 +6,8 @@
 //! take no room, see [`crate::elf::occupies_file`]), then the section header table (padded to 8
 //! bytes by nvlink's linker, not by ptxas), then the
 //! program header table right after it. A LOAD segment starts at its first
-//! section and ends where its last file-backed section ends; the PHDR segment
+//! section and ends where its last file-backed section ends, or, for the data
+//! segment, at the (aligned) offset of its last NOBITS section; the PHDR segment
 //! (and the LOAD that maps it) covers the program header table.
 //!
 //! [`CubinImage`] keeps every header field of a parsed cubin, lets the finalizer
@@ -20,6 +21,7 @@ const EHDR_SIZE: usize = 64;
 const SHDR_SIZE: usize = 64;
 const PHDR_SIZE: usize = 56;
 const PT_PHDR: u32 = 6;
+const PF_W: u32 = 2;
 /// Largest section alignment accepted (cubins use at most 128).
 const MAX_ALIGN: u64 = 1 << 16;
 
@@ -55,8 +57,11 @@ impl ImageSection {
 enum SegmentSpan {
     /// The program header table itself.
     PhdrTable,
-    /// Sections `first..=last` (indices); `None` when the segment maps no section.
-    Sections { first: usize, last_file_backed: Option<usize> },
+    /// The sections a segment maps, by index: the one it starts with, and every
+    /// member whose (file) end bounds its file size. A data segment's file size
+    /// runs up to the offset of its last NOBITS section (nvlink places those at
+    /// their aligned position), not just to the end of its last initialized byte.
+    Sections { first: usize, members: Vec<usize> },
     /// Anything we could not attribute: keep the raw offset and sizes.
     Opaque,
 }
@@ -122,7 +127,7 @@ impl CubinImage {
                 let span = if p.p_type == PT_PHDR || (p.offset == phoff && phoff != 0 && p.filesz != 0) {
                     SegmentSpan::PhdrTable
                 } else {
-                    Self::attribute(&elf, p.offset, p.filesz)
+                    Self::attribute(&elf, p.offset, p.filesz, p.flags & PF_W != 0)
                 };
                 ImageSegment {
                     p_type: p.p_type,
@@ -143,27 +148,33 @@ impl CubinImage {
     }
 
     /// Find which sections a segment maps: the first section (in header order)
-    /// starting at the segment's offset, and the last file-backed one ending at
-    /// or before its end.
-    fn attribute(elf: &Elf<'_>, offset: u64, filesz: u64) -> SegmentSpan {
+    /// starting at the segment's offset, the file-backed ones inside its file
+    /// range, and, for a writable (data) segment, the NOBITS sections placed at
+    /// or before its file end.
+    fn attribute(elf: &Elf<'_>, offset: u64, filesz: u64, writable: bool) -> SegmentSpan {
         let end = offset + filesz;
         let in_range: Vec<usize> = elf
             .sections
             .iter()
             .enumerate()
             .skip(1)
-            .filter(|(_, s)| s.offset >= offset && s.offset + s.file_size() <= end && (s.offset < end || filesz == 0))
+            .filter(|(_, s)| {
+                if occupies_file(s.sh_type) {
+                    s.offset >= offset && s.offset + s.file_size() <= end && (s.offset < end || filesz == 0)
+                } else {
+                    writable && s.offset >= offset && s.offset <= end
+                }
+            })
             .map(|(i, _)| i)
             .collect();
         let Some(&first) = in_range.iter().find(|&&i| elf.sections[i].offset == offset) else {
             return SegmentSpan::Opaque;
         };
-        let last_file_backed = in_range
-            .iter()
-            .copied()
-            .filter(|&i| occupies_file(elf.sections[i].sh_type) && elf.sections[i].size > 0)
-            .max_by_key(|&i| elf.sections[i].offset + elf.sections[i].size);
-        SegmentSpan::Sections { first, last_file_backed }
+        let members = in_range
+            .into_iter()
+            .filter(|&i| !occupies_file(elf.sections[i].sh_type) || elf.sections[i].size > 0)
+            .collect();
+        SegmentSpan::Sections { first, members }
     }
 
     pub fn section_index(&self, name: &str) -> Option<usize> {
@@ -220,13 +231,17 @@ impl CubinImage {
         for (j, seg) in self.segments.iter().enumerate() {
             let (offset, filesz) = match seg.span {
                 SegmentSpan::PhdrTable => (phoff, (self.segments.len() * PHDR_SIZE) as u64),
-                SegmentSpan::Sections { first, last_file_backed } => {
+                SegmentSpan::Sections { first, ref members } => {
                     let start = offsets[first];
-                    let filesz = match last_file_backed {
-                        Some(l) => offsets[l] + self.sections[l].data.len() as u64 - start,
-                        None => 0,
-                    };
-                    (start, filesz)
+                    let file_end = members
+                        .iter()
+                        .map(|&m| {
+                            let s = &self.sections[m];
+                            offsets[m] + if occupies_file(s.sh_type) { s.data.len() as u64 } else { 0 }
+                        })
+                        .max()
+                        .unwrap_or(start);
+                    (start, file_end.saturating_sub(start))
                 }
                 SegmentSpan::Opaque => (seg.offset, seg.filesz),
             };

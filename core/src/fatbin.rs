@@ -68,6 +68,15 @@ impl<'a> Member<'a> {
         self.flags & FLAG_COMPRESSED != 0 && self.payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
     }
 
+    /// BLAKE3 of the member as stored: its flags, declared size and payload.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.flags.to_le_bytes());
+        h.update(&self.uncompressed_size.to_le_bytes());
+        h.update(self.payload);
+        *h.finalize().as_bytes()
+    }
+
     /// The member's contents, decompressed if needed.
     pub fn contents(&self) -> Result<Cow<'a, [u8]>, FatbinError> {
         if !self.is_compressed() {
@@ -78,7 +87,11 @@ impl<'a> Member<'a> {
         }
         // The declared size is untrusted: grow with the data rather than reserve it.
         let mut out = Vec::with_capacity((self.uncompressed_size as usize).min(self.payload.len().saturating_mul(8)));
-        let mut decoder = ruzstd::decoding::StreamingDecoder::new(self.payload).map_err(|_| FatbinError::Corrupt)?;
+        // libzstd (the zstd crate) decodes several times faster than a pure-Rust
+        // decoder; device links of CUB-heavy objects spend most of their input
+        // time here.
+        let mut decoder =
+            zstd::stream::read::Decoder::with_buffer(self.payload).map_err(|_| FatbinError::Corrupt)?.single_frame();
         use std::io::Read;
         (&mut decoder).take(self.uncompressed_size + 1).read_to_end(&mut out).map_err(|_| FatbinError::Corrupt)?;
         if out.len() as u64 != self.uncompressed_size {

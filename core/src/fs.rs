@@ -26,6 +26,85 @@ pub trait InputFs: Send + Sync {
     /// A hint that these files will be read soon: a remote implementation asks
     /// for all of them at once instead of one round trip each.
     fn prefetch(&self, _paths: &[PathBuf]) {}
+    /// The file's identity on this machine, where the filesystem can tell
+    /// (see [`HashMemo`]); `None` for remote files.
+    fn identity(&self, _path: &Path) -> Option<FileIdentity> {
+        None
+    }
+}
+
+/// Which file, at which version: device, inode, size and both timestamps.
+/// Any write to the file changes its ctime, which nobody can set back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+/// Content hashes of local files, remembered by [`FileIdentity`] so that a
+/// relink does not read and hash unchanged inputs again. The cache keys stay
+/// content hashes; this only avoids recomputing them. A hash is remembered
+/// only when the file's ctime was already [`SETTLED`] in the past when it was
+/// read: a later write sets a new ctime, so a remembered identity can never
+/// name different contents (a write within the same timestamp tick as the read
+/// could, which is why recent files are always hashed again).
+pub struct HashMemo {
+    hashes: dashmap::DashMap<FileIdentity, [u8; 32]>,
+    settle: std::time::Duration,
+}
+
+/// How old a file's last change must be before its hash is remembered.
+pub const SETTLED: std::time::Duration = std::time::Duration::from_secs(2);
+/// Entries kept at most (the memo is cleared beyond, not trimmed: it is cheap to refill).
+const HASH_MEMO_ENTRIES: usize = 1 << 16;
+
+impl Default for HashMemo {
+    fn default() -> Self {
+        HashMemo::with_settle(SETTLED)
+    }
+}
+
+impl HashMemo {
+    /// A memo that remembers files unchanged for `settle` (tests use zero).
+    pub fn with_settle(settle: std::time::Duration) -> Self {
+        HashMemo { hashes: dashmap::DashMap::new(), settle }
+    }
+
+    /// Hashes remembered.
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+
+    /// The BLAKE3 of a file's contents, read through `fs`.
+    pub fn hash(&self, fs: &dyn InputFs, path: &Path) -> io::Result<[u8; 32]> {
+        let before = fs.identity(path);
+        if let Some(h) = before.and_then(|id| self.hashes.get(&id).map(|h| *h)) {
+            return Ok(h);
+        }
+        let data = fs.read(path)?;
+        let hash = *blake3::hash(&data).as_bytes();
+        if let Some(id) = before.filter(|id| fs.identity(path) == Some(*id) && settled(id, self.settle)) {
+            if self.hashes.len() >= HASH_MEMO_ENTRIES {
+                self.hashes.clear();
+            }
+            self.hashes.insert(id, hash);
+        }
+        Ok(hash)
+    }
+}
+
+fn settled(id: &FileIdentity, settle: std::time::Duration) -> bool {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i128).unwrap_or(0);
+    let settle = settle.as_nanos() as i128;
+    now - id.ctime_ns >= settle && now - id.mtime_ns >= settle
 }
 
 /// The local filesystem.
@@ -43,6 +122,17 @@ impl InputFs for LocalFs {
         let m = std::fs::metadata(path)?;
         Ok(FileStat { is_dir: m.is_dir(), size: m.len() })
     }
+    fn identity(&self, path: &Path) -> Option<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+        Some(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
 }
 
 /// `path` made absolute against `cwd` (lexically: nvlink does not resolve symlinks).
@@ -52,5 +142,57 @@ pub fn absolute(cwd: &Path, path: &str) -> PathBuf {
         p.to_owned()
     } else {
         cwd.join(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_file(name: &str, data: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-fs-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f.o");
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+
+    #[test]
+    fn fresh_files_are_hashed_every_time() {
+        let p = temp_file("fresh", b"first contents");
+        let memo = HashMemo::default();
+        assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"first contents").as_bytes());
+        // Just written: not remembered, so a rewrite within the same tick is still seen.
+        assert!(memo.is_empty());
+        std::fs::write(&p, b"other contents").unwrap();
+        assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"other contents").as_bytes());
+    }
+
+    #[test]
+    fn a_remembered_hash_follows_rewrites() {
+        let p = temp_file("rewrite", b"first contents");
+        let memo = HashMemo::with_settle(std::time::Duration::ZERO);
+        assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"first contents").as_bytes());
+        assert_eq!(memo.len(), 1);
+        // Same size, new contents: the ctime moves on, so the identity differs.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&p, b"other contents").unwrap();
+        assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"other contents").as_bytes());
+    }
+
+    #[test]
+    fn remote_files_are_never_remembered() {
+        struct Remote;
+        impl InputFs for Remote {
+            fn read(&self, _: &Path) -> io::Result<Arc<[u8]>> {
+                Ok(Arc::from(&b"remote"[..]))
+            }
+            fn stat(&self, _: &Path) -> io::Result<FileStat> {
+                Ok(FileStat { is_dir: false, size: 6 })
+            }
+        }
+        let memo = HashMemo::with_settle(std::time::Duration::ZERO);
+        assert_eq!(memo.hash(&Remote, Path::new("/x")).unwrap(), *blake3::hash(b"remote").as_bytes());
+        assert!(memo.is_empty());
     }
 }

@@ -84,6 +84,7 @@ pub fn inputs(data: &[u8]) {
             target: Target { sm: 90, suffixed: false },
             lto,
             suppress_arch_warning: false,
+            memo: None,
         };
         for name in ["x.o", "x.cubin", "x.ptx", "x.fatbin", "x.a", "x.ltoir", "x"] {
             let _ = ctx.input(name);

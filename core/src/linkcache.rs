@@ -19,7 +19,7 @@ use crate::cache::{Key, KeyBuilder, LinkEntry};
 use crate::cli::options::Opt;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
-use crate::fs::{absolute, FileStat, InputFs};
+use crate::fs::{absolute, FileStat, HashMemo, InputFs};
 use crate::input::libsearch;
 use crate::request::{OutputFile, Request};
 
@@ -53,6 +53,9 @@ impl InputFs for MemoFs<'_> {
     fn prefetch(&self, paths: &[PathBuf]) {
         self.inner.prefetch(paths)
     }
+    fn identity(&self, path: &Path) -> Option<crate::fs::FileIdentity> {
+        self.inner.identity(path)
+    }
 }
 
 /// The keys of a link: by content, and by content plus names.
@@ -63,7 +66,14 @@ pub struct LinkKeys {
 
 /// Whether a link can be cached at all, and its keys. `None`: not cacheable
 /// (an unreadable input, `-time` tables).
-pub fn keys(identity: &[u8; 32], req: &Request, spec: &Spec, mode: Mode, fs: &dyn InputFs) -> Option<LinkKeys> {
+pub fn keys(
+    identity: &[u8; 32],
+    req: &Request,
+    spec: &Spec,
+    mode: Mode,
+    fs: &dyn InputFs,
+    hashes: &HashMemo,
+) -> Option<LinkKeys> {
     if spec.time.is_some() {
         return None;
     }
@@ -84,8 +94,7 @@ pub fn keys(identity: &[u8; 32], req: &Request, spec: &Spec, mode: Mode, fs: &dy
     }
     fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
     for input in &spec.inputs {
-        let data = fs.read(&absolute(&req.cwd, input)).ok()?;
-        k.bytes(blake3::hash(&data).as_bytes());
+        k.bytes(&hashes.hash(fs, &absolute(&req.cwd, input)).ok()?);
     }
     let dirs = libsearch::search_dirs(&spec.library_paths, req.env.get("LIBRARY_PATH").map(String::as_str));
     for name in &spec.libraries {
@@ -102,8 +111,7 @@ pub fn keys(identity: &[u8; 32], req: &Request, spec: &Spec, mode: Mode, fs: &dy
                 }
                 continue;
             }
-            let data = fs.read(&path).ok()?;
-            k.bytes(blake3::hash(&data).as_bytes());
+            k.bytes(&hashes.hash(fs, &path).ok()?);
             break;
         }
     }

@@ -21,9 +21,10 @@ use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
 use crate::engine::artifacts::Artifacts;
 use crate::engine::inprocess::{self, Unsupported};
 use crate::engine::process;
-use crate::fs::{absolute, InputFs};
+use crate::fs::{absolute, HashMemo, InputFs};
 use crate::ghls::{self, GhlsError};
 use crate::input::load::{LoadContext, LoadError};
+use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
 use crate::plan;
 use crate::regbin;
@@ -56,7 +57,14 @@ pub struct Linker {
     pool: rayon::ThreadPool,
     /// Single flight for artifacts when there is no cache.
     no_cache_flights: Flights<Arc<[u8]>>,
+    /// Decoded SASS members of inputs, kept across requests.
+    decode_memo: DecodeMemo,
+    /// Content hashes of unchanged local inputs.
+    hashes: HashMemo,
 }
+
+/// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
+const DECODE_MEMO_MAX: u64 = 256 << 20;
 
 /// The whole-link cache of a linker.
 struct LinkCache {
@@ -93,13 +101,15 @@ impl Linker {
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
         Linker {
-            config,
             toolkits: DashMap::new(),
             stats: Stats::default(),
             in_flight: Default::default(),
             cache,
             pool,
             no_cache_flights: Flights::default(),
+            decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
+            hashes: HashMemo::default(),
+            config,
         }
     }
 
@@ -116,6 +126,7 @@ impl Linker {
             ("cache_mem_bytes", mem),
             ("cache_disk_bytes", disk),
             ("cache_corrupt_entries", corrupt),
+            ("decoded_input_bytes", self.decode_memo.bytes()),
         ])
     }
 
@@ -235,9 +246,11 @@ impl Linker {
     fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
         let memo = MemoFs::new(fs);
         let Some(cache) = &self.cache else { return self.compute_link(tk, req, &memo, spec, mode) };
-        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, &memo) else {
+        let t_keys = std::time::Instant::now();
+        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, &memo, &self.hashes) else {
             return self.compute_link(tk, req, &memo, spec, mode);
         };
+        debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
             bump(&self.stats.cache_hits);
             return o;
@@ -248,9 +261,15 @@ impl Linker {
             let outcome = self.compute_link(tk, req, &memo, spec, mode);
             let entry = self.entry_of(&outcome, req, spec, &memo).map(Arc::new);
             if let Some(e) = &entry {
+                let t_put = std::time::Instant::now();
                 let bytes: Arc<[u8]> = e.encode().into();
-                cache.store.put(&keys.named, bytes.clone());
+                // The named entry is read only when the content entry says the
+                // result depends on names.
+                if e.name_sensitive && keys.named != keys.content {
+                    cache.store.put(&keys.named, bytes.clone());
+                }
                 cache.store.put(&keys.content, bytes);
+                debug!(put_ms = t_put.elapsed().as_secs_f64() * 1e3, "link stored");
             }
             *mine.borrow_mut() = Some(outcome);
             entry
@@ -309,8 +328,14 @@ impl Linker {
         let Some(target) = spec.target() else {
             return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));
         };
-        let ctx =
-            LoadContext { fs, cwd: &req.cwd, target, lto: spec.lto, suppress_arch_warning: spec.suppress_arch_warning };
+        let ctx = LoadContext {
+            fs,
+            cwd: &req.cwd,
+            target,
+            lto: spec.lto,
+            suppress_arch_warning: spec.suppress_arch_warning,
+            memo: Some(&self.decode_memo),
+        };
         fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
         let mut plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,

@@ -44,7 +44,7 @@ impl Plan {
         self.units
             .iter()
             .flat_map(|u| &u.modules)
-            .filter_map(|m| m.info.as_ref())
+            .filter_map(|m| m.info.as_deref())
             .flat_map(|i| i.kernels.iter().cloned())
             .collect()
     }
@@ -155,7 +155,7 @@ impl Pruning {
 /// device-side launches). Static functions resolve within their own cubin.
 fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
     type Key<'a> = (Option<usize>, &'a str);
-    let modules: Vec<&CubinInfo> = units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_ref()).collect();
+    let modules: Vec<&CubinInfo> = units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()).collect();
     let locals: Vec<HashSet<&str>> =
         modules.iter().map(|i| i.local_functions.iter().map(String::as_str).collect()).collect();
     fn key_of<'a>(locals: &[HashSet<&str>], mi: usize, name: &'a str) -> (Option<usize>, &'a str) {

@@ -96,6 +96,11 @@ impl Toolkit {
         self.root.join("bin/nvlink")
     }
 
+    /// The toolkit's ptxas (the in-process engine runs it for PTX → SASS).
+    pub fn ptxas(&self) -> PathBuf {
+        self.root.join("bin/ptxas")
+    }
+
     /// `nvlink --help` of this toolkit, read once.
     pub fn help_text(&self) -> String {
         self.help
@@ -139,7 +144,7 @@ impl Toolkit {
         *self.identity.get_or_init(|| {
             let mut h = blake3::Hasher::new();
             h.update(self.release.banner.as_bytes());
-            for p in [self.nvlink(), self.jitlink_path()] {
+            for p in [self.nvlink(), self.jitlink_path(), self.ptxas()] {
                 h.update(p.as_os_str().as_encoded_bytes());
                 if let Ok(bytes) = std::fs::read(&p) {
                     h.update_rayon(&bytes);

@@ -92,11 +92,20 @@ impl Service {
             // through the stream.
             let fs: &dyn InputFs = if req.shared_fs { &LocalFs } else { &stream_fs };
             let args = req.args.join(" ");
+            let t_link = std::time::Instant::now();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, fs)));
             pending.clear();
             let result = match outcome {
                 Ok(o) => {
-                    info!(args = %args, exit = o.exit_code, engine = ?o.engine, fallback = ?o.fallback, routed = ?o.routed, "link done");
+                    info!(
+                        args = %args,
+                        exit = o.exit_code,
+                        engine = ?o.engine,
+                        fallback = ?o.fallback,
+                        routed = ?o.routed,
+                        ms = t_link.elapsed().as_secs_f64() * 1e3,
+                        "link done"
+                    );
                     LinkResult {
                         exit_code: o.exit_code,
                         stdout: o.stdout,

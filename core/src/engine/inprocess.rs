@@ -96,7 +96,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             match &m.code {
                 Code::Cubin(data) => {
                     inputs.push(JitInput { kind: InputType::Cubin, data, name: &unit.name });
-                    functions.push(m.info.as_ref().map(|i| i.functions.clone()).unwrap_or_default());
+                    functions.push(m.info.as_deref().map(|i| i.functions.clone()).unwrap_or_default());
                 }
                 Code::Ptx(_) => return no("PTX left uncompiled"),
                 Code::LtoObject(_) => return no("LTO IR in a non-LTO link"),
@@ -155,7 +155,7 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
         let bytes = cx.artifacts.get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch))?;
         let info = cubin::read(&bytes).map_err(|e| Unsupported(format!("ptxas output: {e}")))?;
         m.code = Code::Cubin(bytes);
-        m.info = Some(info);
+        m.info = Some(std::sync::Arc::new(info));
         Ok(())
     })
 }
@@ -164,7 +164,7 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
 /// links (and nvlink's "Multiple definition" messages) to nvlink.
 fn check_duplicates(plan: &Plan) -> Result<(), Unsupported> {
     let mut strong = std::collections::HashSet::new();
-    for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_ref()) {
+    for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()) {
         for name in info.defined.iter().filter(|d| !info.weak.contains(d)) {
             if !strong.insert(name.as_str()) {
                 return no(format!("{name} is defined more than once"));

@@ -22,7 +22,7 @@ pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path)
     // ptxas reads text: a trailing NUL (fatbin members carry one) is not PTX.
     let text = ptx.strip_suffix(&[0]).unwrap_or(ptx);
     std::fs::write(&input, text).map_err(|e| Unsupported(format!("scratch: {e}")))?;
-    let out = Command::new(tk.root.join("bin/ptxas"))
+    let out = Command::new(tk.ptxas())
         .args(args)
         .arg(&input)
         .arg("-o")

@@ -15,12 +15,14 @@
 //! [`LoadError::Unsupported`], and the linker hands the link to the real nvlink.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::archive;
 use super::classify::{classify, is_ptx, Content};
 use super::cubin::{self, CubinInfo};
 use super::host::{HostObject, HostRefs};
 use super::libsearch;
+use super::memo::{DecodeMemo, Decoded};
 use super::ptx::{self, PtxSymbols};
 use super::Bytes;
 use crate::diag::Diagnostic;
@@ -48,7 +50,7 @@ pub struct Module {
     /// Options recorded with a fatbin member.
     pub options: String,
     /// Parsed symbols and functions, for cubins.
-    pub info: Option<CubinInfo>,
+    pub info: Option<Arc<CubinInfo>>,
     /// Declarations of the PTX twin of an LTO module.
     pub lto: Option<PtxSymbols>,
 }
@@ -107,6 +109,8 @@ pub struct LoadContext<'a> {
     pub target: Target,
     pub lto: bool,
     pub suppress_arch_warning: bool,
+    /// Decoded SASS members kept across requests (the daemon's), if any.
+    pub memo: Option<&'a DecodeMemo>,
 }
 
 /// A loaded archive: its members that carry device code, in order.
@@ -334,7 +338,7 @@ impl LoadContext<'_> {
                 code: Code::Cubin(data),
                 arch: info.sm,
                 options: String::new(),
-                info: Some(info),
+                info: Some(Arc::new(info)),
                 lto: None,
             }],
             device_only: true,
@@ -450,8 +454,7 @@ impl LoadContext<'_> {
             if m.arch != t.sm {
                 return unsupported(format!("{name}: sm_{} SASS reused for sm_{}", m.arch, t.sm));
             }
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let info = cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?;
+            let Decoded { bytes, info } = self.decode_sass(name, m)?;
             let module = Module {
                 code: Code::Cubin(bytes),
                 arch: m.arch,
@@ -479,6 +482,26 @@ impl LoadContext<'_> {
     }
 }
 
+impl LoadContext<'_> {
+    /// A SASS member's cubin and its parsed symbols, from the memo when it
+    /// holds this member.
+    fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {
+        let key = self.memo.map(|_| DecodeMemo::key(m));
+        if let (Some(memo), Some(key)) = (self.memo, &key) {
+            if let Some(d) = memo.get(key) {
+                return Ok(d);
+            }
+        }
+        let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+        let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?);
+        let decoded = Decoded { bytes, info };
+        if let (Some(memo), Some(key)) = (self.memo, key) {
+            memo.put(key, decoded.clone());
+        }
+        Ok(decoded)
+    }
+}
+
 /// libcudadevrt semantics: take the members that define a symbol still
 /// undefined, until nothing changes.
 pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
@@ -501,7 +524,9 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         let need: HashSet<&String> = undefined.iter().filter(|s| !defined.contains(*s)).collect();
         let pos = remaining.iter().position(|m| {
             m.as_ref().is_some_and(|u| {
-                u.modules.iter().any(|md| md.info.as_ref().is_some_and(|i| i.defined.iter().any(|d| need.contains(d))))
+                u.modules
+                    .iter()
+                    .any(|md| md.info.as_deref().is_some_and(|i| i.defined.iter().any(|d| need.contains(d))))
             })
         });
         let Some(u) = pos.and_then(|p| remaining[p].take()) else { break };

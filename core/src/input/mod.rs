@@ -9,6 +9,7 @@ pub mod cubin;
 pub mod host;
 pub mod libsearch;
 pub mod load;
+pub mod memo;
 pub mod ptx;
 
 use std::sync::Arc;

@@ -15,6 +15,10 @@ const CONTAINER_HEADER: usize = 16;
 const MEMBER_HEADER_MIN: usize = 64;
 /// Flag bit: payload is zstd-compressed.
 const FLAG_COMPRESSED: u64 = 0x8000;
+/// Member built for an arch-specific target (`sm_90a`, `compute_100a`).
+const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
+/// Member built for an arch family (`sm_100f`, `compute_100f`).
+const FLAG_FAMILY: u64 = 0x20_0000;
 /// Upper bound on a decompressed member, to refuse decompression bombs.
 const MAX_MEMBER_SIZE: u64 = 4 << 30;
 
@@ -64,6 +68,18 @@ pub struct Member<'a> {
 }
 
 impl<'a> Member<'a> {
+    /// The arch suffix the member was built for: `a` (arch-specific), `f`
+    /// (family), or none.
+    pub fn suffix(&self) -> Option<char> {
+        if self.flags & FLAG_ARCH_SPECIFIC != 0 {
+            Some('a')
+        } else if self.flags & FLAG_FAMILY != 0 {
+            Some('f')
+        } else {
+            None
+        }
+    }
+
     pub fn is_compressed(&self) -> bool {
         self.flags & FLAG_COMPRESSED != 0 && self.payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
     }
@@ -194,6 +210,9 @@ fn parse_member(data: &[u8], at: usize) -> Result<(Member<'_>, usize), FatbinErr
     if next > data.len() || data_size as u64 > padded {
         return Err(FatbinError::Truncated);
     }
+    // Uncompressed members (`-Xfatbin -compress-mode=none`) leave the size
+    // field zero: the payload is the whole padded extent.
+    let data_size = if flags & FLAG_COMPRESSED == 0 && data_size == 0 { next - payload_start } else { data_size };
     let payload = &data[payload_start..payload_start + data_size];
     // Extended header: options string located by (offset, size) relative to the member.
     let mut options = "";

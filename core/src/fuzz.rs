@@ -81,7 +81,7 @@ pub fn inputs(data: &[u8]) {
         let ctx = LoadContext {
             fs: &fs,
             cwd: Path::new("/w"),
-            target: Target { sm: 90, suffixed: false },
+            target: Target { sm: 90, suffix: None },
             lto,
             suppress_arch_warning: false,
             memo: None,

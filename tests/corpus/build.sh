@@ -34,6 +34,18 @@ for f in accumulate scale cdp saxpy; do
 done
 wait
 
+# Blackwell and suffixed targets (Mercury cubins, `a` and `f` SASS members):
+# sm_100 + sm_100a + sm_90a SASS; family SASS sm_100f + sm_120f with compute_100
+# PTX; LTO IR for sm_100.
+bw="-gencode arch=compute_100,code=sm_100 -gencode arch=compute_100a,code=sm_100a -gencode arch=compute_90a,code=sm_90a"
+fam="-gencode arch=compute_100f,code=sm_100f -gencode arch=compute_120f,code=sm_120f -gencode arch=compute_100,code=compute_100"
+for f in accumulate scale; do
+  "$nvcc" $bw -dc "$f.cu" -o "${f}_bw.o" &
+  "$nvcc" $fam -dc "$f.cu" -o "${f}_fam.o" &
+  "$nvcc" -arch=sm_100 -dc -dlto "$f.cu" -o "${f}_lto100.o" &
+done
+wait
+
 # Device-only inputs: a cubin and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_90 -dc -ptx saxpy.cu -o saxpy.ptx &

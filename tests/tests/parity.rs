@@ -26,6 +26,19 @@ const CASES: &[(&str, &str, &str)] = &[
     ("ptx-older-arch", "--arch=sm_90 --register-link-binaries={OUT}/reg.c saxpy_ptx80.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("ptx-newer-arch", "--arch=sm_80 saxpy_ptx.o -o {OUT}/out.cubin", ""),
     ("two-arch-sm90", "--arch=sm_90 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
+    // Arch-specific, family and Blackwell targets (Mercury cubins).
+    ("arch-suffixed-sm90a", "--arch=sm_90a accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("ptx-jit-sm100", "--arch=sm_100 --register-link-binaries={OUT}/reg.c accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("ptx-jit-family-sm120f", "--arch=sm_120f accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("sass-sm100", "--arch=sm_100 accumulate_bw.o scale_bw.o -o {OUT}/out.cubin", ""),
+    ("sass-arch-specific-sm100a", "--arch=sm_100a accumulate_bw.o scale_bw.o -o {OUT}/out.cubin", ""),
+    ("sass-arch-specific-sm90a", "--arch=sm_90a accumulate_bw.o scale_bw.o -o {OUT}/out.cubin", ""),
+    ("sass-not-found-sm120", "--arch=sm_120 accumulate_bw.o scale_bw.o -o {OUT}/out.cubin", ""),
+    ("sass-family-sm103", "--arch=sm_103 accumulate_fam.o scale_fam.o -o {OUT}/out.cubin", ""),
+    ("sass-family-sm121", "--arch=sm_121 accumulate_fam.o scale_fam.o -o {OUT}/out.cubin", ""),
+    ("ptx-jit-family-sm110", "--arch=sm_110 accumulate_fam.o scale_fam.o -o {OUT}/out.cubin", ""),
+    ("relocatable-sm100", "--arch=sm_100 -r accumulate_bw.o scale_bw.o -o {OUT}/out.o", ""),
+    ("lto-sm100", "--arch=sm_100 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto100.o scale_lto100.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("two-arch-sm80", "--arch=sm_80 saxpy_2arch.o accumulate_2arch.o scale_2arch.o -o {OUT}/out.cubin", ""),
     ("relocatable", "--arch=sm_90 -r accumulate.o scale.o -o {OUT}/out.o", ""),
     ("relocatable-cdp", "--arch=sm_90 -r cdp.o -o {OUT}/out.o", ""),
@@ -139,6 +152,34 @@ const CASES: &[(&str, &str, &str)] = &[
     ("options-file", "--options-file link.opts -o {OUT}/out.cubin", ""),
     ("options-file-short", "-arch=sm_90 mathlib_main.o -optf lib.opts -o {OUT}/out.cubin", ""),
     ("options-file-missing", "--options-file no_such.opts -o {OUT}/out.cubin", ""),
+];
+
+/// Cases the in-process engine must serve itself (a routing regression fails
+/// the test even when the real nvlink engine keeps the bytes right).
+const IN_PROCESS: &[&str] = &[
+    "nvcc-dlink",
+    "device-vars",
+    "cdp",
+    "data-segment-layout",
+    "static-lib",
+    "ptx-only",
+    "two-arch-sm80",
+    "relocatable",
+    "lto",
+    "emit-ptx",
+    "compressed-variants",
+    "arch-suffixed-sm90a",
+    "ptx-jit-sm100",
+    "ptx-jit-family-sm120f",
+    "sass-sm100",
+    "sass-arch-specific-sm100a",
+    "sass-arch-specific-sm90a",
+    "sass-not-found-sm120",
+    "sass-family-sm103",
+    "sass-family-sm121",
+    "ptx-jit-family-sm110",
+    "relocatable-sm100",
+    "lto-sm100",
 ];
 
 fn expand(s: &str, out: &str) -> String {
@@ -277,6 +318,12 @@ fn parity_with_nvlink() {
     for r in &differing {
         println!("\n== {} ==\n{}", r.name, r.cmp.problems.join("\n"));
     }
+    let routed: Vec<&str> = IN_PROCESS
+        .iter()
+        .copied()
+        .filter(|name| rows.iter().find(|r| r.name == *name).map(|r| engine_of(&log, &r.args)) != Some("in-process"))
+        .collect();
+    assert!(routed.is_empty(), "cases no longer linked in process: {routed:?}");
     assert!(requests >= 2 * CASES.len() as u64, "links did not go through the daemon");
     println!("daemon: {requests} requests, {hits} served from the cache");
     assert!(hits > 0, "the second pass never hit the cache");

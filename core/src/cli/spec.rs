@@ -227,7 +227,7 @@ impl Spec {
         let rest = arch.strip_prefix("sm_")?;
         Some(crate::input::load::Target {
             sm: arch_number(arch)?,
-            suffixed: rest.ends_with(|c: char| c.is_ascii_alphabetic()),
+            suffix: rest.chars().last().filter(char::is_ascii_alphabetic),
         })
     }
 

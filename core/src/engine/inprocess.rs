@@ -145,8 +145,8 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
         return no("ptxas options for PTX compiled at link time");
     }
-    let arch = spec.arch.as_deref().unwrap_or_default();
-    let args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
+    let Some(target) = spec.target() else { return no(format!("--arch {:?}", spec.arch)) };
+    let args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
     modules.into_par_iter().try_for_each(|m| {

@@ -40,6 +40,10 @@ pub struct ImageSection {
     /// For sections without file bytes: the size; otherwise `data.len()` is used.
     pub nobits_size: u64,
     pub data: Vec<u8>,
+    /// A section that views the bytes of an earlier one instead of having its
+    /// own (sm_100 cubins: `.nv.merc.nv.constant.user` maps `.nv.constant3`).
+    /// It takes that section's offset and size and adds nothing to the layout.
+    pub alias_of: Option<usize>,
 }
 
 impl ImageSection {
@@ -105,7 +109,8 @@ impl CubinImage {
         let sections: Vec<ImageSection> = elf
             .sections
             .iter()
-            .map(|s| ImageSection {
+            .enumerate()
+            .map(|(i, s)| ImageSection {
                 name: s.name.clone(),
                 sh_name: s.sh_name,
                 sh_type: s.sh_type,
@@ -117,6 +122,13 @@ impl CubinImage {
                 entsize: s.entsize,
                 nobits_size: if occupies_file(s.sh_type) { 0 } else { s.size },
                 data: elf.section_data(s).to_vec(),
+                alias_of: elf.sections[..i].iter().position(|t| {
+                    i > 0
+                        && occupies_file(s.sh_type)
+                        && occupies_file(t.sh_type)
+                        && s.size > 0
+                        && (t.offset, t.size) == (s.offset, s.size)
+                }),
             })
             .collect();
         let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());
@@ -190,6 +202,10 @@ impl CubinImage {
                 offsets.push(0);
                 continue;
             }
+            if let Some(a) = s.alias_of.filter(|&a| a < i) {
+                offsets.push(offsets[a]);
+                continue;
+            }
             let align = s.align.max(1);
             pos = pos.div_ceil(align) * align;
             offsets.push(pos);
@@ -211,7 +227,11 @@ impl CubinImage {
         out[0x38..0x3a].copy_from_slice(&(self.segments.len() as u16).to_le_bytes());
         out[0x3c..0x3e].copy_from_slice(&(self.sections.len() as u16).to_le_bytes());
         for (i, s) in self.sections.iter().enumerate() {
-            if occupies_file(s.sh_type) && !s.data.is_empty() {
+            let s_size = match s.alias_of {
+                Some(a) => self.sections[a].size(),
+                None => s.size(),
+            };
+            if occupies_file(s.sh_type) && !s.data.is_empty() && s.alias_of.is_none() {
                 let o = offsets[i] as usize;
                 out[o..o + s.data.len()].copy_from_slice(&s.data);
             }
@@ -222,7 +242,7 @@ impl CubinImage {
             w[8..16].copy_from_slice(&s.flags.to_le_bytes());
             w[16..24].copy_from_slice(&s.addr.to_le_bytes());
             w[24..32].copy_from_slice(&offsets[i].to_le_bytes());
-            w[32..40].copy_from_slice(&s.size().to_le_bytes());
+            w[32..40].copy_from_slice(&s_size.to_le_bytes());
             w[40..44].copy_from_slice(&s.link.to_le_bytes());
             w[44..48].copy_from_slice(&s.info.to_le_bytes());
             w[48..56].copy_from_slice(&s.align.to_le_bytes());

@@ -48,7 +48,10 @@ pub struct Fixups {
 pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError> {
     let mut img = CubinImage::parse(jit_cubin)?;
     rewrite_tkinfo(&mut img, fix)?;
-    if !fix.inputs.is_empty() {
+    // Mercury cubins (sm_100 and later: `.nv.merc.*` sections) get their string
+    // tables written afresh by nvlink: dead kernels leave no names there.
+    let mercury = img.sections.iter().any(|s| s.name.starts_with(".nv.merc."));
+    if !fix.inputs.is_empty() && !mercury {
         insert_ghost_names(&mut img, &fix.inputs)?;
     }
     Ok(img.serialize())

@@ -98,8 +98,38 @@ fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
 pub struct Target {
     /// SM number (90 for sm_90).
     pub sm: u32,
-    /// `sm_90a`/`sm_100f` style suffix present.
-    pub suffixed: bool,
+    /// The suffix of `sm_90a` / `sm_100f` style targets.
+    pub suffix: Option<char>,
+}
+
+impl Target {
+    /// The target as `--arch` names it (`sm_100f`).
+    pub fn name(&self) -> String {
+        format!("sm_{}{}", self.sm, self.suffix.map(String::from).unwrap_or_default())
+    }
+
+    /// The arch PTX is compiled for at link time: a family target compiles
+    /// for its plain arch (nvlink runs its ptxas with `-arch sm_100` for
+    /// `--arch=sm_100f`).
+    pub fn jit_arch(&self) -> String {
+        match self.suffix {
+            Some('f') => format!("sm_{}", self.sm),
+            _ => self.name(),
+        }
+    }
+
+    /// Whether SASS built for `sm` with `suffix` is linked as is for this
+    /// target (same SM number). Only the pairings compared against nvlink are
+    /// listed; any other reuse is left to the real nvlink.
+    fn takes_sass(&self, sm: u32, suffix: Option<char>) -> bool {
+        match suffix {
+            None => sm == self.sm,
+            Some('a') => sm == self.sm && self.suffix == Some('a'),
+            // Family SASS runs on every later arch of its family.
+            Some('f') => sm / 10 == self.sm / 10 && sm <= self.sm,
+            Some(_) => false,
+        }
+    }
 }
 
 /// What the loader needs to know about the link.
@@ -348,13 +378,13 @@ impl LoadContext<'_> {
     }
 
     fn check_cubin_arch(&self, name: &str, info: &CubinInfo) -> Result<(), LoadError> {
-        if info.sm == self.target.sm && !self.target.suffixed {
+        if info.sm == self.target.sm && self.target.suffix.is_none() {
             return Ok(());
         }
         if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
             return fatal(format!("Input file '{name}' arch does not match target 'sm_{}'", self.target.sm));
         }
-        unsupported(format!("{name}: sm_{} cubin linked for sm_{}", info.sm, self.target.sm))
+        unsupported(format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
     }
 
     /// The device code of a host object: `None` when it has none (skipped).
@@ -409,8 +439,9 @@ impl LoadContext<'_> {
     }
 
     /// nvlink's member choice for the target: LTO IR (with `-dlto`), then SASS
-    /// of the same major with the highest minor not above the target's, then
-    /// PTX not newer than the target (compiled at link time).
+    /// the target runs as is (see [`Target::takes_sass`]; other SASS of the
+    /// same major is left to the real nvlink), then the newest plain PTX not
+    /// newer than the target (compiled at link time).
     fn select(
         &self,
         name: &str,
@@ -419,16 +450,12 @@ impl LoadContext<'_> {
         object: Option<&[u8]>,
     ) -> Result<(Vec<Module>, Vec<Diagnostic>), LoadError> {
         let t = self.target;
-        if self.target.suffixed || t.sm >= 100 {
-            return unsupported(format!(
-                "member selection for target sm_{}{}",
-                t.sm,
-                if t.suffixed { "+" } else { "" }
-            ));
-        }
         if self.lto {
             let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
             if let Some(ir) = ir {
+                if t.suffix.is_some() || ir.suffix().is_some() {
+                    return unsupported(format!("{name}: LTO IR linked for {}", t.name()));
+                }
                 let (Some(object), true) = (object, ir.arch == t.sm) else {
                     return unsupported(format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
                 };
@@ -446,14 +473,23 @@ impl LoadContext<'_> {
                 return Ok((vec![module], Vec::new()));
             }
         }
-        let sass = members
-            .iter()
-            .filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm)
-            .max_by_key(|m| m.arch);
-        if let Some(m) = sass {
-            if m.arch != t.sm {
-                return unsupported(format!("{name}: sm_{} SASS reused for sm_{}", m.arch, t.sm));
+        let same_major =
+            || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
+        // SASS for exactly this target first, then plain SASS of its SM number.
+        let sass = same_major().filter(|m| t.takes_sass(m.arch, m.suffix())).min_by_key(|m| {
+            if m.suffix() == t.suffix {
+                0
+            } else {
+                1
             }
+        });
+        if sass.is_none() {
+            if let Some(m) = same_major().next() {
+                let suffix = m.suffix().map(String::from).unwrap_or_default();
+                return unsupported(format!("{name}: sm_{}{suffix} SASS linked for {}", m.arch, t.name()));
+            }
+        }
+        if let Some(m) = sass {
             let Decoded { bytes, info } = self.decode_sass(name, m)?;
             let module = Module {
                 code: Code::Cubin(bytes),
@@ -464,8 +500,12 @@ impl LoadContext<'_> {
             };
             return Ok((vec![module], Vec::new()));
         }
-        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm).max_by_key(|m| m.arch);
-        if let Some(m) = ptx {
+        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
+        if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
+            let suffix = m.suffix().map(String::from).unwrap_or_default();
+            return unsupported(format!("{name}: compute_{}{suffix} PTX for {}", m.arch, t.name()));
+        }
+        if let Some(m) = ptx.max_by_key(|m| m.arch) {
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
             let module =
                 Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };
@@ -476,7 +516,7 @@ impl LoadContext<'_> {
         }
         let mut warnings = Vec::new();
         if !in_archive && !self.suppress_arch_warning {
-            warnings.push(Diagnostic::warning(format!("SM Arch ('sm_{}') not found in '{name}'", t.sm)));
+            warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", t.name())));
         }
         Ok((Vec::new(), warnings))
     }
@@ -534,4 +574,29 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         chosen.push(u);
     }
     chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn suffixed_targets_pick_their_sass_and_jit_arch() {
+        let t = |sm, suffix| Target { sm, suffix };
+        // Plain SASS serves its own SM number, suffixed or not.
+        assert!(t(100, None).takes_sass(100, None));
+        assert!(t(100, Some('a')).takes_sass(100, None));
+        assert!(!t(103, None).takes_sass(100, None));
+        // Arch-specific SASS only its exact arch-specific target.
+        assert!(t(100, Some('a')).takes_sass(100, Some('a')));
+        assert!(!t(100, None).takes_sass(100, Some('a')));
+        assert!(!t(100, Some('f')).takes_sass(100, Some('a')));
+        // Family SASS every later member of its family.
+        assert!(t(103, None).takes_sass(100, Some('f')));
+        assert!(!t(110, None).takes_sass(100, Some('f')));
+        assert!(!t(100, None).takes_sass(103, Some('f')));
+        assert_eq!(t(120, Some('f')).name(), "sm_120f");
+        assert_eq!(t(120, Some('f')).jit_arch(), "sm_120");
+        assert_eq!(t(90, Some('a')).jit_arch(), "sm_90a");
+    }
 }

@@ -5,7 +5,8 @@
 //!       nvlink, and vs nvlink with its best split option;
 //!   (b) the same LTO link again (warm);
 //!   (c) the LTO link after one unit's device code changed;
-//!   (d) a tiny non-LTO link, warm;
+//!   (d) a tiny non-LTO link, warm (and (d0) with a cache-less daemon: the
+//!       shim and daemon overhead against an nvlink process);
 //!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes;
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
 //!       1000 warm links.
@@ -172,6 +173,20 @@ fn main() {
         identical &= same(&o("changed.nvlink"), &o("changed.nvlinkd"));
     }
     report.row("(c) LTO link after a one-unit change", median(nvc), median(nvdc), identical, "");
+
+    // (d0) the same tiny link with no cache at all: what the shim, the daemon
+    // and the in-process engine cost against an nvlink process.
+    let d = Daemon::start_with(&["--cache-mem", "0", "--cache-size", "0"]);
+    timed(&shim(), &args(TINY, &o("tiny0.warmup")), &corpus, &d.shim_env());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..21 {
+        a.push(timed(&real_nvlink(), &args(TINY, &o("tiny0.nvlink")), &corpus, &[]).wall);
+        b.push(timed(&shim(), &args(TINY, &o("tiny0.nvlinkd")), &corpus, &d.shim_env()).wall);
+        identical &= same(&o("tiny0.nvlink"), &o("tiny0.nvlinkd"));
+    }
+    report.row("(d0) tiny non-LTO link, no cache (overhead)", median(a), median(b), identical, "");
+    drop(d);
 
     // (d) tiny non-LTO link, warm; (f) RSS after 10 and 1000 warm links.
     let d = fresh_daemon(&corpus);

@@ -1,6 +1,7 @@
 //! The whole-link cache: counters, content keys (renames hit, changes miss),
 //! persistence across restarts, recovery from damaged entries, single flight,
-//! and two daemons on one cache directory. Every result is compared with the
+//! and two daemons on one cache directory; the per-module JIT and the two LTO
+//! steps (NVVM, ptxas) cached on their own. Every result is compared with the
 //! real nvlink's.
 
 use std::time::Duration;
@@ -13,7 +14,8 @@ use nvlinkd_tests::run::{run, Invocation, Run};
 
 fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
     let lib = cuda_home().join("lib").display().to_string();
-    let args = args.replace("{L}", &lib).replace("{OUT}", &out.path().display().to_string());
+    let nvvm = cuda_home().join("nvvm").display().to_string();
+    let args = args.replace("{L}", &lib).replace("{NVVM}", &nvvm).replace("{OUT}", &out.path().display().to_string());
     Invocation {
         args: args.split_whitespace().map(String::from).collect(),
         cwd: cwd.to_path_buf(),
@@ -163,4 +165,38 @@ fn two_daemons_share_one_cache_directory() {
     }
     assert_eq!(a.stat("cache_corrupt_entries") + b.stat("cache_corrupt_entries"), 0);
     assert!(b.stat("cache_hits") > 0 && a.stat("cache_hits") > 0);
+}
+
+/// A whole-link miss whose pieces did not change reuses them: the LTO link
+/// again with a registration file (another whole-link key) skips NVVM and
+/// ptxas; PTX compiled at link time is reused by the next link that has it.
+#[test]
+fn lto_steps_and_jit_modules_are_cached_on_their_own() {
+    let d = Daemon::start();
+    let dir = corpus::dir();
+    let out = TempDir::new("c-levels");
+    let lto = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(lto, dir, &out), &[]);
+    same(&expected, &run(&shim(), &inv(lto, dir, &out), &d.shim_env()));
+    assert_eq!((d.stat("nvvm_misses"), d.stat("ptxas_misses")), (1, 1), "cold LTO runs both steps");
+    if std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) > 1 {
+        // The daemon split NVVM over its workers, and the cubin is still nvlink's.
+        assert_eq!(d.stat("nvvm_split_runs"), 1, "NVVM was not split over the workers");
+    }
+    let registered = format!("{lto} --register-link-binaries={{OUT}}/reg.c");
+    let expected = run(&real_nvlink(), &inv(&registered, dir, &out), &[]);
+    let m0 = d.stat("cache_misses");
+    same(&expected, &run(&shim(), &inv(&registered, dir, &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_misses") - m0, 1, "another whole link must miss");
+    assert_eq!((d.stat("nvvm_hits"), d.stat("ptxas_hits")), (1, 1), "unchanged LTO steps must be reused");
+    assert_eq!((d.stat("nvvm_misses"), d.stat("ptxas_misses")), (1, 1));
+
+    // PTX compiled at link time: the module is compiled once for both links.
+    let jit = "--arch=sm_90 saxpy_ptx.o -o {OUT}/jit.cubin";
+    let jit2 = "--arch=sm_90 saxpy_ptx.o accumulate.o scale.o -o {OUT}/jit.cubin";
+    for args in [jit, jit2] {
+        let expected = run(&real_nvlink(), &inv(args, dir, &out), &[]);
+        same(&expected, &run(&shim(), &inv(args, dir, &out), &d.shim_env()));
+    }
+    assert_eq!((d.stat("jit_misses"), d.stat("jit_hits")), (1, 1), "the PTX module must be compiled once");
 }

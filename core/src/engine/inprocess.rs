@@ -281,12 +281,25 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         options.push("-optimize-unused-variables".to_owned());
     }
 
-    // NVVM: the LTO modules to optimized PTX.
+    // NVVM: the LTO modules to optimized PTX. For a cubin, NVVM runs split
+    // over the workers: its split PTX differs from the unsplit one only in the
+    // order of `// ... has been demoted` comments, which ptxas ignores, so the
+    // cubin stays nvlink's byte for byte (the parity and benchmark runs check
+    // it). `--emit-ptx` hands the PTX itself out and so never splits.
+    let workers = rayon::current_num_threads();
+    let split = mode == Mode::LtoWhole && workers > 1;
+    if split {
+        options.push(format!("-split-compile={workers}"));
+    }
     let mut parts: Vec<&[u8]> = objects.iter().map(|o| o.data).collect();
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
+    let t_nvvm = std::time::Instant::now();
     let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
+        if split {
+            crate::stats::bump(&cx.artifacts.stats.nvvm_split_runs);
+        }
         let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
         let out = jit.link(&options, &objects, true).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
         out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()))
@@ -297,6 +310,10 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     // ptxas: the whole program to the final cubin.
     let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+    let t_ptxas = std::time::Instant::now();
+    let nvvm_ms = (t_ptxas - t_nvvm).as_secs_f64() * 1e3;
     let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
+    let ptxas_ms = t_ptxas.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(nvvm_ms, ptxas_ms, ptx_bytes = ptx.len(), "LTO phases");
     Ok(cubin.to_vec())
 }

@@ -11,6 +11,8 @@ pub struct CubinInfo {
     pub sm: u32,
     /// `ET_REL` (relocatable, linkable) vs `ET_EXEC`.
     pub relocatable: bool,
+    /// Built for an arch-specific (`sm_90a`) target: `.nv.compat` marks it.
+    pub accelerated: bool,
     /// Functions defined here, in symbol-table order.
     pub functions: Vec<InputFunction>,
     /// Global and weak symbols defined here.
@@ -42,6 +44,21 @@ pub fn sm_of(elf: &Elf<'_>) -> u32 {
     (elf.flags >> 8) & 0xff
 }
 
+/// The value of attribute `attr` in a `.nv.compat` section (0 when absent).
+/// Entries are `.nv.info` shaped: format byte, attribute byte, then a 16-bit
+/// value (formats 1 to 3) or a 16-bit size and that many bytes (format 4).
+fn compat_value(data: &[u8], attr: u8) -> u16 {
+    let mut at = 0;
+    while let (Some(&fmt), Some(&a), Some(v)) = (data.get(at), data.get(at + 1), data.get(at + 2..at + 4)) {
+        let value = u16::from_le_bytes([v[0], v[1]]);
+        if fmt != 4 && a == attr {
+            return value;
+        }
+        at += 4 + if fmt == 4 { value as usize } else { 0 };
+    }
+    0
+}
+
 pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let elf = Elf::parse(data)?;
     if elf.machine != EM_CUDA {
@@ -60,6 +77,7 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let mut info = CubinInfo {
         sm: sm_of(&elf),
         relocatable: elf.e_type == object::elf::ET_REL.0,
+        accelerated: elf.section(".nv.compat").is_some_and(|(_, c)| compat_value(elf.section_data(c), 0x09) > 0),
         kernels: functions.iter().filter(|f| f.is_kernel).map(|f| f.name.clone()).collect(),
         local_functions: symbols
             .iter()
@@ -118,4 +136,21 @@ fn relocation_refs(elf: &Elf<'_>, symbols: &[crate::elf::Symbol]) -> Result<Vec<
     refs.sort_by(|a, b| (&a.from, &a.to).cmp(&(&b.from, &b.to)));
     refs.dedup();
     Ok(refs)
+}
+
+#[cfg(test)]
+mod compat_tests {
+    use super::compat_value;
+
+    #[test]
+    fn compat_attributes() {
+        // Shape of an sm_90a cubin's .nv.compat: the 0x09 attribute set.
+        let data = [2, 9, 1, 0, 2, 0x0c, 0, 0, 4, 0x0b, 2, 0, 0xaa, 0xbb, 3, 0x0e, 0x40, 4];
+        assert_eq!(compat_value(&data, 0x09), 1);
+        assert_eq!(compat_value(&data, 0x0e), 0x0440);
+        assert_eq!(compat_value(&data, 0x07), 0);
+        // Truncated and oversized entries end the walk without a panic.
+        assert_eq!(compat_value(&[4, 0x0b, 0xff, 0xff, 1], 0x09), 0);
+        assert_eq!(compat_value(&[2, 9], 0x09), 0);
+    }
 }

@@ -381,6 +381,16 @@ impl LoadContext<'_> {
         if info.sm == self.target.sm && self.target.suffix.is_none() {
             return Ok(());
         }
+        // Accelerated cubins, and pre-Mercury cubins for a Mercury target
+        // (sm_100+: nvlink warns that the output is limited first), get
+        // diagnostics of their own: left to the real nvlink.
+        if info.accelerated || (self.target.sm >= 100 && info.sm < 100) {
+            return unsupported(format!(
+                "{name}: sm_{} cubin (arch-specific or pre-sm_100) for {}",
+                info.sm,
+                self.target.name()
+            ));
+        }
         if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
             return fatal(format!("Input file '{name}' arch does not match target 'sm_{}'", self.target.sm));
         }

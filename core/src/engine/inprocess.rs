@@ -107,7 +107,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let run = |extra: &[String]| -> Result<Vec<u8>, Unsupported> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
+        let t = std::time::Instant::now();
         let out = jit.link(&opts, &inputs, false).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
+        tracing::debug!(jitlink_ms = t.elapsed().as_secs_f64() * 1e3, "nvJitLink link");
         out.cubin.ok_or_else(|| Unsupported("nvJitLink returned no cubin".into()))
     };
     let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything());

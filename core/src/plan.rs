@@ -116,7 +116,9 @@ pub fn build(
 /// linking an executable without `--ignore-host-info`, if every unit outside
 /// libcudadevrt carries host-reference sections.
 fn prunes(spec: &Spec, mode: Mode, units: &[Unit]) -> bool {
+    // A debug link (-g) keeps every kernel, as nvlink does.
     mode == Mode::Executable
+        && !spec.debug
         && !spec.ignore_host_info
         && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some())
 }

@@ -46,6 +46,12 @@ for f in accumulate scale; do
 done
 wait
 
+# Device debug information (nvcc -G): debug links pass -g to nvlink.
+for f in accumulate scale cdp; do
+  "$nvcc" -arch=sm_90 -G -dc "$f.cu" -o "${f}_G.o" &
+done
+wait
+
 # Device-only inputs: a cubin and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_90 -dc -ptx saxpy.cu -o saxpy.ptx &

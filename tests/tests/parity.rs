@@ -88,6 +88,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-dump-callgraph", "--arch=sm_90 --dump-callgraph accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-dump-callgraph-no-demangle", "--arch=sm_90 -dump-callgraph-no-demangle cdp.o -L{L} -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-debug", "--arch=sm_90 -g accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // Debug links of -G objects, nvcc -G -dlink's command line; mixed with non-debug code; -r.
+    ("debug-nvcc-dlink", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -g -L{L}/stubs -L{L} -cpu-arch=X86_64 cdp_G.o accumulate_G.o scale_G.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("debug-mixed", "--arch=sm_90 -g -L{L} cdp_G.o accumulate.o scale_G.o vars_def.o vars_use.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("debug-relocatable", "--arch=sm_90 -g -r accumulate_G.o scale_G.o -o {OUT}/out.o", ""),
     ("opt-suppress-debug-info", "--arch=sm_90 -g -suppress-debug-info accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-extra-warnings", "--arch=sm_90 --extra-warnings accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-report-arch", "--arch=sm_90 --report-arch missing.o -o {OUT}/out.cubin", ""),
@@ -183,6 +187,10 @@ const IN_PROCESS: &[&str] = &[
     "ptx-jit-family-sm110",
     "relocatable-sm100",
     "lto-sm100",
+    "opt-debug",
+    "debug-nvcc-dlink",
+    "debug-mixed",
+    "debug-relocatable",
 ];
 
 fn expand(s: &str, out: &str) -> String {

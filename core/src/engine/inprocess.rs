@@ -50,8 +50,8 @@ pub fn check_options(spec: &Spec) -> Result<(), Unsupported> {
         (!spec.kernels_used.is_empty(), "--kernels-used"),
         (!spec.variables_used.is_empty(), "--variables-used"),
         (spec.preserve_relocs, "--preserve-relocs"),
+        (spec.suppress_debug_info, "--suppress-debug-info"),
         (spec.link_as_tools_patch, "--link-as-tools-patch"),
-        (spec.debug, "-g"),
         (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
         (spec.verbose || spec.verbose2, "-v"),
@@ -86,6 +86,11 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     check_duplicates(plan)?;
 
     let mut options = vec![format!("-arch={arch}")];
+    // -g: nvJitLink keeps the debug sections and, like nvlink, all of
+    // libcudadevrt's code; the plan does no host-reference pruning.
+    if spec.debug {
+        options.push("-g".into());
+    }
     if mode == Mode::Relocatable {
         options.push("-r".into());
     }
@@ -144,8 +149,8 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if !has_ptx {
         return Ok(());
     }
-    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() {
-        return no("ptxas options for PTX compiled at link time");
+    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug {
+        return no("ptxas options (or -g) for PTX compiled at link time");
     }
     let Some(target) = spec.target() else { return no(format!("--arch {:?}", spec.arch)) };
     let args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
@@ -221,6 +226,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         (spec.split_compile.is_some() || spec.split_compile_extended.is_some(), "split compilation"),
         (spec.nvvm_latest, "--nvvm-latest"),
         (spec.force_whole_lto || spec.force_partial_lto, "forced LTO kind"),
+        (spec.debug, "-g"),
     ];
     if let Some((_, what)) = lto_options.iter().find(|(on, _)| *on) {
         return no(format!("{what} with -dlto is not reproduced in process"));

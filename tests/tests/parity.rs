@@ -99,6 +99,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-kernels-used", "--arch=sm_90 --kernels-used=never,accum accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-variables-used", "--arch=sm_90 --variables-used=hits vars_def.o vars_use.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-use-host-info", "--arch=sm_90 --use-host-info accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-use-host-info-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --use-host-info accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("keep-system-libraries-cdp", "--arch=sm_90 -L{L} --keep-system-libraries cdp.o accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("keep-system-libraries-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --keep-system-libraries accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-cdp", "--arch=sm_90 --device-stack-protector=true -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-ptx", "--arch=sm_90 --device-stack-protector=true saxpy_ptx.o -o {OUT}/out.cubin", ""),
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
@@ -191,6 +196,11 @@ const IN_PROCESS: &[&str] = &[
     "debug-nvcc-dlink",
     "debug-mixed",
     "debug-relocatable",
+    "opt-use-host-info",
+    "keep-system-libraries",
+    "keep-system-libraries-cdp",
+    "opt-device-stack-protector",
+    "opt-device-stack-protector-cdp",
 ];
 
 fn expand(s: &str, out: &str) -> String {

@@ -56,11 +56,8 @@ pub fn check_options(spec: &Spec) -> Result<(), Unsupported> {
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
         (spec.verbose || spec.verbose2, "-v"),
         (spec.time.is_some(), "-time"),
-        (spec.use_host_info, "--use-host-info"),
-        (spec.keep_system_libraries, "--keep-system-libraries"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
-        (spec.device_stack_protector.is_some(), "--device-stack-protector"),
         (spec.cpu_arch.as_deref().is_some_and(|c| c != "X86_64"), "a --cpu-arch other than X86_64"),
     ];
     match checks.iter().find(|(on, _)| *on) {
@@ -149,7 +146,12 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if !has_ptx {
         return Ok(());
     }
-    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug {
+    if spec.maxrregcount.is_some()
+        || !spec.xptxas.is_empty()
+        || spec.ofast_compile.is_some()
+        || spec.debug
+        || spec.device_stack_protector.is_some()
+    {
         return no("ptxas options (or -g) for PTX compiled at link time");
     }
     let Some(target) = spec.target() else { return no(format!("--arch {:?}", spec.arch)) };
@@ -227,6 +229,8 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         (spec.nvvm_latest, "--nvvm-latest"),
         (spec.force_whole_lto || spec.force_partial_lto, "forced LTO kind"),
         (spec.debug, "-g"),
+        (spec.keep_system_libraries, "--keep-system-libraries"),
+        (spec.device_stack_protector.is_some(), "--device-stack-protector"),
     ];
     if let Some((_, what)) = lto_options.iter().find(|(on, _)| *on) {
         return no(format!("{what} with -dlto is not reproduced in process"));

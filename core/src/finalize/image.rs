@@ -106,6 +106,9 @@ impl CubinImage {
         if elf.sections.iter().any(|s| s.align > MAX_ALIGN || (s.align > 1 && !s.align.is_power_of_two())) {
             return Err(ElfError::Malformed("section alignment"));
         }
+        // The first file-backed section at each (offset, size): a later one
+        // there is an alias of it.
+        let mut placed: std::collections::HashMap<(u64, u64), usize> = std::collections::HashMap::new();
         let sections: Vec<ImageSection> = elf
             .sections
             .iter()
@@ -122,13 +125,9 @@ impl CubinImage {
                 entsize: s.entsize,
                 nobits_size: if occupies_file(s.sh_type) { 0 } else { s.size },
                 data: elf.section_data(s).to_vec(),
-                alias_of: elf.sections[..i].iter().position(|t| {
-                    i > 0
-                        && occupies_file(s.sh_type)
-                        && occupies_file(t.sh_type)
-                        && s.size > 0
-                        && (t.offset, t.size) == (s.offset, s.size)
-                }),
+                alias_of: (i > 0 && occupies_file(s.sh_type) && s.size > 0)
+                    .then(|| *placed.entry((s.offset, s.size)).or_insert(i))
+                    .filter(|&first| first != i),
             })
             .collect();
         let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());

@@ -102,10 +102,18 @@ pub struct Target {
     pub suffix: Option<char>,
 }
 
+/// An arch as nvcc spells it: `arch_name("compute", 100, Some('f'))` is `compute_100f`.
+fn arch_name(kind: &str, sm: u32, suffix: Option<char>) -> String {
+    match suffix {
+        Some(c) => format!("{kind}_{sm}{c}"),
+        None => format!("{kind}_{sm}"),
+    }
+}
+
 impl Target {
     /// The target as `--arch` names it (`sm_100f`).
     pub fn name(&self) -> String {
-        format!("sm_{}{}", self.sm, self.suffix.map(String::from).unwrap_or_default())
+        arch_name("sm", self.sm, self.suffix)
     }
 
     /// The arch PTX is compiled for at link time: a family target compiles
@@ -113,7 +121,7 @@ impl Target {
     /// `--arch=sm_100f`).
     pub fn jit_arch(&self) -> String {
         match self.suffix {
-            Some('f') => format!("sm_{}", self.sm),
+            Some('f') => arch_name("sm", self.sm, None),
             _ => self.name(),
         }
     }
@@ -495,8 +503,11 @@ impl LoadContext<'_> {
         });
         if sass.is_none() {
             if let Some(m) = same_major().next() {
-                let suffix = m.suffix().map(String::from).unwrap_or_default();
-                return unsupported(format!("{name}: sm_{}{suffix} SASS linked for {}", m.arch, t.name()));
+                return unsupported(format!(
+                    "{name}: {} SASS linked for {}",
+                    arch_name("sm", m.arch, m.suffix()),
+                    t.name()
+                ));
             }
         }
         if let Some(m) = sass {
@@ -512,8 +523,7 @@ impl LoadContext<'_> {
         }
         let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
         if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
-            let suffix = m.suffix().map(String::from).unwrap_or_default();
-            return unsupported(format!("{name}: compute_{}{suffix} PTX for {}", m.arch, t.name()));
+            return unsupported(format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()));
         }
         if let Some(m) = ptx.max_by_key(|m| m.arch) {
             let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
@@ -536,18 +546,18 @@ impl LoadContext<'_> {
     /// A SASS member's cubin and its parsed symbols, from the memo when it
     /// holds this member.
     fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {
-        let key = self.memo.map(|_| DecodeMemo::key(m));
-        if let (Some(memo), Some(key)) = (self.memo, &key) {
-            if let Some(d) = memo.get(key) {
-                return Ok(d);
-            }
+        let decode = || -> Result<Decoded, LoadError> {
+            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+            let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?);
+            Ok(Decoded { bytes, info })
+        };
+        let Some(memo) = self.memo else { return decode() };
+        let key = DecodeMemo::key(m);
+        if let Some(d) = memo.get(&key) {
+            return Ok(d);
         }
-        let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-        let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?);
-        let decoded = Decoded { bytes, info };
-        if let (Some(memo), Some(key)) = (self.memo, key) {
-            memo.put(key, decoded.clone());
-        }
+        let decoded = decode()?;
+        memo.put(key, decoded.clone());
         Ok(decoded)
     }
 }

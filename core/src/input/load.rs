@@ -400,7 +400,7 @@ impl LoadContext<'_> {
             ));
         }
         if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
-            return fatal(format!("Input file '{name}' arch does not match target 'sm_{}'", self.target.sm));
+            return fatal(format!("Input file '{name}' arch does not match target '{}'", self.target.name()));
         }
         unsupported(format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
     }

@@ -52,9 +52,10 @@ for f in accumulate scale cdp; do
 done
 wait
 
-# Device-only inputs: cubins (sm_90, sm_100) and a PTX file.
+# Device-only inputs: cubins (sm_90, sm_100, arch-specific sm_90a) and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_100 -dc -cubin scale.cu -o scale_sm100.cubin &
+"$nvcc" -arch=sm_90a -dc -cubin scale.cu -o scale_sm90a.cubin &
 "$nvcc" -arch=sm_90 -dc -ptx saxpy.cu -o saxpy.ptx &
 wait
 

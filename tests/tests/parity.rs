@@ -156,6 +156,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-arch-mismatch", "--arch=sm_80 accumulate_2arch.o scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm100", "--arch=sm_100 scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm90a", "--arch=sm_90a scale_sm100.cubin -o {OUT}/out.cubin", ""),
+    ("cubin-accelerated-sm80", "--arch=sm_80 scale_sm90a.cubin -o {OUT}/out.cubin", ""),
     ("cubin-sm100", "--arch=sm_100 accumulate_bw.o scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),

@@ -1,10 +1,52 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh machine: installs the pinned toolkit
-# (once), builds the workspace, runs unit and integration tests against the
-# real nvcc/nvlink. The parity test prints its table (--nocapture).
+# (once), checks formatting and lints, builds the workspace, runs unit and
+# integration tests against the real nvcc/nvlink, and ends with one summary:
+# the parity table and `N passed, N failed`.
+#
+#   scripts/test.sh [cargo test filter args...]
+#
+# NVLINKD_SKIP_LINT=1 skips `cargo fmt --check` and clippy (local iteration).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CUDA_HOME=$(scripts/setup-toolkit.sh)
 export CUDA_HOME
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+if [[ ${NVLINKD_SKIP_LINT:-0} != 1 ]]; then
+  step "cargo fmt --check"
+  cargo fmt --all --check
+  step "cargo clippy --workspace --all-targets -- -D warnings"
+  cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
+fi
+
+step "cargo build --workspace"
 cargo build --workspace --locked
-cargo test --workspace --locked -- --nocapture
+
+step "cargo test --workspace (unit tests, then integration tests against the real toolkit)"
+mkdir -p target
+log=target/test.log
+set +e
+cargo test --workspace --locked -- --nocapture "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+
+# One summary at the end: the parity table (printed by tests/tests/parity.rs)
+# and the totals over every test binary.
+echo
+echo "================================ summary ================================"
+sed -n '/^parity with nvlink/,/^daemon: .* served from the cache/p' "$log"
+awk '/^test result:/ {
+       for (i = 1; i <= NF; i++) {
+         if ($(i) ~ /^passed;?$/) p += $(i-1)
+         if ($(i) ~ /^failed;?$/) f += $(i-1)
+         if ($(i) ~ /^ignored;?$/) s += $(i-1)
+       }
+     }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+if [[ $rc -ne 0 ]]; then
+  echo "FAILED (cargo test exit status $rc); failing tests:"
+  grep -E '^test .* FAILED$|^    [a-z_:]+$' "$log" | sort -u || true
+fi
+exit "$rc"

@@ -54,6 +54,45 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
     ("ptx-input", "--arch=sm_90 saxpy.ptx -o {OUT}/out.cubin", ""),
     ("ptx-input-registered", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o saxpy.ptx scale.o -o {OUT}/out.cubin", ""),
+    // What real builds pass. Cross-unit calls of looping device functions
+    // under LTO (NVVM -split-compile gives this program other machine code).
+    ("lto-cross-unit", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cross-unit-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto3.o -lxcall_lto -lcudadevrt -o {OUT}/out.cubin", ""),
+    // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
+    ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
+    ("nvcc-dlto-sm90", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    ("nvcc-dlto-sm100", "-m64 --arch=sm_100 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_100.cubin --host-ccbin gcc", ""),
+    ("nvcc-dlink-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch xcall_main_3arch.o xcall_loop_3arch.o livedead_3arch.o libcxx_3arch.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
+    ("nvcc-dlink-sm90", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch xcall_main_3arch.o xcall_loop_3arch.o livedead_3arch.o libcxx_3arch.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    ("nvcc-dlink-sm100", "-m64 --arch=sm_100 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch xcall_main_3arch.o xcall_loop_3arch.o livedead_3arch.o libcxx_3arch.o -lcudadevrt -o {OUT}/out.compute_100.cubin --host-ccbin gcc", ""),
+    // CMake's device link (CUDA_ARCHITECTURES "80;90", nvcc -dryrun of its line):
+    // --shared, -lcudadevrt -lcudart_static -lrt -lpthread -ldl, a host-only .cpp.o, a static device library.
+    ("cmake-dlink-sm80", "-m64 --shared --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L} -lcudadevrt -lcudart_static -lrt -lpthread -ldl -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch xcall_main_3arch.o livedead_3arch.o host_main.cpp.o lib/libxcall.a -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("cmake-dlink-sm90", "-m64 --shared --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -lcudadevrt -lcudart_static -lrt -lpthread -ldl -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch xcall_main_3arch.o livedead_3arch.o host_main.cpp.o lib/libxcall.a -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("cmake-dlto-sm90", "-m64 --shared --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -lcudadevrt -lcudart_static -lrt -lpthread -ldl -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o libcxx_lto3.o host_main.cpp.o lib/libxcall_lto.a -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    // Objects without device code in the link: nvlink prunes nothing, LTO included.
+    ("lto-host-object", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} livedead_lto.o host_main.cpp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-host-object-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} livedead_lto.o host_only.o -o {OUT}/out.ptx", ""),
+    ("lto-cudart-static", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} livedead_lto.o -lcudadevrt -lcudart_static -o {OUT}/out.cubin", ""),
+    ("lto-xcall-cudart-static", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -lcudart_static -o {OUT}/out.cubin", ""),
+    ("lto-libcxx", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} libcxx_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-libcxx-host-object", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} libcxx_lto.o host_main.cpp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-libcxx-cudart-static-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} libcxx_lto.o -lcudart_static -o {OUT}/out.ptx", ""),
+    ("lto-cub", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} warp_cub_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cub-host-object", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} warp_cub_lto.o host_main.cpp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("cub-2arch-sm80", "--arch=sm_80 -L{L} warp_cub_2arch.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("cudart-static", "--arch=sm_90 -L{L} livedead_3arch.o libcxx_3arch.o -lcudadevrt -lcudart_static -o {OUT}/out.cubin", ""),
+    ("host-cpp-object", "--arch=sm_90 livedead_3arch.o host_main.cpp.o -o {OUT}/out.cubin", ""),
+    // -report-arch: every message after option parsing names the target.
+    ("report-arch-archive-only", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -Llib -lxcall -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("report-arch-archive-only-sm90", "--arch=sm_90 -report-arch -Llib -ldevmath -o {OUT}/out.cubin", ""),
+    ("report-arch-no-inputs", "--arch=sm_90 -report-arch -o {OUT}/out.cubin", ""),
+    ("report-arch-warning", "--arch=sm_80 -report-arch vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
+    ("report-arch-info", "--arch=sm_90 -report-arch --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
+    ("report-arch-fatal", "--arch=sm_90a -report-arch accumulate.o no_such_file.o -o {OUT}/out.cubin", ""),
+    ("report-arch-mode-error", "--arch=sm_90 -report-arch --emit-ptx accumulate.o -o {OUT}/out.ptx", ""),
+    ("report-arch-skipping-incompatible", "--arch=sm_90 -report-arch -Ltinylib -Llib accumulate.o scale.o -ltiny -o {OUT}/out.cubin", ""),
+    ("report-arch-version", "-report-arch --version", ""),
     ("host-linker-script-aug", "-ghls=lcs-aug -o {OUT}/script.ld", ""),
     ("host-linker-script-aug-stdout", "--gen-host-linker-script=lcs-aug", ""),
     ("host-linker-script-abs", "-ghls=lcs-abs -o {OUT}/script.ld -v", ""),
@@ -205,6 +244,17 @@ const IN_PROCESS: &[&str] = &[
     "keep-system-libraries-cdp",
     "opt-device-stack-protector",
     "opt-device-stack-protector-cdp",
+    "lto-cross-unit",
+    "nvcc-dlto-sm90",
+    "lto-host-object",
+    "lto-host-object-emit-ptx",
+    "lto-cudart-static",
+    "lto-xcall-cudart-static",
+    "lto-libcxx-host-object",
+    "cudart-static",
+    "cmake-dlink-sm90",
+    "report-arch-warning",
+    "report-arch-info",
 ];
 
 fn expand(s: &str, out: &str) -> String {

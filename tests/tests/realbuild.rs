@@ -1,6 +1,6 @@
 //! Real-build check: the CMake project in `tests/realbuild/` (separable
 //! compilation, a static device library, dynamic parallelism, libcu++ and CUB
-//! units, a host-only C++ unit, CMAKE_CUDA_ARCHITECTURES "80;90"), built with
+//! units, host-only C++ units, two programs, CMAKE_CUDA_ARCHITECTURES "80;90"), built with
 //! CMake and Ninja from PyPI (`scripts/setup-cmake.sh`) through an nvlinkd
 //! overlay, with LTO off and on. Every nvlink call the build makes goes through
 //! a recording wrapper that first runs the real nvlink on the same arguments
@@ -111,7 +111,7 @@ fn cmake_build_device_links_equal_the_real_nvlink() {
                 .arg(&build)
                 .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         );
-        assert!(build.join("app").is_file(), "{tag}: no executable");
+        assert!(build.join("app").is_file() && build.join("tool").is_file(), "{tag}: no executables");
     }
 
     let mut links = 0;
@@ -138,7 +138,7 @@ fn cmake_build_device_links_equal_the_real_nvlink() {
     }
     println!("real-build check: {links} device links ({lto} LTO), {} through the daemon", d.stat("requests") - before);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    // Two configurations, one nvlink call per architecture each.
-    assert!(links >= 4 && lto >= 2, "expected the device links of both builds, got {links} ({lto} LTO)");
+    // Two configurations, two programs, one nvlink call per architecture each.
+    assert!(links >= 8 && lto >= 4, "expected the device links of both builds, got {links} ({lto} LTO)");
     assert!(d.stat("requests") - before >= links as u64, "the device links did not go through nvlinkd");
 }

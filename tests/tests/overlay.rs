@@ -103,8 +103,9 @@ fn in_place_install_builds_the_plain_build_bytes() {
     let corpus = nvlinkd_tests::corpus::dir();
     let original = std::fs::read(root.join("bin/nvlink")).unwrap();
     // nvcc's device links of a two-arch build with CMake's -lcudart_static and
-    // a host-only object, and of an LTO build.
-    let builds: [&[&str]; 2] = [
+    // a host-only object, of an LTO build, and of a partial LTO build (which the
+    // daemon hands to the real nvlink: it must find the one kept aside).
+    let builds: [&[&str]; 3] = [
         &[
             "-gencode",
             "arch=compute_80,code=sm_80",
@@ -118,6 +119,7 @@ fn in_place_install_builds_the_plain_build_bytes() {
             "-lcudart_static",
         ],
         &["-arch=sm_90", "-dlto", "-dlink", "xcall_main_lto.o", "xcall_loop_lto.o", "host_main.cpp.o"],
+        &["-arch=sm_90", "-dlto", "-dlink", "accumulate_lto.o", "scale.o"],
     ];
     let build = |tag: &str, env: &[(String, String)]| -> Vec<Vec<u8>> {
         builds
@@ -146,7 +148,8 @@ fn in_place_install_builds_the_plain_build_bytes() {
     env.retain(|(k, _)| k != "CUDA_HOME");
     let before = d.stat("requests");
     let through = build("inplace", &env);
-    assert_eq!(d.stat("requests") - before, 3, "the device links did not go through nvlinkd");
+    assert_eq!(d.stat("requests") - before, 4, "the device links did not go through nvlinkd");
+    assert!(d.stat("nvlink_process") >= 1, "the partial LTO link was not run by the real nvlink engine");
     for (i, (p, t)) in plain.iter().zip(&through).enumerate() {
         assert!(p == t, "build {i}: the device-link object differs from the plain build's");
     }

@@ -1,8 +1,9 @@
 //! Which toolkit this shim stands in for, and where the real nvlink is.
 //!
 //! In order: `NVLINKD_REAL_NVLINK`; the record `nvlinkd install` writes into an
-//! overlay (`<prefix>/nvlinkd-overlay.env`, next to the shim's `bin/`);
-//! `CUDA_HOME`.
+//! overlay (`<prefix>/nvlinkd-overlay.env`, next to the shim's `bin/`), or
+//! beside the shim by `nvlinkd install --in-place` (`bin/.nvlinkd/`, with the
+//! toolkit's real nvlink); `CUDA_HOME`.
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +54,9 @@ impl Toolkit {
 
 fn overlay_record() -> Option<String> {
     let exe = std::env::current_exe().ok()?;
-    let prefix = exe.parent()?.parent()?;
-    std::fs::read_to_string(prefix.join(paths::OVERLAY_RECORD)).ok()
+    let bin = exe.parent()?;
+    if let Ok(record) = std::fs::read_to_string(bin.join(paths::IN_PLACE_DIR).join(paths::OVERLAY_RECORD)) {
+        return Some(record);
+    }
+    std::fs::read_to_string(bin.parent()?.join(paths::OVERLAY_RECORD)).ok()
 }

@@ -182,9 +182,13 @@ impl Linker {
             Err(d) => return self.fatal(d),
         };
         let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
+        if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
+            // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
+            return self.run_nvlink(&tk, req, &spec).routed("-report-arch without --arch".into());
+        }
         let mode = match spec.mode() {
             Ok(m) => m,
-            Err(d) => return self.fatal(d).after(warnings),
+            Err(d) => return self.fatal(report_arch(&spec, d)).after(warnings),
         };
         debug!(?mode, "dispatch");
         let outcome = match mode {
@@ -337,9 +341,9 @@ impl Linker {
             memo: Some(&self.decode_memo),
         };
         fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-        let mut plan = match plan::build(spec, mode, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
+        let mut plan = match plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,
-            Err(LoadError::Fatal(ds)) => return self.fatals(ds),
+            Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
                 return self.run_nvlink(tk, req, spec).routed(why);
@@ -373,7 +377,7 @@ impl Linker {
             no_infos: spec.disable_infos,
         });
         for d in plan.warnings.iter().chain(&plan.notes) {
-            report.emit_raw(&format!("{d}\n"));
+            report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
         let mut outputs = Vec::new();
         if let Some(o) = &spec.output {
@@ -455,4 +459,14 @@ impl Linker {
             }
         }
     }
+}
+
+/// `-report-arch`: every message nvlink prints once its options are read (not
+/// the option parser's own) ends with ` (target: <--arch as given>)`, so that
+/// the messages of nvcc's one-call-per-arch device links can be told apart.
+fn report_arch(spec: &Spec, mut d: Diagnostic) -> Diagnostic {
+    if let (true, Some(arch)) = (spec.report_arch, spec.arch.as_deref()) {
+        d.message = format!("{} (target: {arch})", d.message);
+    }
+    d
 }

@@ -8,6 +8,13 @@
 //! an executable (not `-r`, not `--ignore-host-info`) and every unit outside
 //! libcudadevrt carries `.nvHR*` sections; the kernels kept are those matching
 //! a host pattern of any unit.
+//!
+//! An object without device code — a `g++ -c` object, a non-rdc `nvcc -c`
+//! object, the members of `libcudart_static.a` that CMake adds to every device
+//! link — carries no host references, and its host code might launch anything:
+//! nvlink then prunes nothing, whether the object is named on the command line
+//! or sits in an archive, and under `-dlto` as well (it hands NVVM no host
+//! references: the output equals `--ignore-host-info`'s byte for byte).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -31,6 +38,9 @@ pub struct Plan {
     /// A system library (a path containing `cudadevrt`) was loaded, whether or
     /// not any of it is linked.
     pub system_library_found: bool,
+    /// An archive had members without device code (skipped, but they turn
+    /// host-reference pruning off).
+    pub codeless_archive_members: bool,
 }
 
 impl Plan {
@@ -50,12 +60,7 @@ impl Plan {
     }
 }
 
-pub fn build(
-    spec: &Spec,
-    mode: Mode,
-    ctx: &LoadContext<'_>,
-    env_library_path: Option<&str>,
-) -> Result<Plan, LoadError> {
+pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>) -> Result<Plan, LoadError> {
     if spec.inputs.is_empty() {
         if !spec.libraries.is_empty() {
             return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
@@ -94,9 +99,6 @@ pub fn build(
             }
         }
     }
-    if prunes(spec, mode, &units) && skipped_host_objects {
-        return Err(LoadError::Unsupported("pruning with code-less host objects in archives".into()));
-    }
     // Only a link that registers its binaries mentions device-only inputs; and
     // --disable-infos does not silence it.
     let notes = units
@@ -109,25 +111,39 @@ pub fn build(
             ))
         })
         .collect();
-    Ok(Plan { units, pruning: None, warnings, notes, system_library_found })
-}
-
-/// Whether nvlink removes device code the host does not reference: when
-/// linking an executable without `--ignore-host-info`, if every unit outside
-/// libcudadevrt carries host-reference sections.
-fn prunes(spec: &Spec, mode: Mode, units: &[Unit]) -> bool {
-    // A debug link (-g) keeps every kernel, as nvlink does.
-    mode == Mode::Executable
-        && !spec.debug
-        && !spec.ignore_host_info
-        && units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some())
+    Ok(Plan {
+        units,
+        pruning: None,
+        warnings,
+        notes,
+        system_library_found,
+        codeless_archive_members: skipped_host_objects,
+    })
 }
 
 impl Plan {
+    /// Whether nvlink uses the host references of this link (to prune, or under
+    /// `-dlto` to tell NVVM what the host uses): without `--ignore-host-info`,
+    /// if every unit outside libcudadevrt carries host-reference sections —
+    /// code-less host objects included, named or in an archive.
+    pub fn uses_host_info(&self, spec: &Spec) -> bool {
+        // A debug link (-g) keeps every kernel, as nvlink does.
+        !spec.debug
+            && !spec.ignore_host_info
+            && !self.codeless_archive_members
+            && self.units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some())
+    }
+
+    /// Whether nvlink removes device code the host does not reference: when
+    /// linking an executable with host information (see [`Self::uses_host_info`]).
+    fn prunes(&self, spec: &Spec, mode: Mode) -> bool {
+        mode == Mode::Executable && self.uses_host_info(spec)
+    }
+
     /// Decide what pruning keeps; every module must be a cubin by now (PTX
     /// compiled), since liveness follows the cubins' relocations.
     pub fn prune(&mut self, spec: &Spec, mode: Mode) {
-        self.pruning = prunes(spec, mode, &self.units).then(|| {
+        self.pruning = self.prunes(spec, mode).then(|| {
             let patterns: Vec<&str> =
                 self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
             liveness(&self.units, &patterns)

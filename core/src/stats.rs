@@ -47,9 +47,6 @@ counters! {
     /// LTO: ptxas step (PTX to cubin) cache hits and misses.
     ptxas_hits,
     ptxas_misses,
-    /// LTO: NVVM runs split over the workers although the link asked for no
-    /// split compilation (the cubin stays nvlink's; see engine/inprocess.rs).
-    nvvm_split_runs,
 }
 
 pub fn bump(c: &AtomicU64) {

@@ -70,10 +70,25 @@ impl std::fmt::Debug for Toolkit {
     }
 }
 
+/// Where `nvlinkd install --in-place` keeps a toolkit's real nvlink, relative
+/// to the toolkit root; its `bin/nvlink` is then the shim.
+pub const IN_PLACE_REAL_NVLINK: &str = "bin/.nvlinkd/nvlink";
+
+/// The real nvlink of the toolkit at `root`: the one an in-place install kept
+/// aside, else `bin/nvlink`.
+pub fn real_nvlink(root: &Path) -> PathBuf {
+    let kept = root.join(IN_PLACE_REAL_NVLINK);
+    if kept.is_file() {
+        kept
+    } else {
+        root.join("bin/nvlink")
+    }
+}
+
 impl Toolkit {
     /// Open the toolkit at `root` (a CUDA_HOME): runs its `nvlink --version` once.
     pub fn open(root: &Path) -> Result<Self, ToolkitError> {
-        let nvlink = root.join("bin/nvlink");
+        let nvlink = real_nvlink(root);
         if !nvlink.is_file() {
             return Err(ToolkitError::NoNvlink(nvlink));
         }
@@ -92,8 +107,9 @@ impl Toolkit {
         })
     }
 
+    /// The toolkit's real nvlink (see [`real_nvlink`]).
     pub fn nvlink(&self) -> PathBuf {
-        self.root.join("bin/nvlink")
+        real_nvlink(&self.root)
     }
 
     /// The toolkit's ptxas (the in-process engine runs it for PTX → SASS).

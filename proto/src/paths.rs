@@ -18,6 +18,9 @@ pub const ENV_CACHE_DIR: &str = "NVLINKD_CACHE_DIR";
 pub const ENV_DAEMON_BIN: &str = "NVLINKD_BIN";
 /// File written by `nvlinkd install` next to the shim, recording the toolkit.
 pub const OVERLAY_RECORD: &str = "nvlinkd-overlay.env";
+/// Directory beside the shim (`<toolkit>/bin/.nvlinkd`) where `nvlinkd install
+/// --in-place` keeps the toolkit's real nvlink, the daemon and the record.
+pub const IN_PLACE_DIR: &str = ".nvlinkd";
 
 fn uid() -> u32 {
     // SAFETY: getuid cannot fail.

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nvlinkd_proto::paths::OVERLAY_RECORD;
+use nvlinkd_proto::paths::{IN_PLACE_DIR, OVERLAY_RECORD};
 
 fn io(what: &str, p: &Path, e: std::io::Error) -> String {
     format!("{what} {}: {e}", p.display())
@@ -87,4 +87,130 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
 fn sibling(exe: &Path, name: &str) -> Option<PathBuf> {
     let p = exe.parent()?.join(name);
     p.is_file().then_some(p)
+}
+
+/// `nvlinkd install --in-place`: the toolkit's own `bin/nvlink` becomes the
+/// shim and the real nvlink is kept at `bin/.nvlinkd/nvlink`, with the daemon
+/// and the record the shim reads (`bin/.nvlinkd/nvlinkd-overlay.env`).
+///
+/// Why: nvcc passes paths derived from its own location to nvlink
+/// (`-L<bin>/../lib`, `-nvvmpath=<bin>/../nvvm`) and nvlink records its options
+/// in every cubin's `.note.nv.tkinfo`, so a build through an overlay prefix
+/// differs from a plain build in every device link. In place, nvcc and nvlink
+/// see the toolkit's own paths and the bytes are the plain build's.
+///
+/// Refused on a toolkit this process cannot write (read-only filesystem or
+/// permissions) and on a package-managed one (a file owned by dpkg or rpm, or a
+/// toolkit inside a Python `site-packages`/`dist-packages`, which pip manages):
+/// the package manager would overwrite the shim or leave the kept nvlink
+/// behind. Use an overlay (`--prefix`) there. Installing again updates the shim
+/// and the daemon and keeps the real nvlink.
+pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
+    let root = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
+    let bin = root.join("bin");
+    let nvlink = bin.join("nvlink");
+    let keep = bin.join(IN_PLACE_DIR);
+    let real = keep.join("nvlink");
+    if !nvlink.is_file() {
+        return Err(format!("{} has no bin/nvlink", root.display()));
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let shim = sibling(&me, "nvlink").ok_or("the nvlink shim is not installed next to nvlinkd")?;
+    if shim.canonicalize().ok() == nvlink.canonicalize().ok() {
+        return Err(format!("{} is this nvlinkd's own shim", nvlink.display()));
+    }
+    refuse_managed(&root, &nvlink)?;
+    check_writable(&bin)?;
+    let fresh = !real.is_file();
+    if fresh {
+        if !is_real_nvlink(&nvlink) {
+            return Err(format!(
+                "{} is not NVIDIA's nvlink (its --version does not say so); not replacing it",
+                nvlink.display()
+            ));
+        }
+        std::fs::create_dir_all(&keep).map_err(|e| io("cannot create", &keep, e))?;
+        // A second name for the real nvlink first: bin/nvlink is never missing.
+        if let Err(e) = std::fs::hard_link(&nvlink, &real) {
+            tracing::debug!("hard link failed ({e}), copying");
+            install_binary(&nvlink, &real)?;
+        }
+    }
+    install_binary(&me, &keep.join("nvlinkd"))?;
+    let record = format!(
+        "CUDA_HOME={}\nREAL_NVLINK={}\nNVLINKD={}\n",
+        root.display(),
+        real.display(),
+        keep.join("nvlinkd").display()
+    );
+    let record_path = keep.join(OVERLAY_RECORD);
+    std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
+    install_binary(&shim, &nvlink)?;
+    Ok(format!(
+        "{}: {}/bin/nvlink links through nvlinkd (real nvlink kept at {}; `nvlinkd uninstall --cuda-home {}` restores it)",
+        if fresh { "installed in place" } else { "in-place install updated" },
+        root.display(),
+        real.display(),
+        root.display()
+    ))
+}
+
+/// `nvlinkd uninstall --cuda-home DIR`: undo `install --in-place`: the kept real
+/// nvlink goes back to `bin/nvlink` (the same file, renamed) and `bin/.nvlinkd`
+/// is removed. Nothing to do when the toolkit is not installed in place.
+pub fn uninstall(cuda_home: &Path) -> Result<String, String> {
+    let root = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
+    let bin = root.join("bin");
+    let keep = bin.join(IN_PLACE_DIR);
+    let real = keep.join("nvlink");
+    if !real.is_file() {
+        return Ok(format!("{} is not installed in place; nothing to do", root.display()));
+    }
+    check_writable(&bin)?;
+    let nvlink = bin.join("nvlink");
+    std::fs::rename(&real, &nvlink).map_err(|e| io("cannot restore", &nvlink, e))?;
+    std::fs::remove_dir_all(&keep).map_err(|e| io("cannot remove", &keep, e))?;
+    Ok(format!("uninstalled: {} is the real nvlink again", nvlink.display()))
+}
+
+fn is_real_nvlink(p: &Path) -> bool {
+    std::process::Command::new(p)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("NVIDIA (R) Cuda linker"))
+        .unwrap_or(false)
+}
+
+/// Refuse a toolkit a package manager owns.
+fn refuse_managed(root: &Path, nvlink: &Path) -> Result<(), String> {
+    let overlay = "; use an overlay instead (nvlinkd install --cuda-home DIR --prefix DIR)";
+    if root.components().any(|c| matches!(c.as_os_str().to_str(), Some("site-packages" | "dist-packages"))) {
+        return Err(format!("{} is managed by pip (a Python site-packages directory){overlay}", root.display()));
+    }
+    for (tool, args) in [("dpkg", &["-S"][..]), ("rpm", &["-qf"][..])] {
+        let out = std::process::Command::new(tool).args(args).arg(nvlink).output();
+        if let Ok(o) = out {
+            if o.status.success() {
+                let owner = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+                return Err(format!("{} belongs to a {tool} package ({owner}){overlay}", nvlink.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether files can be created and renamed in `dir` (a read-only mount or
+/// missing permissions refuse here, before anything is changed).
+fn check_writable(dir: &Path) -> Result<(), String> {
+    let probe = dir.join(format!(".nvlinkd-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "cannot write to {} ({e}): the toolkit is read-only for this user; use an overlay instead (nvlinkd install --cuda-home DIR --prefix DIR)",
+            dir.display()
+        )),
+    }
 }

@@ -108,12 +108,21 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Build a toolkit overlay whose bin/nvlink is the shim
+    /// Build a toolkit overlay whose bin/nvlink is the shim (--prefix), or make
+    /// the toolkit's own bin/nvlink the shim (--in-place; builds keep the
+    /// toolkit's paths and so its bytes)
     Install {
         #[arg(long)]
         cuda_home: PathBuf,
+        #[arg(long, required_unless_present = "in_place", conflicts_with = "in_place")]
+        prefix: Option<PathBuf>,
         #[arg(long)]
-        prefix: PathBuf,
+        in_place: bool,
+    },
+    /// Undo `install --in-place`: restore the toolkit's real nvlink
+    Uninstall {
+        #[arg(long)]
+        cuda_home: PathBuf,
     },
 }
 
@@ -165,7 +174,11 @@ fn main() -> ExitCode {
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),
         Command::Stats { socket, json: _ } => report(runtime().block_on(control::stats(&socket_or_default(socket)))),
-        Command::Install { cuda_home, prefix } => report(install::install(&cuda_home, &prefix)),
+        Command::Install { cuda_home, prefix: Some(prefix), in_place: false } => {
+            report(install::install(&cuda_home, &prefix))
+        }
+        Command::Install { cuda_home, .. } => report(install::install_in_place(&cuda_home)),
+        Command::Uninstall { cuda_home } => report(install::uninstall(&cuda_home)),
         Command::Exec { explain, args } => exec::run(args, explain),
     }
 }

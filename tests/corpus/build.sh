@@ -7,7 +7,7 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 nvcc="$CUDA_HOME/bin/nvcc"
 mkdir -p "$out"
 cd "$out"
-cp "$src"/*.cu .
+cp "$src"/*.cu "$src"/*.cpp .
 
 dc() { "$nvcc" -arch=sm_90 -dc "$@"; }
 
@@ -33,6 +33,26 @@ for f in accumulate scale cdp saxpy; do
   "$nvcc" -arch=sm_90 -dc -dlto "$f.cu" -o "${f}_lto.o" &
 done
 wait
+
+# What real builds pass (CMake, nvcc multi-arch): cross-unit calls of looping
+# device functions, a live kernel + a dead kernel + device variables, libcu++
+# and CUB units; LTO IR for sm_80, sm_90 and sm_100 in one object (nvcc
+# `-gencode arch=compute_XY,code=lto_XY`), SASS for the same three archs; a
+# host-only C++ object (g++ -c, as CMake compiles .cpp files); a static device
+# library of multi-arch objects.
+lto3="-gencode arch=compute_80,code=lto_80 -gencode arch=compute_90,code=lto_90 -gencode arch=compute_100,code=lto_100"
+sass3="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100"
+for f in xcall_main xcall_loop livedead libcxx; do
+  "$nvcc" -arch=sm_90 -dc -dlto "$f.cu" -o "${f}_lto.o" &
+  "$nvcc" $lto3 -dc "$f.cu" -o "${f}_lto3.o" &
+  "$nvcc" $sass3 -dc "$f.cu" -o "${f}_3arch.o" &
+  wait
+done
+"$nvcc" -arch=sm_90 -dc -dlto warp_cub.cu -o warp_cub_lto.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc warp_cub.cu -o warp_cub_2arch.o &
+g++ -c host_main.cpp -o host_main.cpp.o &
+wait
+mkdir -p lib && ar rcs lib/libxcall.a xcall_loop_3arch.o && ar rcs lib/libxcall_lto.a xcall_loop_lto3.o
 
 # Blackwell and suffixed targets (Mercury cubins, `a` and `f` SASS members):
 # sm_100 + sm_100a + sm_90a SASS; family SASS sm_100f + sm_120f with compute_100

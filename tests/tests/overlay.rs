@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, TempDir};
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, shim, TempDir};
 
 fn nvcc(prefix: &Path, args: &[&str], cwd: &Path, env: &[(String, String)]) {
     let out = Command::new(prefix.join("bin/nvcc"))
@@ -62,4 +62,141 @@ fn nvcc_through_the_overlay_links_via_the_daemon() {
     let shim_out = std::fs::read(work.path().join("shim.o")).unwrap();
     let real_out = std::fs::read(work.path().join("real.o")).unwrap();
     assert!(shim_out == real_out, "device-link objects differ between the shim and the real nvlink");
+}
+
+/// A toolkit of the test's own to install into: symlinks to the shared
+/// toolkit's entries and a private `bin/` whose nvlink is a copy (install and
+/// uninstall rename inside `bin/`; the shared toolkit is never touched).
+fn private_toolkit(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::symlink;
+    let root = dir.join("cuda");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    for e in std::fs::read_dir(cuda_home()).unwrap().flatten() {
+        if e.file_name() != "bin" {
+            symlink(e.path(), root.join(e.file_name())).unwrap();
+        }
+    }
+    for e in std::fs::read_dir(cuda_home().join("bin")).unwrap().flatten() {
+        let to = root.join("bin").join(e.file_name());
+        if e.file_name() == "nvlink" {
+            std::fs::copy(e.path(), &to).unwrap();
+        } else {
+            symlink(e.path(), &to).unwrap();
+        }
+    }
+    root
+}
+
+fn nvlinkd_cmd(args: &[&str], cuda: &Path) -> std::process::Output {
+    Command::new(nvlinkd()).args(args).arg("--cuda-home").arg(cuda).output().expect("run nvlinkd")
+}
+
+/// `nvlinkd install --in-place`: nvcc keeps the toolkit's own paths, so a build
+/// through nvlinkd equals the plain build byte for byte (the device-link
+/// objects, which embed every per-arch cubin and the registration code);
+/// installing again changes nothing; `uninstall` restores the real nvlink.
+#[test]
+fn in_place_install_builds_the_plain_build_bytes() {
+    let d = Daemon::start();
+    let work = TempDir::new("inpl");
+    let root = private_toolkit(work.path());
+    let corpus = nvlinkd_tests::corpus::dir();
+    let original = std::fs::read(root.join("bin/nvlink")).unwrap();
+    // nvcc's device links of a two-arch build with CMake's -lcudart_static and
+    // a host-only object, of an LTO build, and of a partial LTO build (which the
+    // daemon hands to the real nvlink: it must find the one kept aside).
+    let builds: [&[&str]; 3] = [
+        &[
+            "-gencode",
+            "arch=compute_80,code=sm_80",
+            "-gencode",
+            "arch=compute_90,code=sm_90",
+            "-dlink",
+            "xcall_main_3arch.o",
+            "xcall_loop_3arch.o",
+            "livedead_3arch.o",
+            "host_main.cpp.o",
+            "-lcudart_static",
+        ],
+        &["-arch=sm_90", "-dlto", "-dlink", "xcall_main_lto.o", "xcall_loop_lto.o", "host_main.cpp.o"],
+        &["-arch=sm_90", "-dlto", "-dlink", "accumulate_lto.o", "scale.o"],
+    ];
+    let build = |tag: &str, env: &[(String, String)]| -> Vec<Vec<u8>> {
+        builds
+            .iter()
+            .enumerate()
+            .map(|(i, args)| {
+                let out = work.path().join(format!("{tag}{i}.o"));
+                let out_s = out.display().to_string();
+                nvcc(&root, &[args, &["-o", &out_s][..]].concat(), corpus, env);
+                std::fs::read(&out).unwrap()
+            })
+            .collect()
+    };
+    let plain = build("plain", &[]);
+
+    let st = nvlinkd_cmd(&["install", "--in-place"], &root);
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert_eq!(
+        std::fs::read(root.join("bin/nvlink")).unwrap(),
+        std::fs::read(shim()).unwrap(),
+        "bin/nvlink is not the shim"
+    );
+    assert!(std::fs::read(root.join("bin/.nvlinkd/nvlink")).unwrap() == original, "the real nvlink was not kept");
+
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "CUDA_HOME");
+    let before = d.stat("requests");
+    let through = build("inplace", &env);
+    assert_eq!(d.stat("requests") - before, 4, "the device links did not go through nvlinkd");
+    assert!(d.stat("nvlink_process") >= 1, "the partial LTO link was not run by the real nvlink engine");
+    for (i, (p, t)) in plain.iter().zip(&through).enumerate() {
+        assert!(p == t, "build {i}: the device-link object differs from the plain build's");
+    }
+
+    // Again: idempotent, the real nvlink stays.
+    let st = nvlinkd_cmd(&["install", "--in-place"], &root);
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert!(std::fs::read(root.join("bin/.nvlinkd/nvlink")).unwrap() == original);
+
+    for _ in 0..2 {
+        let st = nvlinkd_cmd(&["uninstall"], &root);
+        assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+        assert!(std::fs::read(root.join("bin/nvlink")).unwrap() == original, "uninstall did not restore nvlink");
+        assert!(!root.join("bin/.nvlinkd").exists(), "uninstall left bin/.nvlinkd");
+    }
+}
+
+/// A pip-managed toolkit (inside site-packages) and a read-only one are
+/// refused with a message, and left as they were.
+#[test]
+fn in_place_install_refuses_managed_and_read_only_toolkits() {
+    let work = TempDir::new("inpl-refuse");
+    let pip_dir = work.path().join("lib/python3/site-packages/nvidia");
+    std::fs::create_dir_all(&pip_dir).unwrap();
+    let root = private_toolkit(&pip_dir);
+    let original = std::fs::read(root.join("bin/nvlink")).unwrap();
+    let st = nvlinkd_cmd(&["install", "--in-place"], &root);
+    let msg = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && msg.contains("managed by pip"), "pip-managed toolkit accepted: {msg}");
+    assert!(std::fs::read(root.join("bin/nvlink")).unwrap() == original && !root.join("bin/.nvlinkd").exists());
+
+    // Read-only: a read-only bind mount of bin/ (root ignores permission bits).
+    let root = private_toolkit(&work.path().join("ro"));
+    let bin = root.join("bin");
+    let mounted = Command::new("mount").arg("--bind").arg(&bin).arg(&bin).status().is_ok_and(|s| s.success());
+    if !mounted {
+        println!("skipped the read-only case: cannot bind-mount here");
+        return;
+    }
+    let ro = Command::new("mount").args(["-o", "remount,bind,ro"]).arg(&bin).status().is_ok_and(|s| s.success());
+    let st = ro.then(|| nvlinkd_cmd(&["install", "--in-place"], &root));
+    let _ = Command::new("umount").arg(&bin).status();
+    let Some(st) = st else {
+        println!("skipped the read-only case: cannot remount read-only here");
+        return;
+    };
+    let msg = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && msg.contains("read-only"), "read-only toolkit accepted: {msg}");
+    assert!(!root.join("bin/.nvlinkd").exists());
 }

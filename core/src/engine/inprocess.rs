@@ -269,8 +269,10 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         return no(format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
     let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
-    let host_info =
-        !spec.ignore_host_info && plan.units.iter().filter(|u| !u.modules.is_empty()).all(|u| u.host_refs.is_some());
+    // Host information as nvlink uses it: an object without device code (a
+    // host-only object, libcudart_static's members) turns it off, as in a
+    // non-LTO link, and NVVM then keeps every kernel and variable.
+    let host_info = plan.uses_host_info(spec);
     if host_info {
         let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
         if refs.iter().any(|r| {
@@ -293,25 +295,16 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         options.push("-optimize-unused-variables".to_owned());
     }
 
-    // NVVM: the LTO modules to optimized PTX. For a cubin, NVVM runs split
-    // over the workers: its split PTX differs from the unsplit one only in the
-    // order of `// ... has been demoted` comments, which ptxas ignores, so the
-    // cubin stays nvlink's byte for byte (the parity and benchmark runs check
-    // it). `--emit-ptx` hands the PTX itself out and so never splits.
-    let workers = rayon::current_num_threads();
-    let split = mode == Mode::LtoWhole && workers > 1;
-    if split {
-        options.push(format!("-split-compile={workers}"));
-    }
+    // NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it.
+    // NVVM `-split-compile` is not output-preserving: on a kernel calling a
+    // looping device function of another unit it changes the machine code
+    // (the `lto-cross-unit` parity case), so it is never added implicitly.
     let mut parts: Vec<&[u8]> = objects.iter().map(|o| o.data).collect();
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
     let t_nvvm = std::time::Instant::now();
     let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
-        if split {
-            crate::stats::bump(&cx.artifacts.stats.nvvm_split_runs);
-        }
         let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
         let out = jit.link(&options, &objects, true).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
         out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()))

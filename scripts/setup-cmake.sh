@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install CMake and Ninja from PyPI into a project-local prefix, for the
+# real-build check (tests/tests/realbuild.rs).
+#
+#   scripts/setup-cmake.sh [PREFIX]      (default: .tools/cmake-ninja)
+#
+# Idempotent: a complete install is recognised by its stamp file and nothing is
+# downloaded again (offline-safe). Prints the directory holding `cmake` and
+# `ninja` on stdout.
+set -euo pipefail
+
+CMAKE_VERSION=4.4.4
+NINJA_VERSION=1.13.2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prefix=${1:-$here/.tools/cmake-ninja}
+stamp=$prefix/.nvlinkd-cmake-$CMAKE_VERSION-ninja-$NINJA_VERSION
+
+if [[ -f $stamp ]]; then
+  echo "$prefix/bin"
+  exit 0
+fi
+log() { echo "setup-cmake: $*" >&2; }
+python=${PYTHON:-python3}
+staging=$prefix.staging
+rm -rf "$staging"
+mkdir -p "$staging"
+log "installing cmake==$CMAKE_VERSION and ninja==$NINJA_VERSION from PyPI into $prefix"
+"$python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  --target "$staging/site" "cmake==$CMAKE_VERSION" "ninja==$NINJA_VERSION" >&2
+# cmake's console script needs the site directory on PYTHONPATH; link the real
+# binary instead.
+cm=$(find "$staging/site/cmake" -path '*/bin/cmake' -type f | head -1)
+nj=$staging/site/bin/ninja   # the ninja wheel ships the binary itself here
+[[ -x $cm && -x $nj ]] || { log "wheel layout unexpected (cmake: $cm, ninja: $nj)"; exit 1; }
+mkdir -p "$staging/bin"
+ln -s "${cm/#$staging/$prefix}" "$staging/bin/cmake"
+ln -s "${nj/#$staging/$prefix}" "$staging/bin/ninja"
+rm -rf "$prefix"
+mv "$staging" "$prefix"
+touch "$stamp"
+echo "$prefix/bin"

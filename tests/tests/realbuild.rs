@@ -1,0 +1,144 @@
+//! Real-build check: the CMake project in `tests/realbuild/` (separable
+//! compilation, a static device library, dynamic parallelism, libcu++ and CUB
+//! units, host-only C++ units, two programs, CMAKE_CUDA_ARCHITECTURES "80;90"), built with
+//! CMake and Ninja from PyPI (`scripts/setup-cmake.sh`) through an nvlinkd
+//! overlay, with LTO off and on. Every nvlink call the build makes goes through
+//! a recording wrapper that first runs the real nvlink on the same arguments
+//! (outputs redirected), then the shim on the build's own paths: exit status,
+//! messages, the cubin and the registration file must be equal byte for byte.
+//! Needs no GPU; skipped with a message where CMake cannot be installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, TempDir};
+
+/// The wrapper installed as the overlay's `bin/nvlink` (the shim moves to
+/// `bin/nvlink.shim`, where it still finds the overlay's record).
+const WRAPPER: &str = r#"#!/bin/bash
+rec=$(mktemp -d "$NVLINKD_RECORD_DIR/link.XXXXXX")
+printf '%s\n' "$@" > "$rec/args"
+real=() out="" reg="" prev=""
+for a in "$@"; do
+  if [[ $prev == -o ]]; then out=$a; real+=("$rec/real.out"); prev=""; continue; fi
+  case $a in
+    --register-link-binaries=*) reg=${a#*=}; real+=("--register-link-binaries=$rec/real.reg") ;;
+    *) real+=("$a") ;;
+  esac
+  prev=$a
+done
+# nvcc runs one nvlink per arch with the same registration file: start the
+# real nvlink from the file as the shim finds it.
+[[ -n $reg && -f $reg ]] && cp "$reg" "$rec/real.reg"
+"$NVLINKD_REAL" "${real[@]}" > "$rec/real.stdout" 2> "$rec/real.stderr"
+echo $? > "$rec/real.rc"
+"$(dirname "$0")/nvlink.shim" "$@" > "$rec/shim.stdout" 2> "$rec/shim.stderr"
+rc=$?
+echo $rc > "$rec/shim.rc"
+[[ -n $out && -f $out ]] && cp "$out" "$rec/shim.out"
+[[ -n $reg && -f $reg ]] && cp "$reg" "$rec/shim.reg"
+cat "$rec/shim.stdout"
+cat "$rec/shim.stderr" >&2
+exit $rc
+"#;
+
+fn cmake_bin() -> Option<PathBuf> {
+    let out = Command::new(repo_root().join("scripts/setup-cmake.sh")).output().ok()?;
+    if !out.status.success() {
+        println!("skipped: cannot install CMake and Ninja: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_default()
+}
+
+#[test]
+fn cmake_build_device_links_equal_the_real_nvlink() {
+    let Some(tools) = cmake_bin() else { return };
+    let d = Daemon::start();
+    let work = TempDir::new("realbuild");
+    let prefix = work.path().join("overlay");
+    let st = Command::new(nvlinkd())
+        .args(["install", "--cuda-home"])
+        .arg(cuda_home())
+        .arg("--prefix")
+        .arg(&prefix)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let bin = prefix.join("bin");
+    std::fs::rename(bin.join("nvlink"), bin.join("nvlink.shim")).unwrap();
+    std::fs::write(bin.join("nvlink"), WRAPPER).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(bin.join("nvlink"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let records = work.path().join("records");
+    std::fs::create_dir_all(&records).unwrap();
+
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_RECORD_DIR".into(), records.display().to_string()));
+    env.push(("NVLINKD_REAL".into(), real_nvlink().display().to_string()));
+    let before = d.stat("requests");
+    for (tag, extra) in [("separable", "OFF"), ("lto", "ON")] {
+        let build = work.path().join(tag);
+        run_ok(
+            Command::new(tools.join("cmake"))
+                .args(["-G", "Ninja", "-S"])
+                .arg(repo_root().join("tests/realbuild"))
+                .arg("-B")
+                .arg(&build)
+                .arg(format!("-DCMAKE_MAKE_PROGRAM={}", tools.join("ninja").display()))
+                .arg(format!("-DCMAKE_CUDA_COMPILER={}", bin.join("nvcc").display()))
+                .arg(format!("-DCMAKE_INTERPROCEDURAL_OPTIMIZATION={extra}"))
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        );
+        run_ok(
+            Command::new(tools.join("cmake"))
+                .arg("--build")
+                .arg(&build)
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+        );
+        assert!(build.join("app").is_file() && build.join("tool").is_file(), "{tag}: no executables");
+    }
+
+    let mut links = 0;
+    let mut lto = 0;
+    let mut problems = Vec::new();
+    for rec in std::fs::read_dir(&records).unwrap().flatten().map(|e| e.path()) {
+        links += 1;
+        let args = String::from_utf8_lossy(&read(&rec.join("args"))).replace('\n', " ");
+        lto += usize::from(args.contains("-dlto"));
+        for (what, real, shim) in [
+            ("exit status", "real.rc", "shim.rc"),
+            ("stdout", "real.stdout", "shim.stdout"),
+            ("stderr", "real.stderr", "shim.stderr"),
+            ("output", "real.out", "shim.out"),
+            ("registration file", "real.reg", "shim.reg"),
+        ] {
+            if read(&rec.join(real)) != read(&rec.join(shim)) {
+                problems.push(format!("{what} differs for nvlink {args}"));
+            }
+        }
+        if read(&rec.join("shim.out")).is_empty() {
+            problems.push(format!("no output for nvlink {args}"));
+        }
+    }
+    println!("real-build check: {links} device links ({lto} LTO), {} through the daemon", d.stat("requests") - before);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Two configurations, two programs, one nvlink call per architecture each.
+    assert!(links >= 8 && lto >= 4, "expected the device links of both builds, got {links} ({lto} LTO)");
+    assert!(d.stat("requests") - before >= links as u64, "the device links did not go through nvlinkd");
+}

@@ -9,7 +9,11 @@
 //!       shim and daemon overhead against an nvlink process);
 //!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes;
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
-//!       1000 warm links.
+//!       1000 warm links;
+//!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
+//!       link before it) vs 16 concurrent nvlink processes: p50 latency and total;
+//!   (h) the first link of a daemon the shim starts itself (no daemon running,
+//!       auto-start included) vs nvlink.
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -243,6 +247,82 @@ fn main() {
         }
     }
     report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
+
+    // (g) a burst on a fresh daemon: 16 distinct cold links, all at once, on a
+    // daemon that has linked nothing yet (toolkit not opened, nothing loaded).
+    let mut burst: Vec<String> = Vec::new();
+    for a in 1..=5 {
+        for b in a + 1..=5 {
+            burst.push(format!("tu{a}.o tu{b}.o"));
+            for c in b + 1..=5 {
+                burst.push(format!("tu{a}.o tu{b}.o tu{c}.o"));
+            }
+        }
+    }
+    let burst: Vec<String> = burst
+        .into_iter()
+        .take(16)
+        .map(|tus| format!("--arch=sm_90 -L{{L}} {tus} transforms.o -lcudadevrt -o {{OUT}}"))
+        .collect();
+    let (mut p50_nv, mut p50_d, mut tot_nv, mut tot_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+            let t = Instant::now();
+            let each: Vec<Duration> = std::thread::scope(|s| {
+                let hs: Vec<_> = burst
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        let out = o(&format!("b{i}.{tag}"));
+                        let work = &work;
+                        s.spawn(move || {
+                            let t = timed(prog, &args(l, &out), work, env);
+                            assert!(t.ok, "burst link failed");
+                            t.wall
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("burst thread")).collect()
+            });
+            (median(each), t.elapsed())
+        };
+        let (p, t) = run_all(&real_nvlink(), &[], "nvlink");
+        p50_nv.push(p);
+        tot_nv.push(t);
+        let d = Daemon::start();
+        let (p, t) = run_all(&shim(), &d.shim_env(), "nvlinkd");
+        p50_d.push(p);
+        tot_d.push(t);
+        drop(d);
+        for i in 0..burst.len() {
+            identical &= same(&o(&format!("b{i}.nvlink")), &o(&format!("b{i}.nvlinkd")));
+        }
+    }
+    report.row("(g) 16-link burst on a fresh daemon, p50 latency", median(p50_nv), median(p50_d), identical, "");
+    report.row("(g) 16-link burst on a fresh daemon, total", median(tot_nv), median(tot_d), identical, "");
+
+    // (h) the first link of an auto-started daemon: no daemon runs on the
+    // socket; the shim starts one (`nvlinkd start`) and links through it.
+    let (mut nv_first, mut d_first) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps.max(5) {
+        let home = TempDir::new("auto");
+        let socket = home.path().join("sock");
+        let env = vec![
+            ("NVLINKD_SOCKET".to_string(), socket.display().to_string()),
+            ("NVLINKD_CACHE_DIR".to_string(), home.path().join("cache").display().to_string()),
+            ("NVLINKD_FALLBACK".to_string(), "never".to_string()),
+            ("CUDA_HOME".to_string(), cuda_home().display().to_string()),
+        ];
+        nv_first.push(timed(&real_nvlink(), &args(TINY, &o("first.nvlink")), &corpus, &[]).wall);
+        let t = timed(&shim(), &args(TINY, &o("first.nvlinkd")), &corpus, &env);
+        assert!(t.ok, "first link through an auto-started daemon failed");
+        d_first.push(t.wall);
+        identical &= same(&o("first.nvlink"), &o("first.nvlinkd"));
+        let _ = Command::new(nvlinkd_tests::env::nvlinkd()).arg("stop").arg("--socket").arg(&socket).output();
+    }
+    report.row("(h) first link of an auto-started daemon", median(nv_first), median(d_first), identical, "");
 
     println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
     for (name, a, b, note) in &report.rows {

@@ -175,12 +175,13 @@ fn read_only_cache_dir_at_start_serves_without_disk_tier() {
     assert_eq!(log.matches("disk cache off").count(), 1, "one line must say the disk cache is off: {log}");
 }
 
-/// The entry files of a cache directory.
+/// The entry files of a cache directory (`<format>/<shard>/<key>`, whatever the format's name).
 fn entries(cache: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for shard in std::fs::read_dir(cache.join("v2")).expect("cache format directory").flatten() {
-        if shard.path().is_dir() {
-            out.extend(std::fs::read_dir(shard.path()).unwrap().flatten().map(|f| f.path()));
+    for format in std::fs::read_dir(cache).expect("cache directory").flatten().filter(|f| f.path().is_dir()) {
+        for shard in std::fs::read_dir(format.path()).unwrap().flatten().filter(|s| s.path().is_dir()) {
+            let files = std::fs::read_dir(shard.path()).unwrap().flatten().map(|f| f.path());
+            out.extend(files.filter(|f| f.file_name().is_some_and(|n| n.len() == 64)));
         }
     }
     out.sort();
@@ -299,11 +300,11 @@ fn an_input_changing_during_a_link_never_stores_under_the_wrong_key() {
 
         // The link under test: rewrite x.o in place while it pauses after its key.
         let m0 = d.stat("cache_misses");
+        // One output directory for this link and the later ones: a result with
+        // messages is keyed by the whole command line.
+        let o = TempDir::new("chg-during");
         let during = std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                let o = TempDir::new("chg-during");
-                run(&shim(), &inv(link, work.path(), &o), &d.shim_env())
-            });
+            let h = s.spawn(|| run(&shim(), &inv(link, work.path(), &o), &d.shim_env()));
             wait_stat(&d, "cache_misses", m0 + 1);
             std::fs::write(&x, &v2).unwrap();
             h.join().unwrap()
@@ -312,10 +313,10 @@ fn an_input_changing_during_a_link_never_stores_under_the_wrong_key() {
         assert!(fits(&expected_v1) || fits(&expected_v2), "{tag}: the link during the change is neither version's");
 
         // Later links of both versions get nvlink's results for them.
-        let o = TempDir::new("chg-after");
         same(&format!("{tag}: v2 after"), &expected_v2, &run(&shim(), &inv(link, work.path(), &o), &d.shim_env()));
         write_v1();
         same(&format!("{tag}: v1 after"), &expected_v1, &run(&shim(), &inv(link, work.path(), &o), &d.shim_env()));
     }
     assert!(d.stat("nvlink_process") >= 1, "the partial LTO link did not run the real nvlink");
+    assert!(d.stat("uncached_changed_inputs") >= 2, "the changed inputs were not noticed");
 }

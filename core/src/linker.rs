@@ -49,7 +49,7 @@ pub struct LinkerConfig {
 
 pub struct Linker {
     config: LinkerConfig,
-    toolkits: DashMap<PathBuf, Arc<Toolkit>>,
+    toolkits: Arc<Toolkits>,
     pub stats: Stats,
     in_flight: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
@@ -61,8 +61,6 @@ pub struct Linker {
     decode_memo: DecodeMemo,
     /// Content hashes of unchanged local inputs.
     hashes: HashMemo,
-    /// Toolkits being opened (one opening per root, however many links wait).
-    opening: DashMap<PathBuf, Arc<Opening>>,
     /// Test hook (`NVLINKD_TEST_PAUSE_AFTER_KEY_MS`): a pause between a link's
     /// key and its computation, for tests that change inputs in between.
     test_pause_after_key: u64,
@@ -73,6 +71,39 @@ const DECODE_MEMO_MAX: u64 = 256 << 20;
 
 /// A toolkit being opened, shared by the links waiting for it.
 type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
+
+/// The toolkits a linker opened, by root.
+#[derive(Default)]
+struct Toolkits {
+    open: DashMap<PathBuf, Arc<Toolkit>>,
+    /// Toolkits being opened (one opening per root, however many links wait).
+    opening: DashMap<PathBuf, Arc<Opening>>,
+}
+
+impl Toolkits {
+    /// The toolkit at `root`, opened once and kept. Concurrent first links of
+    /// a toolkit open it once (one `nvlink --version`) and share it; a failed
+    /// opening is tried again by a later link.
+    fn open(&self, root: &Path) -> Result<Arc<Toolkit>, String> {
+        if let Some(tk) = self.open.get(root) {
+            return Ok(tk.clone());
+        }
+        let cell = self.opening.entry(root.to_owned()).or_default().clone();
+        let opened = cell
+            .get_or_init(|| {
+                let tk = Toolkit::open(root).map(Arc::new).map_err(|e| e.to_string())?;
+                // Before any link needs it (a few stats).
+                tk.identity();
+                Ok(tk)
+            })
+            .clone();
+        if let Ok(tk) = &opened {
+            self.open.entry(root.to_owned()).or_insert_with(|| tk.clone());
+        }
+        self.opening.remove(root);
+        opened
+    }
+}
 
 /// The whole-link cache of a linker.
 struct LinkCache {
@@ -108,8 +139,15 @@ impl Linker {
             pool = pool.num_threads(j);
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        // Open the default toolkit now, off the first link's path (a link
+        // arriving meanwhile waits for this one opening, not a second one).
+        let toolkits = Arc::new(Toolkits::default());
+        if let Some(root) = config.default_toolkit.clone().filter(|r| r.join("bin/nvlink").is_file()) {
+            let toolkits = toolkits.clone();
+            let _ = std::thread::Builder::new().name("nvlinkd-toolkit".into()).spawn(move || toolkits.open(&root));
+        }
         Linker {
-            toolkits: DashMap::new(),
+            toolkits,
             stats: Stats::default(),
             in_flight: Default::default(),
             cache,
@@ -117,7 +155,6 @@ impl Linker {
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             hashes: HashMemo::default(),
-            opening: DashMap::new(),
             test_pause_after_key: std::env::var("NVLINKD_TEST_PAUSE_AFTER_KEY_MS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -167,18 +204,7 @@ impl Linker {
             .flatten()
             .find(|p| p.join("bin/nvlink").is_file())
             .ok_or_else(|| "no CUDA toolkit known to the daemon for this request".to_string())?;
-        if let Some(tk) = self.toolkits.get(&root) {
-            return Ok(tk.clone());
-        }
-        // Concurrent first links of a toolkit open it once (one `nvlink
-        // --version`) and share it; a failed opening is tried again later.
-        let cell = self.opening.entry(root.clone()).or_default().clone();
-        let opened = cell.get_or_init(|| Toolkit::open(&root).map(Arc::new).map_err(|e| e.to_string())).clone();
-        if let Ok(tk) = &opened {
-            self.toolkits.entry(root.clone()).or_insert_with(|| tk.clone());
-        }
-        self.opening.remove(&root);
-        opened
+        self.toolkits.open(&root)
     }
 
     fn scratch_dir(&self) -> PathBuf {

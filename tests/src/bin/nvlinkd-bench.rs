@@ -126,127 +126,131 @@ fn main() {
     let mut report = Report { rows: Vec::new(), all_identical: true };
     println!("nvlinkd-bench: {reps} repetitions, medians, {cpus} CPUs, toolkit {}", cuda_home().display());
 
-    // (a) cold LTO, (f) peak memory.
-    let (mut nv, mut nvs, mut nvd) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut nv_rss, mut d_hwm, mut identical) = (0i64, 0u64, true);
-    for _ in 0..reps {
+    // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
+    let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
+    let (mut nv_rss, mut d_hwm, mut rss_10, mut rss_1000) = (0i64, 0u64, 0u64, 0u64);
+    if !only_fresh {
+        // (a) cold LTO, (f) peak memory.
+        let (mut nv, mut nvs, mut nvd) = (Vec::new(), Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let d = fresh_daemon(&corpus);
+            let t = timed(&shim(), &args(LTO, &o("lto.nvlinkd")), &work, &d.shim_env());
+            assert!(t.ok, "nvlinkd LTO link failed");
+            nvd.push(t.wall);
+            d_hwm = d_hwm.max(d.child.as_ref().map(|c| proc_kb(c.id(), "VmHWM")).unwrap_or(0));
+            let t = timed(&real_nvlink(), &args(LTO, &o("lto.nvlink")), &work, &[]);
+            assert!(t.ok, "nvlink LTO link failed");
+            nv.push(t.wall);
+            nv_rss = nv_rss.max(t.max_rss_kb);
+            identical &= same(&o("lto.nvlink"), &o("lto.nvlinkd"));
+            let split = format!("{LTO} -split-compile={cpus}");
+            nvs.push(timed(&real_nvlink(), &args(&split, &o("lto.split")), &work, &[]).wall);
+        }
+        report.row("(a) cold LTO link, vs nvlink default", median(nv.clone()), median(nvd.clone()), identical, "");
+        report.row(
+            &format!("(a) cold LTO link, vs nvlink -split-compile={cpus}"),
+            median(nvs),
+            median(nvd),
+            identical,
+            " (to nvlink default)",
+        );
+
+        // (b) warm: the same link again.
         let d = fresh_daemon(&corpus);
-        let t = timed(&shim(), &args(LTO, &o("lto.nvlinkd")), &work, &d.shim_env());
-        assert!(t.ok, "nvlinkd LTO link failed");
-        nvd.push(t.wall);
-        d_hwm = d_hwm.max(d.child.as_ref().map(|c| proc_kb(c.id(), "VmHWM")).unwrap_or(0));
-        let t = timed(&real_nvlink(), &args(LTO, &o("lto.nvlink")), &work, &[]);
-        assert!(t.ok, "nvlink LTO link failed");
-        nv.push(t.wall);
-        nv_rss = nv_rss.max(t.max_rss_kb);
-        identical &= same(&o("lto.nvlink"), &o("lto.nvlinkd"));
-        let split = format!("{LTO} -split-compile={cpus}");
-        nvs.push(timed(&real_nvlink(), &args(&split, &o("lto.split")), &work, &[]).wall);
-    }
-    report.row("(a) cold LTO link, vs nvlink default", median(nv.clone()), median(nvd.clone()), identical, "");
-    report.row(
-        &format!("(a) cold LTO link, vs nvlink -split-compile={cpus}"),
-        median(nvs),
-        median(nvd),
-        identical,
-        " (to nvlink default)",
-    );
+        timed(&shim(), &args(LTO, &o("lto.prime")), &work, &d.shim_env());
+        let mut warm = Vec::new();
+        let mut identical = true;
+        for _ in 0..reps.max(5) {
+            let t = timed(&shim(), &args(LTO, &o("lto.warm")), &work, &d.shim_env());
+            warm.push(t.wall);
+            identical &= same(&o("lto.nvlink"), &o("lto.warm"));
+        }
+        report.row("(b) the same LTO link again (warm)", median(nv.clone()), median(warm), identical, "");
+        drop(d);
 
-    // (b) warm: the same link again.
-    let d = fresh_daemon(&corpus);
-    timed(&shim(), &args(LTO, &o("lto.prime")), &work, &d.shim_env());
-    let mut warm = Vec::new();
-    let mut identical = true;
-    for _ in 0..reps.max(5) {
-        let t = timed(&shim(), &args(LTO, &o("lto.warm")), &work, &d.shim_env());
-        warm.push(t.wall);
-        identical &= same(&o("lto.nvlink"), &o("lto.warm"));
-    }
-    report.row("(b) the same LTO link again (warm)", median(nv.clone()), median(warm), identical, "");
-    drop(d);
+        // (c) after one unit's device code changed: cache warm with the old version.
+        let changed = LTO.replace("tu3_lto.o", "tu3_changed_lto.o");
+        let (mut nvc, mut nvdc) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let d = fresh_daemon(&corpus);
+            timed(&shim(), &args(LTO, &o("lto.before")), &work, &d.shim_env());
+            nvdc.push(timed(&shim(), &args(&changed, &o("changed.nvlinkd")), &work, &d.shim_env()).wall);
+            nvc.push(timed(&real_nvlink(), &args(&changed, &o("changed.nvlink")), &work, &[]).wall);
+            identical &= same(&o("changed.nvlink"), &o("changed.nvlinkd"));
+        }
+        report.row("(c) LTO link after a one-unit change", median(nvc), median(nvdc), identical, "");
 
-    // (c) after one unit's device code changed: cache warm with the old version.
-    let changed = LTO.replace("tu3_lto.o", "tu3_changed_lto.o");
-    let (mut nvc, mut nvdc) = (Vec::new(), Vec::new());
-    let mut identical = true;
-    for _ in 0..reps {
+        // (d0) the same tiny link with no cache at all: what the shim, the daemon
+        // and the in-process engine cost against an nvlink process.
+        let d = Daemon::start_with(&["--cache-mem", "0", "--cache-size", "0"]);
+        timed(&shim(), &args(TINY, &o("tiny0.warmup")), &corpus, &d.shim_env());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..21 {
+            a.push(timed(&real_nvlink(), &args(TINY, &o("tiny0.nvlink")), &corpus, &[]).wall);
+            b.push(timed(&shim(), &args(TINY, &o("tiny0.nvlinkd")), &corpus, &d.shim_env()).wall);
+            identical &= same(&o("tiny0.nvlink"), &o("tiny0.nvlinkd"));
+        }
+        report.row("(d0) tiny non-LTO link, no cache (overhead)", median(a), median(b), identical, "");
+        drop(d);
+
+        // (d) tiny non-LTO link, warm; (f) RSS after 10 and 1000 warm links.
         let d = fresh_daemon(&corpus);
-        timed(&shim(), &args(LTO, &o("lto.before")), &work, &d.shim_env());
-        nvdc.push(timed(&shim(), &args(&changed, &o("changed.nvlinkd")), &work, &d.shim_env()).wall);
-        nvc.push(timed(&real_nvlink(), &args(&changed, &o("changed.nvlink")), &work, &[]).wall);
-        identical &= same(&o("changed.nvlink"), &o("changed.nvlinkd"));
-    }
-    report.row("(c) LTO link after a one-unit change", median(nvc), median(nvdc), identical, "");
+        let pid = d.child.as_ref().map(|c| c.id()).unwrap_or(0);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for i in 0..1000 {
+            if i < 21 {
+                a.push(timed(&real_nvlink(), &args(TINY, &o("tiny.nvlink")), &corpus, &[]).wall);
+            }
+            let t = timed(&shim(), &args(TINY, &o("tiny.nvlinkd")), &corpus, &d.shim_env());
+            if i < 21 {
+                b.push(t.wall);
+                identical &= same(&o("tiny.nvlink"), &o("tiny.nvlinkd"));
+            }
+            if i == 9 {
+                rss_10 = proc_kb(pid, "VmRSS");
+            }
+        }
+        rss_1000 = proc_kb(pid, "VmRSS");
+        report.row("(d) tiny non-LTO link, warm", median(a), median(b), identical, "");
+        drop(d);
 
-    // (d0) the same tiny link with no cache at all: what the shim, the daemon
-    // and the in-process engine cost against an nvlink process.
-    let d = Daemon::start_with(&["--cache-mem", "0", "--cache-size", "0"]);
-    timed(&shim(), &args(TINY, &o("tiny0.warmup")), &corpus, &d.shim_env());
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    let mut identical = true;
-    for _ in 0..21 {
-        a.push(timed(&real_nvlink(), &args(TINY, &o("tiny0.nvlink")), &corpus, &[]).wall);
-        b.push(timed(&shim(), &args(TINY, &o("tiny0.nvlinkd")), &corpus, &d.shim_env()).wall);
-        identical &= same(&o("tiny0.nvlink"), &o("tiny0.nvlinkd"));
+        // (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes.
+        // Five pairs and three triples of units: eight distinct programs.
+        let sets: [&[usize]; 8] = [&[1, 2], &[2, 3], &[3, 4], &[4, 5], &[5, 1], &[1, 2, 3], &[2, 3, 4], &[3, 4, 5]];
+        let links: Vec<String> = sets
+            .iter()
+            .map(|set| {
+                let tus: Vec<String> = set.iter().map(|t| format!("tu{t}.o")).collect();
+                format!("--arch=sm_90 -L{{L}} {} transforms.o -lcudadevrt -o {{OUT}}", tus.join(" "))
+            })
+            .collect();
+        let (mut p8, mut d8) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let d = fresh_daemon(&corpus);
+            let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+                let t = Instant::now();
+                std::thread::scope(|s| {
+                    for (i, l) in links.iter().enumerate() {
+                        let out = o(&format!("c{i}.{tag}"));
+                        let work = &work;
+                        s.spawn(move || assert!(timed(prog, &args(l, &out), work, env).ok, "concurrent link failed"));
+                    }
+                });
+                t.elapsed()
+            };
+            d8.push(run_all(&shim(), &d.shim_env(), "nvlinkd"));
+            p8.push(run_all(&real_nvlink(), &[], "nvlink"));
+            for i in 0..links.len() {
+                identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
+            }
+        }
+        report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
     }
-    report.row("(d0) tiny non-LTO link, no cache (overhead)", median(a), median(b), identical, "");
-    drop(d);
-
-    // (d) tiny non-LTO link, warm; (f) RSS after 10 and 1000 warm links.
-    let d = fresh_daemon(&corpus);
-    let pid = d.child.as_ref().map(|c| c.id()).unwrap_or(0);
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    let mut identical = true;
-    let mut rss_10 = 0;
-    for i in 0..1000 {
-        if i < 21 {
-            a.push(timed(&real_nvlink(), &args(TINY, &o("tiny.nvlink")), &corpus, &[]).wall);
-        }
-        let t = timed(&shim(), &args(TINY, &o("tiny.nvlinkd")), &corpus, &d.shim_env());
-        if i < 21 {
-            b.push(t.wall);
-            identical &= same(&o("tiny.nvlink"), &o("tiny.nvlinkd"));
-        }
-        if i == 9 {
-            rss_10 = proc_kb(pid, "VmRSS");
-        }
-    }
-    let rss_1000 = proc_kb(pid, "VmRSS");
-    report.row("(d) tiny non-LTO link, warm", median(a), median(b), identical, "");
-    drop(d);
-
-    // (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes.
-    // Five pairs and three triples of units: eight distinct programs.
-    let sets: [&[usize]; 8] = [&[1, 2], &[2, 3], &[3, 4], &[4, 5], &[5, 1], &[1, 2, 3], &[2, 3, 4], &[3, 4, 5]];
-    let links: Vec<String> = sets
-        .iter()
-        .map(|set| {
-            let tus: Vec<String> = set.iter().map(|t| format!("tu{t}.o")).collect();
-            format!("--arch=sm_90 -L{{L}} {} transforms.o -lcudadevrt -o {{OUT}}", tus.join(" "))
-        })
-        .collect();
-    let (mut p8, mut d8) = (Vec::new(), Vec::new());
-    let mut identical = true;
-    for _ in 0..reps {
-        let d = fresh_daemon(&corpus);
-        let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
-            let t = Instant::now();
-            std::thread::scope(|s| {
-                for (i, l) in links.iter().enumerate() {
-                    let out = o(&format!("c{i}.{tag}"));
-                    let work = &work;
-                    s.spawn(move || assert!(timed(prog, &args(l, &out), work, env).ok, "concurrent link failed"));
-                }
-            });
-            t.elapsed()
-        };
-        d8.push(run_all(&shim(), &d.shim_env(), "nvlinkd"));
-        p8.push(run_all(&real_nvlink(), &[], "nvlink"));
-        for i in 0..links.len() {
-            identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
-        }
-    }
-    report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
 
     // (g) a burst on a fresh daemon: 16 distinct cold links, all at once, on a
     // daemon that has linked nothing yet (toolkit not opened, nothing loaded).
@@ -336,11 +340,13 @@ fn main() {
         );
     }
     println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
-    println!("\n(f) memory");
-    println!("  nvlink peak RSS, LTO link:               {:>8} KiB", nv_rss);
-    println!("  nvlinkd daemon peak RSS, cold LTO link:   {:>8} KiB", d_hwm);
-    println!("  nvlinkd daemon RSS after 10 warm links:   {:>8} KiB", rss_10);
-    println!("  nvlinkd daemon RSS after 1000 warm links: {:>8} KiB", rss_1000);
+    if !only_fresh {
+        println!("\n(f) memory");
+        println!("  nvlink peak RSS, LTO link:               {:>8} KiB", nv_rss);
+        println!("  nvlinkd daemon peak RSS, cold LTO link:   {:>8} KiB", d_hwm);
+        println!("  nvlinkd daemon RSS after 10 warm links:   {:>8} KiB", rss_10);
+        println!("  nvlinkd daemon RSS after 1000 warm links: {:>8} KiB", rss_1000);
+    }
     if !report.all_identical {
         eprintln!("some nvlinkd outputs differ from nvlink's");
         std::process::exit(1);

@@ -299,3 +299,54 @@ pub fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_reg
         || device_only_registered
         || spec.parsed.options.iter().any(|o| o.id == Opt::OptionsFile && o.value.is_some())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::LocalFs;
+
+    fn temp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nvlinkd-memofs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn one_view_of_reads_stats_and_absences() {
+        let d = temp("view");
+        let f = d.join("a.o");
+        std::fs::write(&f, b"first").unwrap();
+        let memo = MemoFs::new(&LocalFs);
+        assert!(memo.stat(&d.join("missing")).is_err());
+        assert_eq!(&*memo.read(&f).unwrap(), b"first");
+        assert_eq!(memo.stat(&f).unwrap().size, 5);
+        // What the link sees later is what the key saw, whatever the disk says now.
+        std::fs::write(&f, b"second version").unwrap();
+        std::fs::write(d.join("missing"), b"now here").unwrap();
+        assert_eq!(&*memo.read(&f).unwrap(), b"first");
+        assert_eq!(memo.stat(&f).unwrap().size, 5);
+        assert!(memo.stat(&d.join("missing")).is_err());
+        assert!(memo.consistent());
+        // But the files nvlink would read are not the key's any more.
+        assert!(!memo.unchanged_on_disk());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_rewritten_after_its_identity_was_taken_taints_the_view() {
+        let d = temp("taint");
+        let f = d.join("a.o");
+        std::fs::write(&f, b"first").unwrap();
+        let memo = MemoFs::new(&LocalFs);
+        let id = memo.identity(&f);
+        assert!(id.is_some());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, b"other").unwrap();
+        assert_eq!(&*memo.read(&f).unwrap(), b"other");
+        assert!(!memo.consistent());
+        // Nothing may be remembered under the old identity.
+        assert_eq!(memo.identity(&f), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -100,6 +100,13 @@ impl HashMemo {
     }
 }
 
+impl FileIdentity {
+    /// The status change time, in nanoseconds since the epoch.
+    pub fn ctime_ns(&self) -> i128 {
+        self.ctime_ns
+    }
+}
+
 fn settled(id: &FileIdentity, settle: std::time::Duration) -> bool {
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i128).unwrap_or(0);

@@ -13,48 +13,179 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cache::{Key, KeyBuilder, LinkEntry};
 use crate::cli::options::Opt;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
-use crate::fs::{absolute, FileStat, HashMemo, InputFs};
+use crate::fs::{absolute, FileIdentity, FileStat, HashMemo, InputFs};
 use crate::input::libsearch;
 use crate::request::{OutputFile, Request};
 
-/// An `InputFs` that remembers what it read, so that computing the key and
-/// then the link reads each file once.
+/// One view of the files per link: an `InputFs` that remembers every read,
+/// every stat and every identity it answered (errors included), so that the
+/// key of a link and the link itself see exactly the same files — the key is
+/// computed from the reads and stats the link then uses, and each file is read
+/// once.
+///
+/// Where the key did not read a file (its hash was remembered by identity,
+/// see [`HashMemo`]), the link's read is checked against the identity the key
+/// saw: a file rewritten in between makes the view inconsistent, and a link
+/// with an inconsistent view is never cached (its result is still the answer:
+/// nvlink run at that moment could have read either version). The real nvlink
+/// engine reads the files itself, from disk: [`MemoFs::unchanged_on_disk`]
+/// checks afterwards that every file of the view still has the identity the
+/// key saw.
 pub struct MemoFs<'a> {
     inner: &'a dyn InputFs,
-    reads: Mutex<HashMap<PathBuf, Arc<[u8]>>>,
+    reads: Mutex<HashMap<PathBuf, Memo<Arc<[u8]>>>>,
+    stats: Mutex<HashMap<PathBuf, Memo<FileStat>>>,
+    identities: Mutex<HashMap<PathBuf, Option<FileIdentity>>>,
+    consistent: AtomicBool,
+    /// When the view was opened (identities newer than this are not trusted
+    /// to tell versions apart: timestamps have a coarse tick).
+    opened: std::time::SystemTime,
 }
+
+/// A remembered answer: the value, or the error's kind and message.
+type Memo<T> = Result<T, (io::ErrorKind, String)>;
+
+fn memo_err(e: &io::Error) -> (io::ErrorKind, String) {
+    (e.kind(), e.to_string())
+}
+
+fn replay<T: Clone>(r: &Memo<T>) -> io::Result<T> {
+    r.clone().map_err(|(k, m)| io::Error::new(k, m))
+}
+
+/// How recent a change may be for an identity to still be ambiguous: a write
+/// within the same timestamp tick as the stat that saw the file could leave
+/// size and times as they were.
+const TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl<'a> MemoFs<'a> {
     pub fn new(inner: &'a dyn InputFs) -> Self {
-        MemoFs { inner, reads: Mutex::new(HashMap::new()) }
+        MemoFs {
+            inner,
+            reads: Mutex::new(HashMap::new()),
+            stats: Mutex::new(HashMap::new()),
+            identities: Mutex::new(HashMap::new()),
+            consistent: AtomicBool::new(true),
+            opened: std::time::SystemTime::now(),
+        }
+    }
+
+    /// Whether every file was seen as one version throughout the link (so far).
+    pub fn consistent(&self) -> bool {
+        self.consistent.load(Ordering::SeqCst)
+    }
+
+    fn taint(&self, path: &Path, why: &str) {
+        tracing::debug!(path = %path.display(), why, "input changed during the link: result not cached");
+        self.consistent.store(false, Ordering::SeqCst);
+        // The identity no longer names what was read: nothing may be
+        // remembered under it.
+        if let Ok(mut m) = self.identities.lock() {
+            m.insert(path.to_owned(), None);
+        }
+    }
+
+    /// For the real nvlink engine, which reads the caller's files itself: every
+    /// file this view read, stat'ed or identified is still as the key saw it
+    /// (same identity, or still absent), and no identity was too fresh to tell
+    /// versions apart. Any doubt is `false`.
+    pub fn unchanged_on_disk(&self) -> bool {
+        if !self.consistent() {
+            return false;
+        }
+        let (Ok(reads), Ok(stats), Ok(ids)) = (self.reads.lock(), self.stats.lock(), self.identities.lock()) else {
+            return false;
+        };
+        let fresh = |id: &FileIdentity| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(id.ctime_ns().max(0) as u64);
+            self.opened.duration_since(t).map(|age| age < TICK).unwrap_or(true)
+        };
+        for (path, read) in reads.iter() {
+            match (read, ids.get(path).copied().flatten()) {
+                (Ok(_), Some(id)) => {
+                    if fresh(&id) || crate::fs::LocalFs.identity(path) != Some(id) {
+                        return false;
+                    }
+                }
+                // Read without an identity: cannot tell.
+                (Ok(_), None) => return false,
+                (Err(_), _) => {
+                    if std::fs::metadata(path).is_ok() {
+                        return false;
+                    }
+                }
+            }
+        }
+        for (path, st) in stats.iter() {
+            let now = std::fs::metadata(path).map(|m| FileStat { is_dir: m.is_dir(), size: m.len() });
+            match (st, now) {
+                (Ok(a), Ok(b)) if *a == b => {}
+                (Err(_), Err(_)) => {}
+                _ => return false,
+            }
+            if let Some(Some(id)) = ids.get(path) {
+                if fresh(id) || crate::fs::LocalFs.identity(path) != Some(*id) {
+                    return false;
+                }
+            }
+        }
+        true
     }
 }
 
 impl InputFs for MemoFs<'_> {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        if let Some(d) = self.reads.lock().ok().and_then(|m| m.get(path).cloned()) {
-            return Ok(d);
+        if let Some(r) = self.reads.lock().ok().and_then(|m| m.get(path).cloned()) {
+            return replay(&r);
         }
-        let d = self.inner.read(path)?;
+        // The identity the rest of the link sees (the first one observed).
+        let before = self.identity(path);
+        let result = self.inner.read(path);
+        if result.is_ok() && before.is_some() && self.inner.identity(path) != before {
+            self.taint(path, "identity changed around the read");
+        }
+        let memo = result.as_ref().map(Arc::clone).map_err(memo_err);
         if let Ok(mut m) = self.reads.lock() {
-            m.insert(path.to_owned(), d.clone());
+            // Two threads reading the same path: the first answer stands.
+            let r = m.entry(path.to_owned()).or_insert(memo).clone();
+            return replay(&r);
         }
-        Ok(d)
+        result
     }
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
-        self.inner.stat(path)
+        if let Some(r) = self.stats.lock().ok().and_then(|m| m.get(path).cloned()) {
+            return replay(&r);
+        }
+        let memo = self.inner.stat(path).map_err(|e| memo_err(&e));
+        match self.stats.lock() {
+            Ok(mut m) => replay(m.entry(path.to_owned()).or_insert(memo)),
+            Err(_) => replay(&memo),
+        }
     }
     fn prefetch(&self, paths: &[PathBuf]) {
-        self.inner.prefetch(paths)
+        let Ok(reads) = self.reads.lock() else { return };
+        let missing: Vec<PathBuf> = paths.iter().filter(|p| !reads.contains_key(*p)).cloned().collect();
+        drop(reads);
+        if !missing.is_empty() {
+            self.inner.prefetch(&missing)
+        }
     }
-    fn identity(&self, path: &Path) -> Option<crate::fs::FileIdentity> {
-        self.inner.identity(path)
+    fn identity(&self, path: &Path) -> Option<FileIdentity> {
+        if let Some(id) = self.identities.lock().ok().and_then(|m| m.get(path).copied()) {
+            return id;
+        }
+        let id = self.inner.identity(path);
+        match self.identities.lock() {
+            Ok(mut m) => *m.entry(path.to_owned()).or_insert(id),
+            Err(_) => id,
+        }
     }
 }
 
@@ -167,4 +298,55 @@ pub fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_reg
         || render::verbose_mode(&spec.parsed)
         || device_only_registered
         || spec.parsed.options.iter().any(|o| o.id == Opt::OptionsFile && o.value.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::LocalFs;
+
+    fn temp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nvlinkd-memofs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn one_view_of_reads_stats_and_absences() {
+        let d = temp("view");
+        let f = d.join("a.o");
+        std::fs::write(&f, b"first").unwrap();
+        let memo = MemoFs::new(&LocalFs);
+        assert!(memo.stat(&d.join("missing")).is_err());
+        assert_eq!(&*memo.read(&f).unwrap(), b"first");
+        assert_eq!(memo.stat(&f).unwrap().size, 5);
+        // What the link sees later is what the key saw, whatever the disk says now.
+        std::fs::write(&f, b"second version").unwrap();
+        std::fs::write(d.join("missing"), b"now here").unwrap();
+        assert_eq!(&*memo.read(&f).unwrap(), b"first");
+        assert_eq!(memo.stat(&f).unwrap().size, 5);
+        assert!(memo.stat(&d.join("missing")).is_err());
+        assert!(memo.consistent());
+        // But the files nvlink would read are not the key's any more.
+        assert!(!memo.unchanged_on_disk());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_rewritten_after_its_identity_was_taken_taints_the_view() {
+        let d = temp("taint");
+        let f = d.join("a.o");
+        std::fs::write(&f, b"first").unwrap();
+        let memo = MemoFs::new(&LocalFs);
+        let id = memo.identity(&f);
+        assert!(id.is_some());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, b"other").unwrap();
+        assert_eq!(&*memo.read(&f).unwrap(), b"other");
+        assert!(!memo.consistent());
+        // Nothing may be remembered under the old identity.
+        assert_eq!(memo.identity(&f), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -49,7 +49,7 @@ pub struct LinkerConfig {
 
 pub struct Linker {
     config: LinkerConfig,
-    toolkits: DashMap<PathBuf, Arc<Toolkit>>,
+    toolkits: Arc<Toolkits>,
     pub stats: Stats,
     in_flight: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
@@ -61,10 +61,49 @@ pub struct Linker {
     decode_memo: DecodeMemo,
     /// Content hashes of unchanged local inputs.
     hashes: HashMemo,
+    /// Test hook (`NVLINKD_TEST_PAUSE_AFTER_KEY_MS`): a pause between a link's
+    /// key and its computation, for tests that change inputs in between.
+    test_pause_after_key: u64,
 }
 
 /// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
 const DECODE_MEMO_MAX: u64 = 256 << 20;
+
+/// A toolkit being opened, shared by the links waiting for it.
+type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
+
+/// The toolkits a linker opened, by root.
+#[derive(Default)]
+struct Toolkits {
+    open: DashMap<PathBuf, Arc<Toolkit>>,
+    /// Toolkits being opened (one opening per root, however many links wait).
+    opening: DashMap<PathBuf, Arc<Opening>>,
+}
+
+impl Toolkits {
+    /// The toolkit at `root`, opened once and kept. Concurrent first links of
+    /// a toolkit open it once (one `nvlink --version`) and share it; a failed
+    /// opening is tried again by a later link.
+    fn open(&self, root: &Path) -> Result<Arc<Toolkit>, String> {
+        if let Some(tk) = self.open.get(root) {
+            return Ok(tk.clone());
+        }
+        let cell = self.opening.entry(root.to_owned()).or_default().clone();
+        let opened = cell
+            .get_or_init(|| {
+                let tk = Toolkit::open(root).map(Arc::new).map_err(|e| e.to_string())?;
+                // Before any link needs it (a few stats).
+                tk.identity();
+                Ok(tk)
+            })
+            .clone();
+        if let Ok(tk) = &opened {
+            self.open.entry(root.to_owned()).or_insert_with(|| tk.clone());
+        }
+        self.opening.remove(root);
+        opened
+    }
+}
 
 /// The whole-link cache of a linker.
 struct LinkCache {
@@ -100,8 +139,15 @@ impl Linker {
             pool = pool.num_threads(j);
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        // Open the default toolkit now, off the first link's path (a link
+        // arriving meanwhile waits for this one opening, not a second one).
+        let toolkits = Arc::new(Toolkits::default());
+        if let Some(root) = config.default_toolkit.clone().filter(|r| r.join("bin/nvlink").is_file()) {
+            let toolkits = toolkits.clone();
+            let _ = std::thread::Builder::new().name("nvlinkd-toolkit".into()).spawn(move || toolkits.open(&root));
+        }
         Linker {
-            toolkits: DashMap::new(),
+            toolkits,
             stats: Stats::default(),
             in_flight: Default::default(),
             cache,
@@ -109,23 +155,30 @@ impl Linker {
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             hashes: HashMemo::default(),
+            test_pause_after_key: std::env::var("NVLINKD_TEST_PAUSE_AFTER_KEY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             config,
         }
     }
 
     pub fn stats_json(&self) -> String {
-        let (mem, disk, corrupt) = match &self.cache {
+        let (mem, disk, corrupt, write_errors, disk_on) = match &self.cache {
             Some(c) => {
                 let (m, d) = c.store.sizes();
-                (m, d, c.store.corrupt.load(std::sync::atomic::Ordering::Relaxed))
+                let relaxed = std::sync::atomic::Ordering::Relaxed;
+                (m, d, c.store.corrupt.load(relaxed), c.store.write_errors.load(relaxed), c.store.has_disk())
             }
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0, false),
         };
         self.stats.to_json(&[
             ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
             ("cache_mem_bytes", mem),
             ("cache_disk_bytes", disk),
             ("cache_corrupt_entries", corrupt),
+            ("cache_write_errors", write_errors),
+            ("cache_disk", u64::from(disk_on)),
             ("decoded_input_bytes", self.decode_memo.bytes()),
         ])
     }
@@ -151,25 +204,24 @@ impl Linker {
             .flatten()
             .find(|p| p.join("bin/nvlink").is_file())
             .ok_or_else(|| "no CUDA toolkit known to the daemon for this request".to_string())?;
-        if let Some(tk) = self.toolkits.get(&root) {
-            return Ok(tk.clone());
-        }
-        let tk = Arc::new(Toolkit::open(&root).map_err(|e| e.to_string())?);
-        if self.cache.is_some() {
-            // Hash the toolkit's libraries now, off the request path.
-            let warm = tk.clone();
-            std::thread::spawn(move || warm.identity());
-        }
-        self.toolkits.insert(root, tk.clone());
-        Ok(tk)
+        self.toolkits.open(&root)
     }
 
     fn scratch_dir(&self) -> PathBuf {
         self.config.cache_dir.join("tmp")
     }
 
+    /// Where the real nvlink's scratch directories go, in order of preference.
+    fn scratch_parents(&self) -> [PathBuf; 2] {
+        process::scratch_parents(&self.scratch_dir())
+    }
+
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
         bump(&self.stats.requests);
+        // One view of the files for the whole link: options files, the key and
+        // the link all see the same reads and stats.
+        let memo = MemoFs::new(fs);
+        let fs = &memo;
         let tk = match self.toolkit(req) {
             Ok(tk) => tk,
             Err(reason) => {
@@ -195,7 +247,7 @@ impl Linker {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
             Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
-            _ => self.device_link(&tk, req, fs, &spec, mode),
+            _ => self.device_link(&tk, req, &memo, &spec, mode),
         };
         // The real nvlink engine prints the parse warnings itself.
         if outcome.engine == EngineKind::NvlinkProcess {
@@ -216,9 +268,9 @@ impl Linker {
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
             return self.run_nvlink(tk, req, spec);
         }
-        let scratch = match process::Scratch::new(&self.scratch_dir()) {
-            Ok(s) => s,
-            Err(_) => return self.run_nvlink(tk, req, spec),
+        let scratch = match self.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
+            Some(s) => s,
+            None => return self.run_nvlink(tk, req, spec),
         };
         let mut report = Report::new(Filters::default());
         match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
@@ -247,12 +299,11 @@ impl Linker {
 
     /// Modes A to E, through the whole-link cache: a hit returns the stored
     /// result; identical links in flight are computed once.
-    fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
-        let memo = MemoFs::new(fs);
-        let Some(cache) = &self.cache else { return self.compute_link(tk, req, &memo, spec, mode) };
+    fn device_link(&self, tk: &Toolkit, req: &Request, memo: &MemoFs, spec: &Spec, mode: Mode) -> Outcome {
+        let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode) };
         let t_keys = std::time::Instant::now();
-        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, &memo, &self.hashes) else {
-            return self.compute_link(tk, req, &memo, spec, mode);
+        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes) else {
+            return self.compute_link(tk, req, memo, spec, mode);
         };
         debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
@@ -260,10 +311,13 @@ impl Linker {
             return o;
         }
         bump(&self.stats.cache_misses);
+        if self.test_pause_after_key > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
+        }
         let mine = std::cell::RefCell::new(None);
         let (entry, leader) = cache.flights.run(keys.content, || {
-            let outcome = self.compute_link(tk, req, &memo, spec, mode);
-            let entry = self.entry_of(&outcome, req, spec, &memo).map(Arc::new);
+            let outcome = self.compute_link(tk, req, memo, spec, mode);
+            let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if let Some(e) = &entry {
                 let t_put = std::time::Instant::now();
                 let bytes: Arc<[u8]> = e.encode().into();
@@ -284,7 +338,7 @@ impl Linker {
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
             Some(o) if !leader => o,
-            _ => self.compute_link(tk, req, &memo, spec, mode),
+            _ => self.compute_link(tk, req, memo, spec, mode),
         }
     }
 
@@ -306,12 +360,31 @@ impl Linker {
         })
     }
 
-    /// The stored form of an outcome, when it can be stored.
-    fn entry_of(&self, o: &Outcome, req: &Request, spec: &Spec, fs: &dyn InputFs) -> Option<LinkEntry> {
+    /// The stored form of an outcome, when it can be stored: only a result
+    /// nvlink itself gives for these inputs, computed from one view of them.
+    /// Not stored: fallbacks (environment faults of the engines end there, see
+    /// `engine::process`), links during which an input changed (the key would
+    /// name other contents than the link used), and a success without its
+    /// output file or with an empty one (nvlink never succeeds so).
+    fn entry_of(&self, o: &Outcome, req: &Request, spec: &Spec, fs: &MemoFs) -> Option<LinkEntry> {
         if o.fallback.is_some() || o.engine == EngineKind::Frontend {
             return None;
         }
+        let view_held = match o.engine {
+            EngineKind::NvlinkProcess => fs.unchanged_on_disk(),
+            _ => fs.consistent(),
+        };
+        if !view_held {
+            bump(&self.stats.uncached_changed_inputs);
+            warn!("an input changed during the link: result not cached");
+            return None;
+        }
         let files = linkcache::entry_files(&o.outputs, req, spec)?;
+        if o.exit_code == 0 && spec.output.is_some() && !files.iter().any(|(role, d)| role == "output" && !d.is_empty())
+        {
+            warn!("a successful link without its output: result not cached");
+            return None;
+        }
         let device_only_registered = spec.register_link_binaries.is_some()
             && spec.inputs.iter().any(|i| {
                 matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
@@ -439,7 +512,7 @@ impl Linker {
                 "this link needs the real nvlink and the daemon does not share the caller's files",
             );
         }
-        match process::run(&tk.nvlink(), req, spec, &self.scratch_dir()) {
+        match process::run(&tk.nvlink(), req, spec, &self.scratch_parents()) {
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
                 Outcome {
@@ -453,9 +526,15 @@ impl Linker {
                 }
             }
             Err(e) => {
-                warn!("cannot run nvlink: {e}");
+                // Not an answer of nvlink for these inputs (a fault of the
+                // daemon's environment, or nvlink killed): the shim runs nvlink
+                // itself, and nothing is cached.
+                warn!("no answer from the nvlink engine: {e}");
                 bump(&self.stats.fallbacks);
-                Outcome::fallback(format!("cannot run {}: {e}", Path::new(&tk.nvlink()).display()))
+                if matches!(e, process::RunError::Environment(_)) {
+                    bump(&self.stats.environment_faults);
+                }
+                Outcome::fallback(format!("{}: {e}", Path::new(&tk.nvlink()).display()))
             }
         }
     }

@@ -38,6 +38,12 @@ counters! {
     fallbacks,
     /// Requests that failed inside nvlinkd (answered with a fallback).
     failures,
+    /// Links whose engine was failed by the daemon's environment (no space,
+    /// no scratch directory, a tool that could not run): answered with a
+    /// fallback, never cached.
+    environment_faults,
+    /// Links not cached because an input changed while they ran.
+    uncached_changed_inputs,
     /// Per-module JIT (PTX to cubin) cache hits and misses.
     jit_hits,
     jit_misses,

@@ -3,8 +3,9 @@
 //! Everything nvlink writes that names the toolkit (the `--version` banner, the
 //! release and build strings of the `.note.nv.tkinfo` note) is read from the
 //! toolkit's own `nvlink --version`, never hard-coded. The identity, a BLAKE3 hash
-//! over those strings and the libraries a link can use, is part of every cache
-//! key, so a toolkit upgrade can never be served an old result.
+//! over those strings and the on-disk identities of the binaries and libraries
+//! a link can use (see [`Toolkit::identity`]), is part of every cache key, so a
+//! toolkit upgrade can never be served an old result.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -154,26 +155,95 @@ impl Toolkit {
             .map_err(ToolkitError::JitLink)
     }
 
-    /// BLAKE3 over the release strings and the binaries whose behaviour a link
-    /// depends on. Computed once (it reads ~200 MB).
+    /// The toolkit's identity, part of every cache key: BLAKE3 over the
+    /// `nvlink --version` banner (release and build strings) and the identity
+    /// on disk of every file whose behaviour a link depends on — nvlink, ptxas,
+    /// libnvJitLink, NVVM's library and libdevice: canonical path, device,
+    /// inode, size, modification and status-change times.
+    ///
+    /// Why not their contents: hashing them reads ~214 MB, which a fresh
+    /// daemon's first links would all wait for. The stat identity is as sound
+    /// for what it must guarantee — an upgraded or patched toolkit is never
+    /// served old results: an upgrade installs new files (new inodes) or
+    /// rewrites them in place, and every write moves the file's ctime, which no
+    /// program can set back; a symlink moved to another library resolves to
+    /// another inode. The price is only misses where contents happen to be
+    /// equal (a toolkit copied elsewhere, restored from backup), which are
+    /// recomputed. A file that cannot be stat'ed enters as absent, so its
+    /// appearance later changes the identity too. Computed once per daemon
+    /// (a few `stat` calls).
     pub fn identity(&self) -> [u8; 32] {
         *self.identity.get_or_init(|| {
-            let mut h = blake3::Hasher::new();
-            h.update(self.release.banner.as_bytes());
-            for p in [self.nvlink(), self.jitlink_path(), self.ptxas()] {
-                h.update(p.as_os_str().as_encoded_bytes());
-                if let Ok(bytes) = std::fs::read(&p) {
-                    h.update_rayon(&bytes);
-                }
-            }
-            *h.finalize().as_bytes()
+            let nvvm = self.root.join("nvvm");
+            let files = [
+                self.nvlink(),
+                self.ptxas(),
+                self.jitlink_path(),
+                nvvm.join("lib64/libnvvm.so"),
+                nvvm.join("lib/libnvvm.so"),
+                nvvm.join("libdevice/libdevice.10.bc"),
+            ];
+            stat_identity(&self.release.banner, &files)
         })
     }
+}
+
+/// See [`Toolkit::identity`].
+fn stat_identity(banner: &str, files: &[PathBuf]) -> [u8; 32] {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = blake3::Hasher::new();
+    h.update(b"nvlinkd-toolkit-identity-v2\0");
+    h.update(&(banner.len() as u64).to_le_bytes());
+    h.update(banner.as_bytes());
+    for p in files {
+        let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        for part in [p.as_os_str(), real.as_os_str()] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_encoded_bytes());
+        }
+        match std::fs::metadata(&real) {
+            Ok(m) => {
+                for v in [m.dev(), m.ino(), m.size()] {
+                    h.update(&v.to_le_bytes());
+                }
+                for v in [m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()] {
+                    h.update(&v.to_le_bytes());
+                }
+            }
+            Err(_) => {
+                h.update(b"absent");
+            }
+        }
+    }
+    *h.finalize().as_bytes()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_follows_the_files() {
+        // A toolkit-shaped directory: the identity changes when a binary is
+        // rewritten, even with the same size and modification time.
+        let root = std::env::temp_dir().join(format!("nvlinkd-tk-identity-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let ptxas = root.join("bin/ptxas");
+        std::fs::write(&ptxas, b"ptxas one").unwrap();
+        let files = [ptxas.clone(), root.join("bin/nvlink")];
+        let first = stat_identity("banner", &files);
+        assert_eq!(first, stat_identity("banner", &files));
+        assert_ne!(first, stat_identity("another banner", &files));
+        let mtime = std::fs::metadata(&ptxas).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&ptxas, b"ptxas two").unwrap();
+        std::fs::File::options().write(true).open(&ptxas).unwrap().set_modified(mtime).unwrap();
+        assert_ne!(first, stat_identity("banner", &files), "a rewritten ptxas kept the identity");
+        std::fs::write(root.join("bin/nvlink"), b"appeared").unwrap();
+        assert_ne!(first, stat_identity("banner", &files), "a new binary kept the identity");
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn parses_banner() {

@@ -27,14 +27,32 @@ pub struct ServeOptions {
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
+///
+/// A cache directory that cannot hold the log (read-only, full, not a
+/// directory) is not a reason to stop: the log goes to stderr instead, with one
+/// line saying why, and the daemon serves (the cache then also runs without
+/// its disk tier, see `cache::store`).
 pub fn init_logging(cache_dir: &Path) -> Option<tracing_appender::non_blocking::WorkerGuard> {
-    std::fs::create_dir_all(cache_dir).ok()?;
-    let appender = tracing_appender::rolling::never(cache_dir, "nvlinkd.log");
-    let (writer, guard) = tracing_appender::non_blocking(appender);
+    let path = cache_dir.join("nvlinkd.log");
+    let file = std::fs::create_dir_all(cache_dir)
+        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
     let filter = tracing_subscriber::EnvFilter::try_from_env("NVLINKD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
-    Some(guard)
+    let (writer, guard, failed) = match file {
+        Ok(f) => {
+            let (w, g) = tracing_appender::non_blocking(f);
+            (w, g, None)
+        }
+        Err(e) => {
+            let (w, g) = tracing_appender::non_blocking(std::io::stderr());
+            (w, g, Some(e))
+        }
+    };
+    let installed = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).try_init();
+    if let Some(e) = failed {
+        tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
+    }
+    installed.ok().map(|()| guard)
 }
 
 /// Bind the unix socket: private directory, stale socket removed, mode 0600.

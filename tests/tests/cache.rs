@@ -84,7 +84,7 @@ fn cache_survives_restart_and_recovers_from_damage() {
     // entries are misses, recomputed correctly, and replaced.
     d.stop();
     let mut damaged = 0;
-    for shard in std::fs::read_dir(d.cache_dir().join("v1")).unwrap().flatten() {
+    for shard in std::fs::read_dir(d.cache_dir().join("v2")).unwrap().flatten() {
         for f in std::fs::read_dir(shard.path()).unwrap().flatten() {
             let mut b = std::fs::read(f.path()).unwrap();
             let n = b.len();

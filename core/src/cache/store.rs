@@ -1,15 +1,24 @@
 //! The content-addressed store: a bounded in-memory LRU tier over a bounded
 //! on-disk tier.
 //!
-//! Disk entries live at `<dir>/v1/<first two hex digits>/<64 hex digits>`, each a
-//! small header (magic, BLAKE3 of the payload, payload length) and the payload.
-//! Writes go to a temporary file in the same directory and are renamed into
-//! place, so a reader never sees half an entry and two daemons sharing a
-//! directory never corrupt each other. Every read is verified against the stored
-//! hash: a damaged or truncated entry is removed and reported as a miss, so it is
-//! recomputed and replaced, never returned (which is also why writes are not
-//! fsync'ed: a write a crash cut short is just such an entry). The disk tier is trimmed to its
-//! bound by least-recent use (access refreshes the file's modification time).
+//! Disk entries live at `<dir>/v2/<first two hex digits>/<64 hex digits>`, each a
+//! small header (magic, the entry's own key, BLAKE3 of the payload, payload
+//! length) and the payload. Writes go to a temporary file in the same directory
+//! and are renamed into place, so a reader never sees half an entry and two
+//! daemons sharing a directory never corrupt each other. Every read is verified
+//! against the key it is read for and the stored hash: an entry under another
+//! key's name (files swapped, copied or renamed by hand), a damaged or a
+//! truncated entry is removed, counted as corrupt and reported as a miss, so it
+//! is recomputed and replaced, never returned (which is also why writes are not
+//! fsync'ed: a write a crash cut short is just such an entry). The disk tier is
+//! trimmed to its bound by least-recent use (access refreshes the file's
+//! modification time).
+//!
+//! The disk is an optimisation, never a condition: a cache directory that
+//! cannot be written at start (read-only, full, not a directory) turns the disk
+//! tier off with one log line; a write that fails later (no space left) drops
+//! that entry (logged once until a write succeeds again) and the link's result
+//! is unaffected.
 
 use std::collections::HashMap;
 use std::fs;
@@ -25,8 +34,11 @@ use tracing::{debug, warn};
 /// A cache key: the BLAKE3 hash of everything the value depends on.
 pub type Key = [u8; 32];
 
-const MAGIC: &[u8; 8] = b"nvlkdc01";
-const HEADER: usize = 8 + 32 + 8;
+const MAGIC: &[u8; 8] = b"nvlkdc02";
+/// Magic, key, BLAKE3 of the payload, payload length.
+const HEADER: usize = 8 + 32 + 32 + 8;
+/// The directory of this entry format under the cache directory.
+const FORMAT_DIR: &str = "v2";
 
 pub fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
@@ -51,18 +63,27 @@ pub struct Store {
     mem: Mutex<Mem>,
     disk: Mutex<DiskIndex>,
     tmp_counter: AtomicU64,
-    /// Entries found damaged on disk and dropped.
+    /// Entries found damaged (or stored under another key) on disk and dropped.
     pub corrupt: AtomicU64,
+    /// Disk writes that failed (the entry was dropped).
+    pub write_errors: AtomicU64,
+    /// Whether the last disk write failed (so that a full disk logs once).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
     /// A store over `dir` (None: memory only). Scans the directory to learn its
     /// current size.
     pub fn open(dir: Option<&Path>, mem_limit: u64, disk_limit: u64) -> Store {
-        let dir = dir.map(|d| d.join("v1"));
+        let mut dir = dir.map(|d| d.join(FORMAT_DIR));
+        if let Some(d) = &dir {
+            if let Err(e) = probe(d) {
+                warn!(dir = %d.display(), "cache directory not writable ({e}): disk cache off, memory cache only");
+                dir = None;
+            }
+        }
         let mut index = DiskIndex { entries: HashMap::new(), bytes: 0 };
         if let Some(d) = &dir {
-            let _ = fs::create_dir_all(d);
             for (key, size, mtime) in scan(d) {
                 index.bytes += size;
                 index.entries.insert(key, (size, mtime));
@@ -76,7 +97,14 @@ impl Store {
             disk: Mutex::new(index),
             tmp_counter: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            failing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether entries go to disk.
+    pub fn has_disk(&self) -> bool {
+        self.dir.is_some()
     }
 
     fn path(&self, key: &Key) -> Option<PathBuf> {
@@ -99,7 +127,7 @@ impl Store {
         }
         let path = self.path(key)?;
         let raw = fs::read(&path).ok()?;
-        match verify(&raw) {
+        match verify(&raw, key) {
             Some(payload) => {
                 let value: Arc<[u8]> = payload.into();
                 // Touch: the disk tier evicts by least-recent use.
@@ -116,7 +144,7 @@ impl Store {
                 Some(value)
             }
             None => {
-                warn!(entry = %path.display(), "damaged cache entry dropped");
+                warn!(entry = %path.display(), "damaged cache entry (or another key's) dropped");
                 self.corrupt.fetch_add(1, Ordering::Relaxed);
                 let _ = fs::remove_file(&path);
                 if let Ok(mut d) = self.disk.lock() {
@@ -131,8 +159,20 @@ impl Store {
 
     pub fn put(&self, key: &Key, value: Arc<[u8]>) {
         self.put_mem(key, value.clone());
-        if let Err(e) = self.put_disk(key, &value) {
-            debug!("cache write failed: {e}");
+        match self.put_disk(key, &value) {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    warn!("cache disk writes work again");
+                }
+            }
+            Err(e) => {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    warn!("cache disk write failed ({e}): entry kept in memory only, results unaffected");
+                } else {
+                    debug!("cache write failed: {e}");
+                }
+            }
         }
     }
 
@@ -165,6 +205,7 @@ impl Store {
         let written = (|| {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(MAGIC)?;
+            f.write_all(key)?;
             f.write_all(blake3::hash(value).as_bytes())?;
             f.write_all(&(value.len() as u64).to_le_bytes())?;
             f.write_all(value)?;
@@ -213,17 +254,26 @@ impl Store {
     }
 }
 
-/// The payload of a stored entry, if it is intact.
-fn verify(raw: &[u8]) -> Option<Vec<u8>> {
-    if raw.len() < HEADER || &raw[..8] != MAGIC {
+/// The payload of a stored entry, if it is intact and is the entry of `key`.
+fn verify(raw: &[u8], key: &Key) -> Option<Vec<u8>> {
+    if raw.len() < HEADER || &raw[..8] != MAGIC || &raw[8..40] != key {
         return None;
     }
-    let len = u64::from_le_bytes(raw[40..48].try_into().ok()?) as usize;
+    let len = u64::from_le_bytes(raw[72..80].try_into().ok()?) as usize;
     let payload = raw.get(HEADER..)?;
-    if payload.len() != len || blake3::hash(payload).as_bytes() != &raw[8..40] {
+    if payload.len() != len || blake3::hash(payload).as_bytes() != &raw[40..72] {
         return None;
     }
     Some(payload.to_vec())
+}
+
+/// Whether entries can be written under `dir`: create it and a file in it.
+fn probe(dir: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let p = dir.join(format!(".probe-{}", std::process::id()));
+    let written = fs::File::create(&p).and_then(|mut f| f.write_all(b"nvlinkd"));
+    let _ = fs::remove_file(&p);
+    written
 }
 
 fn scan(dir: &Path) -> Vec<(Key, u64, SystemTime)> {
@@ -235,7 +285,7 @@ fn scan(dir: &Path) -> Vec<(Key, u64, SystemTime)> {
             let name = f.file_name();
             let Some(key) = parse_hex(&name.to_string_lossy()) else {
                 // Leftover temporary files from an interrupted write.
-                if name.to_string_lossy().starts_with(".tmp-") {
+                if name.to_string_lossy().starts_with(".tmp-") || name.to_string_lossy().starts_with(".probe-") {
                     let _ = fs::remove_file(f.path());
                 }
                 continue;
@@ -297,6 +347,24 @@ mod tests {
         fs::write(&p, &raw[..raw.len() - 2]).unwrap();
         let s = Store::open(Some(&d), 1 << 20, 1 << 20);
         assert!(s.get(&key(2)).is_none());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_entry_is_only_served_for_its_own_key() {
+        let d = tmpdir("swap");
+        let s = Store::open(Some(&d), 0, 1 << 20);
+        s.put(&key(1), Arc::from(&b"one"[..]));
+        s.put(&key(2), Arc::from(&b"two"[..]));
+        let (p1, p2) = (s.path(&key(1)).unwrap(), s.path(&key(2)).unwrap());
+        let (b1, b2) = (fs::read(&p1).unwrap(), fs::read(&p2).unwrap());
+        fs::write(&p1, &b2).unwrap();
+        fs::write(&p2, &b1).unwrap();
+        let s = Store::open(Some(&d), 0, 1 << 20);
+        assert!(s.get(&key(1)).is_none());
+        assert!(s.get(&key(2)).is_none());
+        assert_eq!(s.corrupt.load(Ordering::Relaxed), 2);
+        assert!(!p1.exists() && !p2.exists());
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -75,6 +75,12 @@ impl Artifacts<'_> {
         bump(misses);
         let mut error = None;
         let (value, _) = self.flights.run(key, || match compute() {
+            // No tool succeeds with nothing: an empty artifact is a fault
+            // (of the environment, or of a worker), never stored.
+            Ok(v) if v.is_empty() => {
+                error = Some(Unsupported(format!("{} produced nothing", level.domain())));
+                None
+            }
             Ok(v) => {
                 let v: Arc<[u8]> = v.into();
                 if let Some(s) = self.store {

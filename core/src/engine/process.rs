@@ -7,7 +7,25 @@
 //! except that its output files are redirected into a private directory (a
 //! later `-o` overrides an earlier one), so the caller still writes them
 //! atomically.
+//!
+//! # Faults of the daemon's environment are not nvlink's results
+//!
+//! nvlink writes its output (and, through `TMPDIR`, its temporary files) into
+//! the daemon's scratch directory. When that directory's disk is full or gone,
+//! nvlink fails in ways the caller's own nvlink would not (`fwrite failed`, or
+//! exit status 0 and an empty cubin), and such an answer must neither reach the
+//! caller nor the cache. A run is taken as an environment fault when the scratch
+//! directory cannot be prepared, nvlink cannot be started or is killed by a
+//! signal, its messages speak of a full, read-only or missing disk or name the
+//! scratch directory, or it exits 0 without writing a non-empty `-o` file. Such a
+//! run is retried once in another scratch directory (the system's temporary
+//! directory) and otherwise reported as an error: the linker answers "fall
+//! back" (the shim runs nvlink itself) and caches nothing. A signal is not
+//! retried: nvlink crashes on some corrupt inputs too, and then the fallback
+//! gives the caller that very crash. Every other outcome — nvlink's own errors
+//! included — is nvlink's answer for the inputs.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,10 +50,73 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
+    /// A new directory under `parent`, created exclusively (mode 0700, never an
+    /// existing path: `parent` may be a shared temporary directory).
     pub fn new(parent: &Path) -> std::io::Result<Scratch> {
-        let dir = parent.join(format!("nvlinkd-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir_all(&dir)?;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let dir =
+            parent.join(format!("nvlinkd-{}-{}-{nanos:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
         Ok(Scratch(dir))
+    }
+}
+
+/// Where scratch directories go: the one given (under the cache directory)
+/// and, when that one fails for lack of space or permission, the system's
+/// temporary directory.
+pub fn scratch_parents(preferred: &Path) -> [PathBuf; 2] {
+    [preferred.to_owned(), std::env::temp_dir()]
+}
+
+/// Messages of a tool that mean the disk or the machine failed it, not the input.
+/// (nvlink's own ones were seen on a full disk or are its write-error strings.)
+const ENVIRONMENT_MESSAGES: &[&str] = &[
+    "fwrite failed",
+    "Internal error: writing file",
+    "Could not write file",
+    "Failed to write to outp",
+    "Unable to create thread pool",
+    "No space left on device",
+    "Disk quota exceeded",
+    "Read-only file system",
+    "Too many open files",
+    "Cannot allocate memory",
+    "Input/output error",
+];
+
+/// Whether a tool's messages blame the environment (or name the scratch directory).
+pub fn blames_environment(stdout: &[u8], stderr: &[u8], scratch: &Path) -> Option<String> {
+    let scratch = scratch.as_os_str().as_encoded_bytes();
+    for text in [stdout, stderr] {
+        let t = String::from_utf8_lossy(text);
+        if let Some(m) = ENVIRONMENT_MESSAGES.iter().find(|m| t.contains(*m)) {
+            return Some(format!("the tool reported '{m}'"));
+        }
+        if text.windows(scratch.len()).any(|w| w == scratch) {
+            return Some("the tool's messages name the scratch directory".into());
+        }
+    }
+    None
+}
+
+/// Why a run of nvlink is no answer for the caller.
+#[derive(Debug)]
+pub enum RunError {
+    /// The environment failed the run (see the module doc); retrying elsewhere may help.
+    Environment(String),
+    /// nvlink died of a signal.
+    Signal(i32),
+    /// The request cannot be run this way (output named in an options file).
+    Unsupported(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Environment(why) => write!(f, "environment fault: {why}"),
+            RunError::Signal(s) => write!(f, "nvlink killed by signal {s}"),
+            RunError::Unsupported(why) => f.write_str(why),
+        }
     }
 }
 
@@ -58,20 +139,41 @@ fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
     }
 }
 
-/// Run `nvlink` for `req`, capturing its outputs.
-pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> std::io::Result<ProcessResult> {
-    let scratch = Scratch::new(scratch_parent)?;
+/// Run `nvlink` for `req`, capturing its outputs: in the first of
+/// `scratch_parents` that works, retrying in the next after an environment
+/// fault.
+pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parents: &[PathBuf]) -> Result<ProcessResult, RunError> {
+    let mut last = RunError::Environment("no scratch directory".into());
+    for parent in scratch_parents {
+        match run_in(nvlink, req, spec, parent) {
+            Err(RunError::Environment(why)) => {
+                tracing::warn!(scratch = %parent.display(), "nvlink run failed by its environment: {why}");
+                last = RunError::Environment(why);
+            }
+            other => return other,
+        }
+    }
+    Err(last)
+}
+
+fn env_err(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
+    move |e| RunError::Environment(format!("{what}: {e}"))
+}
+
+fn run_in(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> Result<ProcessResult, RunError> {
+    let _ = std::fs::create_dir_all(scratch_parent);
+    let scratch = Scratch::new(scratch_parent).map_err(env_err("scratch directory"))?;
     let mut args = req.args.clone();
-    // (caller's path, scratch path)
-    let mut redirected: Vec<(PathBuf, PathBuf)> = Vec::new();
+    // (caller's path, scratch path, whether it is the `-o` file)
+    let mut redirected: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
     for (id, name) in [(Opt::OutputFile, "output"), (Opt::RegisterLinkBinaries, "register-link-binaries")] {
         let given: Vec<&Occurrence> = spec.parsed.options.iter().filter(|o| o.id == id).collect();
         let Some(last) = given.last() else { continue };
-        let Some(at) = last.at else { return Err(std::io::Error::other("output named in an options file")) };
+        let Some(at) = last.at else { return Err(RunError::Unsupported("output named in an options file".into())) };
         // Same basename as the caller's file: nvlink renders it in verbose tkinfo.
         let base = last.value.as_deref().and_then(|v| Path::new(v).file_name()).unwrap_or(std::ffi::OsStr::new(name));
         let dir = scratch.0.join(name);
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&dir).map_err(env_err("scratch directory"))?;
         let tmp = dir.join(base);
         let tmp_str = tmp.to_string_lossy().into_owned();
         let dest = absolute(&req.cwd, last.value.as_deref().unwrap_or_default());
@@ -85,7 +187,7 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
             }
         }
         let _ = at;
-        redirected.push((dest, tmp));
+        redirected.push((dest, tmp, id == Opt::OutputFile));
     }
     let mut cmd = Command::new(nvlink);
     cmd.args(&args).current_dir(&req.cwd).env_clear();
@@ -95,15 +197,36 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
     if let Ok(path) = std::env::var("PATH") {
         cmd.env("PATH", path);
     }
-    let out = cmd.output()?;
+    // nvlink's temporary files go to the scratch directory too (one place
+    // whose failures are recognised), not to the caller's TMPDIR.
+    let tmpdir = scratch.0.join("tmp");
+    std::fs::create_dir(&tmpdir).map_err(env_err("scratch directory"))?;
+    cmd.env("TMPDIR", &tmpdir);
+    let out = cmd.output().map_err(env_err("cannot run nvlink"))?;
     let exit_code = match out.status.code() {
         Some(c) => c,
-        None => 128 + std::os::unix::process::ExitStatusExt::signal(&out.status).unwrap_or(0),
+        None => {
+            let signal = std::os::unix::process::ExitStatusExt::signal(&out.status).unwrap_or(0);
+            return Err(RunError::Signal(signal));
+        }
     };
+    if let Some(why) = blames_environment(&out.stdout, &out.stderr, &scratch.0) {
+        return Err(RunError::Environment(why));
+    }
     let mut outputs = Vec::new();
-    for (dest, tmp) in redirected {
-        if let Ok(data) = std::fs::read(&tmp) {
-            outputs.push(OutputFile { path: dest, data, append: false });
+    for (dest, tmp, is_output) in redirected {
+        match std::fs::read(&tmp) {
+            Ok(data) => {
+                // nvlink never succeeds with an empty output file.
+                if exit_code == 0 && is_output && data.is_empty() {
+                    return Err(RunError::Environment("nvlink exited 0 and its output is empty".into()));
+                }
+                outputs.push(OutputFile { path: dest, data, append: false });
+            }
+            Err(e) if exit_code == 0 && is_output => {
+                return Err(RunError::Environment(format!("nvlink exited 0 without its output: {e}")));
+            }
+            Err(_) => {}
         }
     }
     Ok(ProcessResult { exit_code, stdout: out.stdout, stderr: out.stderr, outputs })

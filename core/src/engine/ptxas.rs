@@ -6,36 +6,77 @@
 //! of LTO (`-arch sm_XY -m64`, whose output is byte for byte nvlink's `-dlto`
 //! output). A separate process keeps a crash in the compiler out of the daemon;
 //! its start-up (tens of milliseconds) is small beside the compile.
+//!
+//! ptxas writes into a scratch directory; a full or read-only disk there is a
+//! fault of the daemon's environment, never a compile result (see
+//! `engine::process`).
 
 use std::path::Path;
 use std::process::Command;
 
 use super::inprocess::Unsupported;
-use super::process::Scratch;
+use super::process::{self, Scratch};
 use crate::toolkit::Toolkit;
 
-/// Compile `ptx` with `args` (the input and `-o` are added).
+/// Compile `ptx` with `args` (the input and `-o` are added). A scratch
+/// directory that fails for lack of space or permission is replaced by the
+/// system's temporary directory; a ptxas that could not do its work for
+/// reasons of the environment (see [`super::process`]) never yields an
+/// artifact, so nothing it produced is cached.
 pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Unsupported> {
-    let scratch = Scratch::new(scratch_parent).map_err(|e| Unsupported(format!("scratch: {e}")))?;
+    let mut last = Unsupported("no scratch directory".into());
+    for parent in process::scratch_parents(scratch_parent) {
+        match compile_in(tk, ptx, args, &parent) {
+            Ok(v) => return Ok(v),
+            Err(Failure::Environment(why)) => {
+                tracing::warn!(scratch = %parent.display(), "ptxas failed by its environment: {why}");
+                last = Unsupported(format!("ptxas environment fault: {why}"));
+            }
+            Err(Failure::Tool(u)) => return Err(u),
+        }
+    }
+    Err(last)
+}
+
+enum Failure {
+    Environment(String),
+    Tool(Unsupported),
+}
+
+fn compile_in(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Failure> {
+    let env = |what: &str, e: std::io::Error| Failure::Environment(format!("{what}: {e}"));
+    let _ = std::fs::create_dir_all(scratch_parent);
+    let scratch = Scratch::new(scratch_parent).map_err(|e| env("scratch", e))?;
     let input = scratch.0.join("module.ptx");
     let output = scratch.0.join("module.cubin");
     // ptxas reads text: a trailing NUL (fatbin members carry one) is not PTX.
     let text = ptx.strip_suffix(&[0]).unwrap_or(ptx);
-    std::fs::write(&input, text).map_err(|e| Unsupported(format!("scratch: {e}")))?;
+    std::fs::write(&input, text).map_err(|e| env("scratch", e))?;
     let out = Command::new(tk.ptxas())
         .args(args)
         .arg(&input)
         .arg("-o")
         .arg(&output)
+        .env("TMPDIR", &scratch.0)
         .output()
-        .map_err(|e| Unsupported(format!("cannot run ptxas: {e}")))?;
+        .map_err(|e| env("cannot run ptxas", e))?;
+    if out.status.code().is_none() {
+        return Err(Failure::Environment(format!("ptxas killed: {:?}", out.status)));
+    }
+    if let Some(why) = process::blames_environment(&out.stdout, &out.stderr, &scratch.0) {
+        return Err(Failure::Environment(why));
+    }
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(Unsupported(format!("ptxas failed: {}", err.lines().next().unwrap_or(""))));
+        return Err(Failure::Tool(Unsupported(format!("ptxas failed: {}", err.lines().next().unwrap_or("")))));
     }
     if !out.stderr.is_empty() || !out.stdout.is_empty() {
         // Messages would have to be nvlink's; let nvlink speak.
-        return Err(Unsupported("ptxas printed messages".into()));
+        return Err(Failure::Tool(Unsupported("ptxas printed messages".into())));
     }
-    std::fs::read(&output).map_err(|e| Unsupported(format!("ptxas output: {e}")))
+    match std::fs::read(&output) {
+        Ok(cubin) if !cubin.is_empty() => Ok(cubin),
+        Ok(_) => Err(Failure::Environment("ptxas exited 0 and its output is empty".into())),
+        Err(e) => Err(env("ptxas output", e)),
+    }
 }

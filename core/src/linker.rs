@@ -31,6 +31,7 @@ use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
 use crate::stats::{bump, Stats};
 use crate::toolkit::Toolkit;
+use crate::worker::{Cancel, PoolConfig, WorkerPool};
 
 /// How a linker is set up.
 #[derive(Clone, Debug, Default)]
@@ -45,7 +46,17 @@ pub struct LinkerConfig {
     pub cache_mem: u64,
     /// On-disk cache bound, bytes.
     pub cache_size: u64,
+    /// Executable whose `worker` subcommand runs libnvJitLink out of this
+    /// process (`nvlinkd`); None loads the library into this process.
+    pub worker_exe: Option<PathBuf>,
+    /// Address-space limit of each worker, bytes (0: none).
+    pub worker_mem: u64,
+    /// Longest time one nvJitLink request may take in a worker (None: 30 min).
+    pub worker_timeout: Option<std::time::Duration>,
 }
+
+/// Default time limit of one nvJitLink request in a worker.
+pub const DEFAULT_WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 pub struct Linker {
     config: LinkerConfig,
@@ -61,6 +72,8 @@ pub struct Linker {
     decode_memo: DecodeMemo,
     /// Content hashes of unchanged local inputs.
     hashes: HashMemo,
+    /// Worker processes running libnvJitLink (see `worker.rs`).
+    workers: Option<Arc<WorkerPool>>,
 }
 
 /// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
@@ -100,6 +113,14 @@ impl Linker {
             pool = pool.num_threads(j);
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        let workers = config.worker_exe.clone().map(|exe| {
+            Arc::new(WorkerPool::new(PoolConfig {
+                exe,
+                max: pool.current_num_threads(),
+                mem_limit: config.worker_mem,
+                timeout: config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
+            }))
+        });
         Linker {
             toolkits: DashMap::new(),
             stats: Stats::default(),
@@ -109,6 +130,7 @@ impl Linker {
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             hashes: HashMemo::default(),
+            workers,
             config,
         }
     }
@@ -127,6 +149,11 @@ impl Linker {
             ("cache_disk_bytes", disk),
             ("cache_corrupt_entries", corrupt),
             ("decoded_input_bytes", self.decode_memo.bytes()),
+            (
+                "worker_crashes",
+                self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
+            ),
+            ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
         ])
     }
 
@@ -160,6 +187,11 @@ impl Linker {
             let warm = tk.clone();
             std::thread::spawn(move || warm.identity());
         }
+        if let Some(w) = &self.workers {
+            // Start one worker now: loading nvJitLink costs tens of milliseconds.
+            let (w, lib) = (w.clone(), tk.jitlink_spec());
+            std::thread::spawn(move || w.prewarm(&lib));
+        }
         self.toolkits.insert(root, tk.clone());
         Ok(tk)
     }
@@ -169,6 +201,12 @@ impl Linker {
     }
 
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
+        self.link_cancellable(req, fs, &Cancel::new())
+    }
+
+    /// [`Linker::link`], with a handle that cancels the link: the worker
+    /// process serving it is killed at once and the link answers "fall back".
+    pub fn link_cancellable(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
         bump(&self.stats.requests);
         let tk = match self.toolkit(req) {
             Ok(tk) => tk,
@@ -191,7 +229,7 @@ impl Linker {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
             Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
-            _ => self.device_link(&tk, req, fs, &spec, mode),
+            _ => self.device_link(&tk, req, fs, &spec, mode, cancel),
         };
         // The real nvlink engine prints the parse warnings itself.
         if outcome.engine == EngineKind::NvlinkProcess {
@@ -243,12 +281,20 @@ impl Linker {
 
     /// Modes A to E, through the whole-link cache: a hit returns the stored
     /// result; identical links in flight are computed once.
-    fn device_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+    fn device_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        mode: Mode,
+        cancel: &Cancel,
+    ) -> Outcome {
         let memo = MemoFs::new(fs);
-        let Some(cache) = &self.cache else { return self.compute_link(tk, req, &memo, spec, mode) };
+        let Some(cache) = &self.cache else { return self.compute_link(tk, req, &memo, spec, mode, cancel) };
         let t_keys = std::time::Instant::now();
         let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, &memo, &self.hashes) else {
-            return self.compute_link(tk, req, &memo, spec, mode);
+            return self.compute_link(tk, req, &memo, spec, mode, cancel);
         };
         debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
@@ -258,7 +304,7 @@ impl Linker {
         bump(&self.stats.cache_misses);
         let mine = std::cell::RefCell::new(None);
         let (entry, leader) = cache.flights.run(keys.content, || {
-            let outcome = self.compute_link(tk, req, &memo, spec, mode);
+            let outcome = self.compute_link(tk, req, &memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, &memo).map(Arc::new);
             if let Some(e) = &entry {
                 let t_put = std::time::Instant::now();
@@ -280,7 +326,7 @@ impl Linker {
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
             Some(o) if !leader => o,
-            _ => self.compute_link(tk, req, &memo, spec, mode),
+            _ => self.compute_link(tk, req, &memo, spec, mode, cancel),
         }
     }
 
@@ -323,7 +369,15 @@ impl Linker {
     }
 
     /// Modes A to E: plan, then the in-process engine or the real nvlink.
-    fn compute_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+    fn compute_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        mode: Mode,
+        cancel: &Cancel,
+    ) -> Outcome {
         let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
             return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));
@@ -356,8 +410,22 @@ impl Linker {
             stats: &self.stats,
         };
         let scratch = self.scratch_dir();
-        let cx = inprocess::Context { tk, artifacts: &artifacts, scratch: &scratch };
+        let fault = std::sync::Mutex::new(None);
+        let cx = inprocess::Context {
+            tk,
+            artifacts: &artifacts,
+            scratch: &scratch,
+            workers: self.workers.as_deref(),
+            cancel,
+            fault: &fault,
+        };
         let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
+        if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            // Not an nvlink answer: the shim runs nvlink; nothing is cached.
+            warn!(%why, "link failed in its worker");
+            bump(&self.stats.fallbacks);
+            return Outcome::fallback(why);
+        }
         let output = match linked {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
@@ -436,6 +504,15 @@ impl Linker {
             );
         }
         match process::run(&tk.nvlink(), req, spec, &self.scratch_dir()) {
+            Ok(r) if r.signal.is_some() => {
+                // nvlink crashed (it does on some damaged inputs) or something
+                // killed it: no result to keep; the shim runs nvlink itself,
+                // which then behaves as nvlink.
+                let sig = r.signal.unwrap_or_default();
+                warn!(signal = sig, "nvlink engine died by a signal");
+                bump(&self.stats.fallbacks);
+                Outcome::fallback(format!("the nvlink engine process died by signal {sig}"))
+            }
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
                 Outcome {

@@ -24,6 +24,9 @@ pub struct ProcessResult {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub outputs: Vec<OutputFile>,
+    /// The signal that ended nvlink, if one did (a crash, or a kill from
+    /// outside): the run is then no result to keep.
+    pub signal: Option<i32>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -96,9 +99,10 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
         cmd.env("PATH", path);
     }
     let out = cmd.output()?;
+    let signal = std::os::unix::process::ExitStatusExt::signal(&out.status);
     let exit_code = match out.status.code() {
         Some(c) => c,
-        None => 128 + std::os::unix::process::ExitStatusExt::signal(&out.status).unwrap_or(0),
+        None => 128 + signal.unwrap_or(0),
     };
     let mut outputs = Vec::new();
     for (dest, tmp) in redirected {
@@ -106,5 +110,5 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
             outputs.push(OutputFile { path: dest, data, append: false });
         }
     }
-    Ok(ProcessResult { exit_code, stdout: out.stdout, stderr: out.stderr, outputs })
+    Ok(ProcessResult { exit_code, stdout: out.stdout, stderr: out.stderr, outputs, signal })
 }

@@ -395,6 +395,9 @@ struct State {
     idle: Vec<Worker>,
     /// Live worker processes (idle or busy).
     live: usize,
+    /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
+    /// a request for one waits for that worker rather than starting another.
+    prewarming: Vec<LibSpec>,
 }
 
 /// Deadlines of the requests in flight, watched by one thread.
@@ -440,21 +443,24 @@ impl WorkerPool {
     pub fn prewarm(&self, lib: &LibSpec) {
         {
             let mut st = self.lock();
-            if st.live >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) {
+            if st.live >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {
                 return;
             }
             st.live += 1;
+            st.prewarming.push(lib.clone());
         }
-        match self.spawn(lib) {
-            Ok(w) => {
-                self.lock().idle.push(w);
-                self.freed.notify_one();
-            }
+        let spawned = self.spawn(lib);
+        let mut st = self.lock();
+        st.prewarming.retain(|l| l != lib);
+        match spawned {
+            Ok(w) => st.idle.push(w),
             Err(e) => {
                 tracing::warn!("cannot start an nvJitLink worker: {e}");
-                self.release_slot();
+                st.live -= 1;
             }
         }
+        drop(st);
+        self.freed.notify_all();
     }
 
     /// Link in a worker for `lib`.
@@ -514,6 +520,10 @@ impl WorkerPool {
             if let Some(i) = st.idle.iter().rposition(|w| &w.lib == lib) {
                 return Ok(st.idle.swap_remove(i));
             }
+            if st.prewarming.contains(lib) {
+                st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
             if st.live < self.config.max {
                 st.live += 1;
                 break;
@@ -535,12 +545,12 @@ impl WorkerPool {
 
     fn checkin(&self, w: Worker) {
         self.lock().idle.push(w);
-        self.freed.notify_one();
+        self.freed.notify_all();
     }
 
     fn release_slot(&self) {
         self.lock().live -= 1;
-        self.freed.notify_one();
+        self.freed.notify_all();
     }
 
     fn spawn(&self, lib: &LibSpec) -> Result<Worker, WorkerError> {

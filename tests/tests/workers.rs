@@ -168,3 +168,45 @@ fn killed_worker_fails_only_its_link_and_is_replaced() {
     assert_eq!(d.stat("cache_hits"), 0);
     assert!(d.stat("workers") >= 1);
 }
+
+/// `scale.cubin` with byte 2 of the name offset of its fifth symbol (`.symtab`
+/// entry 4) XOR 0x10: a name far outside the string table. nvlinkd's readers
+/// decline it, so the daemon runs the real nvlink as its engine, which dies
+/// by SIGSEGV (found by the same one-byte search as [`crashing_cubin`]).
+fn bad_symbol_cubin(dir: &Path) -> PathBuf {
+    let src = std::fs::read(corpus::dir().join("scale.cubin")).expect("corpus scale.cubin");
+    let elf = nvlinkd_core::elf::Elf::parse(&src).expect("scale.cubin is an ELF file");
+    let (_, symtab) = elf.section(".symtab").expect(".symtab");
+    let mut data = src.clone();
+    data[symtab.offset as usize + 4 * 24 + 2] ^= 0x10;
+    let path = dir.join("badsym.cubin");
+    std::fs::write(&path, &data).expect("write badsym.cubin");
+    path
+}
+
+#[test]
+fn nvlink_engine_killed_by_a_signal_is_no_result() {
+    let work = TempDir::new("badsym");
+    let bad = bad_symbol_cubin(work.path());
+    let link = format!("--arch=sm_90 {} -o {{OUT}}/out.cubin", bad.display());
+    let out = TempDir::new("badsym-ref");
+    let status = std::process::Command::new(real_nvlink())
+        .args(inv(&link, work.path(), &out).args)
+        .status()
+        .expect("run nvlink");
+    assert!(
+        std::os::unix::process::ExitStatusExt::signal(&status).is_some(),
+        "the real nvlink no longer crashes on the damaged symbol table: {status}"
+    );
+    let expected = run(&real_nvlink(), &inv(&link, work.path(), &out), &[]);
+
+    let d = Daemon::start();
+    for round in ["first", "second"] {
+        let actual = run(&shim(), &inv(&link, work.path(), &TempDir::new("badsym-shim")), &fallback_env(&d));
+        same(&expected, &actual, round);
+    }
+    assert!(d.answers());
+    assert_eq!(d.stat("cache_hits"), 0, "a crash of the nvlink engine was cached");
+    assert_eq!(d.stat("nvlink_process"), 0, "a crash of the nvlink engine was counted as its result");
+    assert_eq!(d.stat("fallbacks"), 2);
+}

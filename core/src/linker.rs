@@ -228,7 +228,7 @@ impl Linker {
         let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
-            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
+            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind, cancel),
             _ => self.device_link(&tk, req, fs, &spec, mode, cancel),
         };
         // The real nvlink engine prints the parse warnings itself.
@@ -241,18 +241,25 @@ impl Linker {
 
     /// Modes H and I: the host linker script, made here (the daemon runs on the
     /// caller's machine when it shares its filesystem).
-    fn host_linker_script(&self, tk: &Toolkit, req: &Request, spec: &Spec, kind: HostScript) -> Outcome {
+    fn host_linker_script(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        spec: &Spec,
+        kind: HostScript,
+        cancel: &Cancel,
+    ) -> Outcome {
         if !req.shared_fs {
             bump(&self.stats.fallbacks);
             return Outcome::fallback("host linker scripts come from the caller's host tools");
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
-            return self.run_nvlink(tk, req, spec);
+            return self.run_nvlink(tk, req, spec, cancel);
         }
         let scratch = match process::Scratch::new(&self.scratch_dir()) {
             Ok(s) => s,
-            Err(_) => return self.run_nvlink(tk, req, spec),
+            Err(_) => return self.run_nvlink(tk, req, spec, cancel),
         };
         let mut report = Report::new(Filters::default());
         match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
@@ -274,7 +281,7 @@ impl Linker {
             }
             Err(GhlsError::Unsupported(why)) => {
                 debug!(%why, "host linker script left to nvlink");
-                self.run_nvlink(tk, req, spec)
+                self.run_nvlink(tk, req, spec, cancel)
             }
         }
     }
@@ -380,7 +387,7 @@ impl Linker {
     ) -> Outcome {
         let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
-            return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));
+            return self.run_nvlink(tk, req, spec, cancel).routed(format!("--arch {:?}", spec.arch));
         };
         let ctx = LoadContext {
             fs,
@@ -396,11 +403,11 @@ impl Linker {
             Err(LoadError::Fatal(ds)) => return self.fatals(ds),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
-                return self.run_nvlink(tk, req, spec).routed(why);
+                return self.run_nvlink(tk, req, spec, cancel).routed(why);
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            return self.run_nvlink(tk, req, spec).routed("-Werror with input warnings".into());
+            return self.run_nvlink(tk, req, spec, cancel).routed("-Werror with input warnings".into());
         }
         let t_plan = t0.elapsed();
         let artifacts = Artifacts {
@@ -430,7 +437,7 @@ impl Linker {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
                 debug!(%why, "link not reproduced in process");
-                return self.run_nvlink(tk, req, spec).routed(why);
+                return self.run_nvlink(tk, req, spec, cancel).routed(why);
             }
         };
         bump(&self.stats.in_process);
@@ -496,14 +503,15 @@ impl Linker {
     }
 
     /// The real nvlink as the engine (same filesystem only).
-    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec) -> Outcome {
+    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel) -> Outcome {
         if !req.shared_fs {
             bump(&self.stats.fallbacks);
             return Outcome::fallback(
                 "this link needs the real nvlink and the daemon does not share the caller's files",
             );
         }
-        match process::run(&tk.nvlink(), req, spec, &self.scratch_dir()) {
+        let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
+        match process::run(&tk.nvlink(), req, spec, &self.scratch_dir(), cancel, limit) {
             Ok(r) if r.signal.is_some() => {
                 // nvlink crashed (it does on some damaged inputs) or something
                 // killed it: no result to keep; the shim runs nvlink itself,

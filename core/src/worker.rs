@@ -353,6 +353,49 @@ impl Cancel {
         }
     }
 
+    /// Wait for `child` (a process run for this link: the real nvlink) and
+    /// collect its output; [`Cancel::cancel`] kills it, and so does `limit`.
+    pub fn supervise(&self, mut child: Child, limit: Duration) -> std::io::Result<std::process::Output> {
+        if !self.attach(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other("link cancelled"));
+        }
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let me = self.clone();
+        let watchdog = std::thread::Builder::new().name("nvlinkd-process-watch".into()).spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                me.stop(TIMED_OUT);
+            }
+        });
+        let stderr = child.stderr.take();
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut e) = stderr {
+                let _ = e.read_to_end(&mut v);
+            }
+            v
+        });
+        let mut stdout = Vec::new();
+        let read = child.stdout.take().map_or(Ok(0), |mut o| o.read_to_end(&mut stdout));
+        let stderr = err_reader.join().unwrap_or_default();
+        // Wait for the exit without reaping it: the pid stays this child's for
+        // as long as a cancel may still signal it.
+        // SAFETY: waitid on our own child with a zeroed out-parameter.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT);
+        }
+        self.detach();
+        let _ = done.send(());
+        if let Ok(w) = watchdog {
+            let _ = w.join();
+        }
+        let status = child.wait()?;
+        read?;
+        Ok(std::process::Output { status, stdout, stderr })
+    }
+
     /// Record the worker about to serve this link; false when already cancelled.
     fn attach(&self, pid: u32) -> bool {
         let mut slot = self.0.pid.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,8 +1,9 @@
-//! The worker pool on its own: cancelling a link or passing its time limit kills
-//! the worker serving it at once; a worker gives the library's own answer.
+//! The worker pool and the nvlink engine on their own: cancelling a link or
+//! passing its time limit kills the process serving it at once; a worker gives
+//! the library's own answer.
 //!
-//! The only test of this binary: it sets the worker test hook in its own
-//! environment, which the workers inherit.
+//! The workers test sets the worker test hook in this binary's environment,
+//! which the workers inherit (the other test here starts no worker).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -87,4 +88,32 @@ fn cancel_and_time_limit_kill_the_worker_at_once() {
     });
     std::fs::remove_file(&hold).unwrap();
     assert_eq!(pool.live(), 0);
+}
+
+/// The real nvlink as engine is under the same control: a cancelled link does
+/// not start it, and one past its time limit is killed (it then ends by a
+/// signal, which the linker never takes for a result).
+#[test]
+fn nvlink_engine_runs_are_cancellable_and_time_limited() {
+    use nvlinkd_core::cli::{parse::parse, spec::Spec};
+    use nvlinkd_core::engine::process;
+    use nvlinkd_core::fs::LocalFs;
+    use nvlinkd_core::request::Request;
+
+    let out = TempDir::new("engine");
+    let args: Vec<String> = ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "out.cubin"].map(String::from).to_vec();
+    let cwd = corpus::dir().clone();
+    let spec = Spec::from_parsed(parse(&args, &LocalFs, &cwd).expect("parse")).expect("spec");
+    let req = Request { args, cwd, env: Default::default(), toolkit: None, shared_fs: true };
+    let nvlink = cuda_home().join("bin/nvlink");
+
+    let ok = process::run(&nvlink, &req, &spec, out.path(), &Cancel::new(), Duration::from_secs(600)).expect("run");
+    assert_eq!((ok.exit_code, ok.signal, ok.outputs.len()), (0, None, 1), "{}", String::from_utf8_lossy(&ok.stderr));
+
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    assert!(process::run(&nvlink, &req, &spec, out.path(), &cancelled, Duration::from_secs(600)).is_err());
+
+    let killed = process::run(&nvlink, &req, &spec, out.path(), &Cancel::new(), Duration::ZERO).expect("run");
+    assert_eq!(killed.signal, Some(libc::SIGKILL), "nvlink was not killed at its time limit");
 }

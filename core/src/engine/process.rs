@@ -9,14 +9,16 @@
 //! atomically.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::cli::options::Opt;
 use crate::cli::parse::{ArgPos, Occurrence};
 use crate::cli::spec::Spec;
 use crate::fs::absolute;
 use crate::request::{OutputFile, Request};
+use crate::worker::Cancel;
 
 /// What an nvlink run printed and wrote.
 pub struct ProcessResult {
@@ -61,8 +63,16 @@ fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
     }
 }
 
-/// Run `nvlink` for `req`, capturing its outputs.
-pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> std::io::Result<ProcessResult> {
+/// Run `nvlink` for `req`, capturing its outputs. `cancel` kills it, and so
+/// does a run longer than `limit` (it then ends by a signal: no result).
+pub fn run(
+    nvlink: &Path,
+    req: &Request,
+    spec: &Spec,
+    scratch_parent: &Path,
+    cancel: &Cancel,
+    limit: Duration,
+) -> std::io::Result<ProcessResult> {
     let scratch = Scratch::new(scratch_parent)?;
     let mut args = req.args.clone();
     // (caller's path, scratch path)
@@ -98,7 +108,8 @@ pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> 
     if let Ok(path) = std::env::var("PATH") {
         cmd.env("PATH", path);
     }
-    let out = cmd.output()?;
+    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let out = cancel.supervise(child, limit)?;
     let signal = std::os::unix::process::ExitStatusExt::signal(&out.status);
     let exit_code = match out.status.code() {
         Some(c) => c,

@@ -19,7 +19,10 @@ for t in "${targets[@]}"; do
     case $t in
       cli) printf -- '--arch=sm_90\0-dlto\0a.o\0-o\0x' > "$seeds/seed1"
            printf -- '-L\0lib\0-ldevmath\0--options-file\0f\0-ghls\0-Xptxas\0-O1,-v' > "$seeds/seed2" ;;
-      elf|inputs) cp "$corpus_src"/{accumulate.o,scale.cubin,cdp.o,saxpy_lto.o,merged_r.o} "$seeds/" 2>/dev/null || true ;;
+      elf|inputs) cp "$corpus_src"/{accumulate.o,scale.cubin,cdp.o,saxpy_lto.o,merged_r.o} "$seeds/" 2>/dev/null || true
+                  # The input that crashes libnvJitLink and nvlink (tests/tests/workers.rs):
+                  # scale.cubin with byte 2 of .nv.callgraph XOR 0x10.
+                  python3 scripts/crash-cubin.py "$corpus_src/scale.cubin" "$seeds/crash-callgraph.cubin" 2>/dev/null || true ;;
       fatbin) cp "$corpus_src"/saxpy.fatbin "$seeds/" 2>/dev/null || true
               objcopy -O binary --only-section=__nv_relfatbin "$corpus_src/accumulate.o" "$seeds/accumulate.fatbin" 2>/dev/null || true ;;
       archive) cp "$corpus_src"/lib/libdevmath.a "$seeds/" 2>/dev/null || true ;;

@@ -27,5 +27,6 @@ pub mod regbin;
 pub mod request;
 pub mod stats;
 pub mod toolkit;
+pub mod worker;
 
 pub use linker::{Linker, LinkerConfig};

@@ -31,6 +31,7 @@ use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
 use crate::stats::{bump, Stats};
 use crate::toolkit::Toolkit;
+use crate::worker::{Cancel, PoolConfig, WorkerPool};
 
 /// How a linker is set up.
 #[derive(Clone, Debug, Default)]
@@ -45,7 +46,17 @@ pub struct LinkerConfig {
     pub cache_mem: u64,
     /// On-disk cache bound, bytes.
     pub cache_size: u64,
+    /// Executable whose `worker` subcommand runs libnvJitLink out of this
+    /// process (`nvlinkd`); None loads the library into this process.
+    pub worker_exe: Option<PathBuf>,
+    /// Address-space limit of each worker, bytes (0: none).
+    pub worker_mem: u64,
+    /// Longest time one nvJitLink request may take in a worker (None: 30 min).
+    pub worker_timeout: Option<std::time::Duration>,
 }
+
+/// Default time limit of one nvJitLink request in a worker.
+pub const DEFAULT_WORKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 pub struct Linker {
     config: LinkerConfig,
@@ -64,6 +75,8 @@ pub struct Linker {
     /// Test hook (`NVLINKD_TEST_PAUSE_AFTER_KEY_MS`): a pause between a link's
     /// key and its computation, for tests that change inputs in between.
     test_pause_after_key: u64,
+    /// Worker processes running libnvJitLink (see `worker.rs`).
+    workers: Option<Arc<WorkerPool>>,
 }
 
 /// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
@@ -78,6 +91,8 @@ struct Toolkits {
     open: DashMap<PathBuf, Arc<Toolkit>>,
     /// Toolkits being opened (one opening per root, however many links wait).
     opening: DashMap<PathBuf, Arc<Opening>>,
+    /// Where a newly opened toolkit gets its first worker started.
+    workers: Option<Arc<WorkerPool>>,
 }
 
 impl Toolkits {
@@ -94,6 +109,11 @@ impl Toolkits {
                 let tk = Toolkit::open(root).map(Arc::new).map_err(|e| e.to_string())?;
                 // Before any link needs it (a few stats).
                 tk.identity();
+                if let Some(w) = &self.workers {
+                    // Start one worker now: loading nvJitLink costs tens of milliseconds.
+                    let (w, lib) = (w.clone(), tk.jitlink_spec());
+                    std::thread::spawn(move || w.prewarm(&lib));
+                }
                 Ok(tk)
             })
             .clone();
@@ -139,9 +159,17 @@ impl Linker {
             pool = pool.num_threads(j);
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        let workers = config.worker_exe.clone().map(|exe| {
+            Arc::new(WorkerPool::new(PoolConfig {
+                exe,
+                max: pool.current_num_threads(),
+                mem_limit: config.worker_mem,
+                timeout: config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
+            }))
+        });
         // Open the default toolkit now, off the first link's path (a link
         // arriving meanwhile waits for this one opening, not a second one).
-        let toolkits = Arc::new(Toolkits::default());
+        let toolkits = Arc::new(Toolkits { workers: workers.clone(), ..Default::default() });
         if let Some(root) = config.default_toolkit.clone().filter(|r| r.join("bin/nvlink").is_file()) {
             let toolkits = toolkits.clone();
             let _ = std::thread::Builder::new().name("nvlinkd-toolkit".into()).spawn(move || toolkits.open(&root));
@@ -159,6 +187,7 @@ impl Linker {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            workers,
             config,
         }
     }
@@ -180,6 +209,11 @@ impl Linker {
             ("cache_write_errors", write_errors),
             ("cache_disk", u64::from(disk_on)),
             ("decoded_input_bytes", self.decode_memo.bytes()),
+            (
+                "worker_crashes",
+                self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
+            ),
+            ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
         ])
     }
 
@@ -217,6 +251,12 @@ impl Linker {
     }
 
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
+        self.link_cancellable(req, fs, &Cancel::new())
+    }
+
+    /// [`Linker::link`], with a handle that cancels the link: the worker
+    /// process serving it is killed at once and the link answers "fall back".
+    pub fn link_cancellable(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
         bump(&self.stats.requests);
         // One view of the files for the whole link: options files, the key and
         // the link all see the same reads and stats.
@@ -236,7 +276,7 @@ impl Linker {
         let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
-            return self.run_nvlink(&tk, req, &spec).routed("-report-arch without --arch".into());
+            return self.run_nvlink(&tk, req, &spec, cancel).routed("-report-arch without --arch".into());
         }
         let mode = match spec.mode() {
             Ok(m) => m,
@@ -246,8 +286,8 @@ impl Linker {
         let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
-            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind),
-            _ => self.device_link(&tk, req, &memo, &spec, mode),
+            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind, cancel),
+            _ => self.device_link(&tk, req, &memo, &spec, mode, cancel),
         };
         // The real nvlink engine prints the parse warnings itself.
         if outcome.engine == EngineKind::NvlinkProcess {
@@ -259,18 +299,25 @@ impl Linker {
 
     /// Modes H and I: the host linker script, made here (the daemon runs on the
     /// caller's machine when it shares its filesystem).
-    fn host_linker_script(&self, tk: &Toolkit, req: &Request, spec: &Spec, kind: HostScript) -> Outcome {
+    fn host_linker_script(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        spec: &Spec,
+        kind: HostScript,
+        cancel: &Cancel,
+    ) -> Outcome {
         if !req.shared_fs {
             bump(&self.stats.fallbacks);
             return Outcome::fallback("host linker scripts come from the caller's host tools");
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
-            return self.run_nvlink(tk, req, spec);
+            return self.run_nvlink(tk, req, spec, cancel);
         }
         let scratch = match self.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
             Some(s) => s,
-            None => return self.run_nvlink(tk, req, spec),
+            None => return self.run_nvlink(tk, req, spec, cancel),
         };
         let mut report = Report::new(Filters::default());
         match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
@@ -292,18 +339,26 @@ impl Linker {
             }
             Err(GhlsError::Unsupported(why)) => {
                 debug!(%why, "host linker script left to nvlink");
-                self.run_nvlink(tk, req, spec)
+                self.run_nvlink(tk, req, spec, cancel)
             }
         }
     }
 
     /// Modes A to E, through the whole-link cache: a hit returns the stored
     /// result; identical links in flight are computed once.
-    fn device_link(&self, tk: &Toolkit, req: &Request, memo: &MemoFs, spec: &Spec, mode: Mode) -> Outcome {
-        let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode) };
+    fn device_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        memo: &MemoFs,
+        spec: &Spec,
+        mode: Mode,
+        cancel: &Cancel,
+    ) -> Outcome {
+        let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode, cancel) };
         let t_keys = std::time::Instant::now();
         let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes) else {
-            return self.compute_link(tk, req, memo, spec, mode);
+            return self.compute_link(tk, req, memo, spec, mode, cancel);
         };
         debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
@@ -316,7 +371,7 @@ impl Linker {
         }
         let mine = std::cell::RefCell::new(None);
         let (entry, leader) = cache.flights.run(keys.content, || {
-            let outcome = self.compute_link(tk, req, memo, spec, mode);
+            let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if let Some(e) = &entry {
                 let t_put = std::time::Instant::now();
@@ -338,7 +393,7 @@ impl Linker {
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
             Some(o) if !leader => o,
-            _ => self.compute_link(tk, req, memo, spec, mode),
+            _ => self.compute_link(tk, req, memo, spec, mode, cancel),
         }
     }
 
@@ -400,10 +455,18 @@ impl Linker {
     }
 
     /// Modes A to E: plan, then the in-process engine or the real nvlink.
-    fn compute_link(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, mode: Mode) -> Outcome {
+    fn compute_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        mode: Mode,
+        cancel: &Cancel,
+    ) -> Outcome {
         let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
-            return self.run_nvlink(tk, req, spec).routed(format!("--arch {:?}", spec.arch));
+            return self.run_nvlink(tk, req, spec, cancel).routed(format!("--arch {:?}", spec.arch));
         };
         let ctx = LoadContext {
             fs,
@@ -419,11 +482,11 @@ impl Linker {
             Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
-                return self.run_nvlink(tk, req, spec).routed(why);
+                return self.run_nvlink(tk, req, spec, cancel).routed(why);
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            return self.run_nvlink(tk, req, spec).routed("-Werror with input warnings".into());
+            return self.run_nvlink(tk, req, spec, cancel).routed("-Werror with input warnings".into());
         }
         let t_plan = t0.elapsed();
         let artifacts = Artifacts {
@@ -433,13 +496,27 @@ impl Linker {
             stats: &self.stats,
         };
         let scratch = self.scratch_dir();
-        let cx = inprocess::Context { tk, artifacts: &artifacts, scratch: &scratch };
+        let fault = std::sync::Mutex::new(None);
+        let cx = inprocess::Context {
+            tk,
+            artifacts: &artifacts,
+            scratch: &scratch,
+            workers: self.workers.as_deref(),
+            cancel,
+            fault: &fault,
+        };
         let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
+        if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            // Not an nvlink answer: the shim runs nvlink; nothing is cached.
+            warn!(%why, "link failed in its worker");
+            bump(&self.stats.fallbacks);
+            return Outcome::fallback(why);
+        }
         let output = match linked {
             Ok(bytes) => bytes,
             Err(Unsupported(why)) => {
                 debug!(%why, "link not reproduced in process");
-                return self.run_nvlink(tk, req, spec).routed(why);
+                return self.run_nvlink(tk, req, spec, cancel).routed(why);
             }
         };
         bump(&self.stats.in_process);
@@ -505,14 +582,15 @@ impl Linker {
     }
 
     /// The real nvlink as the engine (same filesystem only).
-    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec) -> Outcome {
+    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel) -> Outcome {
         if !req.shared_fs {
             bump(&self.stats.fallbacks);
             return Outcome::fallback(
                 "this link needs the real nvlink and the daemon does not share the caller's files",
             );
         }
-        match process::run(&tk.nvlink(), req, spec, &self.scratch_parents()) {
+        let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
+        match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
                 Outcome {

@@ -143,7 +143,13 @@ impl Toolkit {
         self.root.join(format!("lib64/libnvJitLink.so.{major}"))
     }
 
-    /// The toolkit's libnvJitLink, loaded on first use and kept.
+    /// What a worker process loads to link for this toolkit.
+    pub fn jitlink_spec(&self) -> crate::worker::LibSpec {
+        crate::worker::LibSpec { path: self.jitlink_path(), major: self.release.major, minor: self.release.minor }
+    }
+
+    /// The toolkit's libnvJitLink, loaded into this process on first use and
+    /// kept (only where no worker executable is configured: see `worker.rs`).
     pub fn jitlink(&self) -> Result<Arc<JitLink>, ToolkitError> {
         self.jitlink
             .get_or_init(|| {

@@ -18,6 +18,7 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let linker = Linker::new(LinkerConfig {
         default_toolkit: cuda_home.clone(),
         cache_dir: scratch.clone(),
+        worker_exe: std::env::current_exe().ok(),
         ..Default::default()
     });
     let req = Request { args, cwd, env, toolkit: cuda_home, shared_fs: true };

@@ -43,6 +43,12 @@ struct ServeArgs {
     /// Bytes of cached results kept on disk
     #[arg(long, default_value_t = 10 << 30)]
     cache_size: u64,
+    /// Address-space limit of each nvJitLink worker process, bytes (0: none)
+    #[arg(long, default_value_t = 64 << 30)]
+    worker_mem: u64,
+    /// Seconds one nvJitLink request may take before its worker is killed
+    #[arg(long, default_value_t = 1800)]
+    worker_timeout: u64,
 }
 
 impl ServeArgs {
@@ -70,6 +76,10 @@ impl ServeArgs {
             self.cache_mem.to_string(),
             "--cache-size".into(),
             self.cache_size.to_string(),
+            "--worker-mem".into(),
+            self.worker_mem.to_string(),
+            "--worker-timeout".into(),
+            self.worker_timeout.to_string(),
         ]);
         a
     }
@@ -107,6 +117,19 @@ enum Command {
         /// nvlink's arguments
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Run libnvJitLink for a daemon (started by the daemon; see core/src/worker.rs)
+    #[command(hide = true)]
+    Worker {
+        /// The libnvJitLink to load
+        #[arg(long)]
+        lib: PathBuf,
+        /// Its release, MAJOR.MINOR (the versioned entry points to resolve)
+        #[arg(long)]
+        release: String,
+        /// Address-space limit in bytes (0: none)
+        #[arg(long, default_value_t = 0)]
+        mem: u64,
     },
     /// Build a toolkit overlay whose bin/nvlink is the shim (--prefix), or make
     /// the toolkit's own bin/nvlink the shim (--in-place; builds keep the
@@ -160,6 +183,9 @@ fn main() -> ExitCode {
                     jobs: a.jobs,
                     cache_mem: a.cache_mem,
                     cache_size: a.cache_size,
+                    worker_exe: std::env::current_exe().ok(),
+                    worker_mem: a.worker_mem,
+                    worker_timeout: Some(std::time::Duration::from_secs(a.worker_timeout.max(1))),
                 },
             };
             match runtime().block_on(daemon::serve(opts)) {
@@ -180,5 +206,15 @@ fn main() -> ExitCode {
         Command::Install { cuda_home, .. } => report(install::install_in_place(&cuda_home)),
         Command::Uninstall { cuda_home } => report(install::uninstall(&cuda_home)),
         Command::Exec { explain, args } => exec::run(args, explain),
+        Command::Worker { lib, release, mem } => {
+            let Some((major, minor)) =
+                release.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            else {
+                eprintln!("nvlinkd worker: bad --release {release}");
+                return ExitCode::from(2);
+            };
+            let lib = nvlinkd_core::worker::LibSpec { path: lib, major, minor };
+            ExitCode::from(nvlinkd_core::worker::serve(&lib, mem) as u8)
+        }
     }
 }

@@ -12,6 +12,12 @@
 //! plan this engine does not reproduce exactly; the linker sends those to the
 //! real nvlink. A failure inside nvJitLink (an undefined symbol) is handed to
 //! nvlink as well, which then prints its own diagnostics: errors stay nvlink's.
+//!
+//! nvJitLink runs in a worker process ([`crate::worker`]) when the linker has
+//! a worker executable. A worker that dies while linking is recorded in
+//! [`Context::fault`]: the link then has no result at all (the linker answers
+//! "fall back" and caches nothing), since a crash is not an nvlink answer the
+//! daemon could reproduce.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -25,9 +31,10 @@ use crate::cli::spec::{Mode, Spec};
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
 use crate::input::load::Code;
-use crate::jitlink::{InputType, JitInput};
+use crate::jitlink::{InputType, JitInput, JitOutput};
 use crate::plan::Plan;
 use crate::toolkit::Toolkit;
+use crate::worker::{Cancel, WorkerPool};
 
 /// Why a plan goes to the real nvlink instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +49,30 @@ pub struct Context<'a> {
     pub tk: &'a Toolkit,
     pub artifacts: &'a Artifacts<'a>,
     pub scratch: &'a Path,
+    /// Worker processes running nvJitLink (None: the library in this process).
+    pub workers: Option<&'a WorkerPool>,
+    /// Cancels this link (kills the worker serving it).
+    pub cancel: &'a Cancel,
+    /// Set when the link failed because of its environment (a worker died or
+    /// was killed): the linker then gives no result.
+    pub fault: &'a std::sync::Mutex<Option<String>>,
+}
+
+impl Context<'_> {
+    /// One nvJitLink link, in a worker when there are workers.
+    fn jit_link(&self, options: &[String], inputs: &[JitInput<'_>], want_ptx: bool) -> Result<JitOutput, Unsupported> {
+        let Some(pool) = self.workers else {
+            let jit = self.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
+            return jit.link(options, inputs, want_ptx).map_err(|e| Unsupported(format!("nvJitLink: {e}")));
+        };
+        pool.link(&self.tk.jitlink_spec(), options, inputs, want_ptx, self.cancel).map_err(|e| {
+            if e.is_fault() {
+                let mut f = self.fault.lock().unwrap_or_else(|p| p.into_inner());
+                f.get_or_insert_with(|| e.to_string());
+            }
+            Unsupported(format!("nvJitLink: {e}"))
+        })
+    }
 }
 
 /// Options whose effect the in-process engine does not reproduce (yet).
@@ -105,12 +136,11 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             }
         }
     }
-    let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
     let run = |extra: &[String]| -> Result<Vec<u8>, Unsupported> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
         let t = std::time::Instant::now();
-        let out = jit.link(&opts, &inputs, false).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
+        let out = cx.jit_link(&opts, &inputs, false)?;
         tracing::debug!(jitlink_ms = t.elapsed().as_secs_f64() * 1e3, "nvJitLink link");
         out.cubin.ok_or_else(|| Unsupported("nvJitLink returned no cubin".into()))
     };
@@ -305,8 +335,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     let key = cx.artifacts.key(Level::Nvvm, &parts);
     let t_nvvm = std::time::Instant::now();
     let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
-        let jit = cx.tk.jitlink().map_err(|e| Unsupported(e.to_string()))?;
-        let out = jit.link(&options, &objects, true).map_err(|e| Unsupported(format!("nvJitLink: {e}")))?;
+        let out = cx.jit_link(&options, &objects, true)?;
         out.ptx.ok_or_else(|| Unsupported("nvJitLink returned no PTX".into()))
     })?;
     if mode == Mode::LtoEmitPtx {

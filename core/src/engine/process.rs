@@ -27,14 +27,16 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::cli::options::Opt;
 use crate::cli::parse::{ArgPos, Occurrence};
 use crate::cli::spec::Spec;
 use crate::fs::absolute;
 use crate::request::{OutputFile, Request};
+use crate::worker::Cancel;
 
 /// What an nvlink run printed and wrote.
 pub struct ProcessResult {
@@ -141,11 +143,19 @@ fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
 
 /// Run `nvlink` for `req`, capturing its outputs: in the first of
 /// `scratch_parents` that works, retrying in the next after an environment
-/// fault.
-pub fn run(nvlink: &Path, req: &Request, spec: &Spec, scratch_parents: &[PathBuf]) -> Result<ProcessResult, RunError> {
+/// fault. `cancel` kills it, and so does a run longer than `limit` (it then
+/// ends by a signal: no result).
+pub fn run(
+    nvlink: &Path,
+    req: &Request,
+    spec: &Spec,
+    scratch_parents: &[PathBuf],
+    cancel: &Cancel,
+    limit: Duration,
+) -> Result<ProcessResult, RunError> {
     let mut last = RunError::Environment("no scratch directory".into());
     for parent in scratch_parents {
-        match run_in(nvlink, req, spec, parent) {
+        match run_in(nvlink, req, spec, parent, cancel, limit) {
             Err(RunError::Environment(why)) => {
                 tracing::warn!(scratch = %parent.display(), "nvlink run failed by its environment: {why}");
                 last = RunError::Environment(why);
@@ -160,7 +170,14 @@ fn env_err(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
     move |e| RunError::Environment(format!("{what}: {e}"))
 }
 
-fn run_in(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> Result<ProcessResult, RunError> {
+fn run_in(
+    nvlink: &Path,
+    req: &Request,
+    spec: &Spec,
+    scratch_parent: &Path,
+    cancel: &Cancel,
+    limit: Duration,
+) -> Result<ProcessResult, RunError> {
     let _ = std::fs::create_dir_all(scratch_parent);
     let scratch = Scratch::new(scratch_parent).map_err(env_err("scratch directory"))?;
     let mut args = req.args.clone();
@@ -202,7 +219,13 @@ fn run_in(nvlink: &Path, req: &Request, spec: &Spec, scratch_parent: &Path) -> R
     let tmpdir = scratch.0.join("tmp");
     std::fs::create_dir(&tmpdir).map_err(env_err("scratch directory"))?;
     cmd.env("TMPDIR", &tmpdir);
-    let out = cmd.output().map_err(env_err("cannot run nvlink"))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(env_err("cannot run nvlink"))?;
+    let out = cancel.supervise(child, limit).map_err(env_err("nvlink"))?;
     let exit_code = match out.status.code() {
         Some(c) => c,
         None => {

@@ -1,0 +1,755 @@
+//! libnvJitLink in supervised worker processes.
+//!
+//! nvJitLink (and NVVM and ptxas inside it) is NVIDIA code that trusts its
+//! inputs: a cubin member with a few flipped bits makes it segfault, and the
+//! real nvlink crashes on the same input (NOTES.md). Loaded into the daemon, one
+//! such input would kill every link in flight. So the library runs in worker
+//! processes (`nvlinkd worker`, [`serve`]): each loads it once and then links
+//! request after request (warm), and the daemon keeps at most `--jobs` of them
+//! ([`WorkerPool`]). A worker that dies (signal, abort, `exit()` inside the
+//! library) fails only the link it was serving; the pool counts it
+//! (`worker_crashes`) and starts a fresh one for the next link.
+//!
+//! Limits: the worker sets its own address-space limit (`RLIMIT_AS`,
+//! `--worker-mem`) before loading the library, and the pool kills a worker
+//! whose request outlives `--worker-timeout`. A [`Cancel`] handle kills the
+//! worker serving a link at once.
+//!
+//! Protocol (stdin → worker, worker → stdout, little endian): after start the
+//! worker writes a handshake (`0` loaded, or `1` + message). A request is
+//! `u32 n_options, {u32 len, bytes}*, u32 n_inputs, {u8 kind, u32 len, name,
+//! u64 len, data}*, u8 want_ptx`; the response `0, {u8 has, u64 len, bytes}`
+//! for cubin and PTX, `u32 len, info log` or `1, u8 call (0 load, 1 call, 2
+//! nul), i32 status, u32 len, message`. nvJitLink writes some diagnostics
+//! straight to file descriptors 1 and 2: the worker moves the protocol to a
+//! private descriptor and points fd 1 at fd 2, which the pool forwards to the
+//! daemon log.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::os::fd::FromRawFd;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::jitlink::{InputType, JitInput, JitLink, JitLinkError, JitOutput};
+
+/// Why a link through a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// nvJitLink returned an error: an ordinary result of the link.
+    #[error("{0}")]
+    JitLink(#[from] JitLinkError),
+    /// The worker died while linking (a crash, abort or exit inside NVIDIA
+    /// code, or a signal from outside): a fault, not a result.
+    #[error("worker {pid} died while linking: {how}")]
+    Crashed { pid: u32, how: String },
+    /// The link was cancelled; its worker was killed.
+    #[error("link cancelled")]
+    Cancelled,
+    /// The request outlived the time limit; its worker was killed.
+    #[error("worker killed after the time limit of {0:?}")]
+    TimedOut(Duration),
+    /// No worker could be started or spoken to.
+    #[error("worker: {0}")]
+    Spawn(String),
+}
+
+impl WorkerError {
+    /// A failure of the environment (not an answer nvlink would give).
+    /// A worker that cannot start is not one: the link then goes to the real
+    /// nvlink, whose answer is nvlink's.
+    pub fn is_fault(&self) -> bool {
+        !matches!(self, WorkerError::JitLink(_) | WorkerError::Spawn(_))
+    }
+}
+
+/// Which library a worker serves.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LibSpec {
+    pub path: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+}
+
+// ---------------------------------------------------------------- wire format
+
+fn put_u32(w: &mut impl Write, v: u32) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_u64(w: &mut impl Write, v: u64) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_bytes32(w: &mut impl Write, b: &[u8]) -> std::io::Result<()> {
+    put_u32(w, u32::try_from(b.len()).map_err(std::io::Error::other)?)?;
+    w.write_all(b)
+}
+
+fn get<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    r.read_exact(&mut b)?;
+    Ok(b)
+}
+
+fn get_u32(r: &mut impl Read) -> std::io::Result<u32> {
+    get::<4>(r).map(u32::from_le_bytes)
+}
+
+fn get_u64(r: &mut impl Read) -> std::io::Result<u64> {
+    get::<8>(r).map(u64::from_le_bytes)
+}
+
+fn get_vec(r: &mut impl Read, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    r.take(len).read_to_end(&mut v)?;
+    if v.len() as u64 != len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(v)
+}
+
+fn get_string32(r: &mut impl Read) -> std::io::Result<String> {
+    let n = get_u32(r)?;
+    Ok(String::from_utf8_lossy(&get_vec(r, n.into())?).into_owned())
+}
+
+fn write_request(
+    w: &mut impl Write,
+    options: &[String],
+    inputs: &[JitInput<'_>],
+    want_ptx: bool,
+) -> std::io::Result<()> {
+    put_u32(w, options.len() as u32)?;
+    for o in options {
+        put_bytes32(w, o.as_bytes())?;
+    }
+    put_u32(w, inputs.len() as u32)?;
+    for i in inputs {
+        w.write_all(&[i.kind as u8])?;
+        put_bytes32(w, i.name.as_bytes())?;
+        put_u64(w, i.data.len() as u64)?;
+        w.write_all(i.data)?;
+    }
+    w.write_all(&[want_ptx as u8])?;
+    w.flush()
+}
+
+fn input_type(k: u8) -> Option<InputType> {
+    Some(match k {
+        1 => InputType::Cubin,
+        2 => InputType::Ptx,
+        3 => InputType::LtoIr,
+        4 => InputType::Fatbin,
+        5 => InputType::Object,
+        6 => InputType::Library,
+        _ => return None,
+    })
+}
+
+/// A request as the worker reads it: `None` at a clean end of input.
+struct OwnedRequest {
+    options: Vec<String>,
+    inputs: Vec<(InputType, String, Vec<u8>)>,
+    want_ptx: bool,
+}
+
+fn read_request(r: &mut impl Read) -> std::io::Result<Option<OwnedRequest>> {
+    let mut first = [0u8; 4];
+    match r.read(&mut first[..1])? {
+        0 => return Ok(None),
+        _ => r.read_exact(&mut first[1..])?,
+    }
+    let n_opts = u32::from_le_bytes(first);
+    let options = (0..n_opts).map(|_| get_string32(r)).collect::<std::io::Result<Vec<_>>>()?;
+    let n_inputs = get_u32(r)?;
+    let mut inputs = Vec::new();
+    for _ in 0..n_inputs {
+        let [k] = get::<1>(r)?;
+        let kind = input_type(k).ok_or_else(|| std::io::Error::other("bad input kind"))?;
+        let name = get_string32(r)?;
+        let len = get_u64(r)?;
+        inputs.push((kind, name, get_vec(r, len)?));
+    }
+    let [want_ptx] = get::<1>(r)?;
+    Ok(Some(OwnedRequest { options, inputs, want_ptx: want_ptx != 0 }))
+}
+
+fn write_response(w: &mut impl Write, res: &Result<JitOutput, JitLinkError>) -> std::io::Result<()> {
+    match res {
+        Ok(out) => {
+            w.write_all(&[0])?;
+            for part in [&out.cubin, &out.ptx] {
+                match part {
+                    Some(b) => {
+                        w.write_all(&[1])?;
+                        put_u64(w, b.len() as u64)?;
+                        w.write_all(b)?;
+                    }
+                    None => w.write_all(&[0])?,
+                }
+            }
+            put_bytes32(w, out.info_log.as_bytes())?;
+        }
+        Err(e) => {
+            w.write_all(&[1])?;
+            let (call, status, msg) = match e {
+                JitLinkError::Load { path, reason } => (0u8, 0i32, format!("{path}\0{reason}")),
+                JitLinkError::Call { call, status, log } => (1, *status, format!("{call}\0{log}")),
+                JitLinkError::Nul => (2, 0, String::new()),
+            };
+            w.write_all(&[call])?;
+            w.write_all(&status.to_le_bytes())?;
+            put_bytes32(w, msg.as_bytes())?;
+        }
+    }
+    w.flush()
+}
+
+/// nvJitLink's call names, for errors that crossed the pipe.
+fn call_name(s: &str) -> &'static str {
+    ["create", "add", "complete", "ptx", "cubin", "log"].into_iter().find(|c| *c == s).unwrap_or("call")
+}
+
+fn read_response(r: &mut impl Read) -> std::io::Result<Result<JitOutput, JitLinkError>> {
+    let [tag] = get::<1>(r)?;
+    if tag == 0 {
+        let mut parts = [None, None];
+        for p in &mut parts {
+            let [has] = get::<1>(r)?;
+            if has != 0 {
+                let n = get_u64(r)?;
+                *p = Some(get_vec(r, n)?);
+            }
+        }
+        let [cubin, ptx] = parts;
+        let info_log = get_string32(r)?;
+        return Ok(Ok(JitOutput { cubin, ptx, info_log }));
+    }
+    let [call] = get::<1>(r)?;
+    let status = i32::from_le_bytes(get::<4>(r)?);
+    let msg = get_string32(r)?;
+    let (a, b) = msg.split_once('\0').unwrap_or((&msg, ""));
+    Ok(Err(match call {
+        0 => JitLinkError::Load { path: a.to_owned(), reason: b.to_owned() },
+        1 => JitLinkError::Call { call: call_name(a), status, log: b.to_owned() },
+        _ => JitLinkError::Nul,
+    }))
+}
+
+// ---------------------------------------------------------------- the worker
+
+/// Test hook of the worker: while the file named by this variable exists, a
+/// request waits before linking, with `<file>.<pid>` present (tests kill the
+/// worker, or release several links at once, in that window).
+pub const HOLD_ENV: &str = "NVLINKD_TEST_WORKER_HOLD";
+
+/// The worker's main loop (`nvlinkd worker`): load the library, then answer
+/// requests on stdin until it closes. Returns the process exit status.
+pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
+    // SAFETY: dup/dup2 on the standard descriptors of this single-threaded
+    // process: the protocol moves to a fresh descriptor, fd 1 becomes a copy of
+    // fd 2 so that whatever the library prints cannot enter the protocol.
+    let proto_fd = unsafe {
+        let fd = libc::dup(1);
+        if fd < 0 || libc::dup2(2, 1) < 0 {
+            return 2;
+        }
+        fd
+    };
+    // SAFETY: proto_fd is a descriptor this process owns and nothing else uses.
+    let mut out = BufWriter::with_capacity(1 << 16, unsafe { std::fs::File::from_raw_fd(proto_fd) });
+    let mut input = BufReader::with_capacity(1 << 16, std::io::stdin().lock());
+    if mem_limit > 0 {
+        let lim = libc::rlimit { rlim_cur: mem_limit, rlim_max: mem_limit };
+        // SAFETY: setrlimit with a valid struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) } != 0 {
+            eprintln!("nvlinkd worker: cannot set the memory limit: {}", std::io::Error::last_os_error());
+        }
+    }
+    let jit = match JitLink::load(&lib.path, lib.major, lib.minor) {
+        Ok(j) => {
+            if out.write_all(&[0]).and_then(|_| out.flush()).is_err() {
+                return 1;
+            }
+            j
+        }
+        Err(e) => {
+            let _ = out.write_all(&[1]).and_then(|_| put_bytes32(&mut out, e.to_string().as_bytes()));
+            let _ = out.flush();
+            return 1;
+        }
+    };
+    let hold = std::env::var_os(HOLD_ENV).map(PathBuf::from);
+    loop {
+        let req = match read_request(&mut input) {
+            Ok(Some(r)) => r,
+            Ok(None) => return 0,
+            Err(e) => {
+                eprintln!("nvlinkd worker: bad request: {e}");
+                return 1;
+            }
+        };
+        if let Some(h) = hold.as_ref().filter(|h| h.exists()) {
+            // Say which worker holds a link (`<file>.<pid>`), then wait.
+            let mark = PathBuf::from(format!("{}.{}", h.display(), std::process::id()));
+            let _ = std::fs::write(&mark, b"");
+            while h.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = std::fs::remove_file(&mark);
+        }
+        let inputs: Vec<JitInput<'_>> =
+            req.inputs.iter().map(|(kind, name, data)| JitInput { kind: *kind, data, name }).collect();
+        let res = jit.link(&req.options, &inputs, req.want_ptx);
+        if write_response(&mut out, &res).is_err() {
+            return 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- cancellation
+
+const LIVE: u8 = 0;
+const CANCELLED: u8 = 1;
+const TIMED_OUT: u8 = 2;
+
+#[derive(Default)]
+struct CancelInner {
+    state: AtomicU8,
+    /// The worker serving this link right now (not yet reaped: its pid cannot
+    /// have been reused while it is recorded here).
+    pid: Mutex<Option<u32>>,
+}
+
+/// Kills the worker serving a link, at once, and refuses the link's later
+/// worker requests. Clones share the state.
+#[derive(Clone, Default)]
+pub struct Cancel(Arc<CancelInner>);
+
+impl Cancel {
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Cancel the link: its worker (if one is linking for it) gets SIGKILL.
+    pub fn cancel(&self) {
+        self.stop(CANCELLED);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.state.load(Ordering::Acquire) != LIVE
+    }
+
+    fn stop(&self, why: u8) {
+        let pid = self.0.pid.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.0.state.compare_exchange(LIVE, why, Ordering::AcqRel, Ordering::Acquire);
+        if let Some(pid) = *pid {
+            // SAFETY: pid is our child and not yet reaped (see `pid`).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+
+    /// Wait for `child` (a process run for this link: the real nvlink) and
+    /// collect its output; [`Cancel::cancel`] kills it, and so does `limit`.
+    pub fn supervise(&self, mut child: Child, limit: Duration) -> std::io::Result<std::process::Output> {
+        if !self.attach(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other("link cancelled"));
+        }
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let me = self.clone();
+        let watchdog = std::thread::Builder::new().name("nvlinkd-process-watch".into()).spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                me.stop(TIMED_OUT);
+            }
+        });
+        let stderr = child.stderr.take();
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut e) = stderr {
+                let _ = e.read_to_end(&mut v);
+            }
+            v
+        });
+        let mut stdout = Vec::new();
+        let read = child.stdout.take().map_or(Ok(0), |mut o| o.read_to_end(&mut stdout));
+        let stderr = err_reader.join().unwrap_or_default();
+        // Wait for the exit without reaping it: the pid stays this child's for
+        // as long as a cancel may still signal it.
+        // SAFETY: waitid on our own child with a zeroed out-parameter.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT);
+        }
+        self.detach();
+        let _ = done.send(());
+        if let Ok(w) = watchdog {
+            let _ = w.join();
+        }
+        let status = child.wait()?;
+        read?;
+        Ok(std::process::Output { status, stdout, stderr })
+    }
+
+    /// Record the worker about to serve this link; false when already cancelled.
+    fn attach(&self, pid: u32) -> bool {
+        let mut slot = self.0.pid.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_cancelled() {
+            return false;
+        }
+        *slot = Some(pid);
+        true
+    }
+
+    fn detach(&self) {
+        *self.0.pid.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+// ---------------------------------------------------------------- the pool
+
+/// How the pool starts workers.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// The executable whose `worker` subcommand is [`serve`] (`nvlinkd`).
+    pub exe: PathBuf,
+    /// Most live workers.
+    pub max: usize,
+    /// `RLIMIT_AS` of each worker in bytes (0: none).
+    pub mem_limit: u64,
+    /// Longest time one request may take.
+    pub timeout: Duration,
+}
+
+struct Worker {
+    lib: LibSpec,
+    child: Child,
+    stdin: BufWriter<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Worker>,
+    /// Live worker processes (idle or busy).
+    live: usize,
+    /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
+    /// a request for one waits for that worker rather than starting another.
+    prewarming: Vec<LibSpec>,
+}
+
+/// Deadlines of the requests in flight, watched by one thread.
+#[derive(Default)]
+struct Watch {
+    next: u64,
+    deadlines: BTreeMap<u64, (Instant, Cancel)>,
+}
+
+/// Bounded pool of warm workers (see the module docs).
+pub struct WorkerPool {
+    config: PoolConfig,
+    state: Mutex<State>,
+    freed: Condvar,
+    watch: Arc<(Mutex<Watch>, Condvar)>,
+    watcher: OnceLock<()>,
+    /// Workers that died while linking.
+    pub crashes: AtomicU64,
+}
+
+impl WorkerPool {
+    pub fn new(config: PoolConfig) -> WorkerPool {
+        WorkerPool {
+            config: PoolConfig { max: config.max.max(1), ..config },
+            state: Mutex::new(State::default()),
+            freed: Condvar::new(),
+            watch: Arc::default(),
+            watcher: OnceLock::new(),
+            crashes: AtomicU64::new(0),
+        }
+    }
+
+    /// Live worker processes.
+    pub fn live(&self) -> u64 {
+        self.lock().live as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start a worker for `lib` ahead of the first link, if there is room.
+    pub fn prewarm(&self, lib: &LibSpec) {
+        {
+            let mut st = self.lock();
+            if st.live >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {
+                return;
+            }
+            st.live += 1;
+            st.prewarming.push(lib.clone());
+        }
+        let spawned = self.spawn(lib);
+        let mut st = self.lock();
+        st.prewarming.retain(|l| l != lib);
+        match spawned {
+            Ok(w) => st.idle.push(w),
+            Err(e) => {
+                tracing::warn!("cannot start an nvJitLink worker: {e}");
+                st.live -= 1;
+            }
+        }
+        drop(st);
+        self.freed.notify_all();
+    }
+
+    /// Link in a worker for `lib`.
+    pub fn link(
+        &self,
+        lib: &LibSpec,
+        options: &[String],
+        inputs: &[JitInput<'_>],
+        want_ptx: bool,
+        cancel: &Cancel,
+    ) -> Result<JitOutput, WorkerError> {
+        if cancel.is_cancelled() {
+            return Err(WorkerError::Cancelled);
+        }
+        let mut w = self.checkout(lib)?;
+        let pid = w.child.id();
+        if !cancel.attach(pid) {
+            self.checkin(w);
+            return Err(WorkerError::Cancelled);
+        }
+        let id = self.watch_deadline(cancel);
+        let res = write_request(&mut w.stdin, options, inputs, want_ptx).and_then(|_| read_response(&mut w.stdout));
+        self.unwatch(id);
+        cancel.detach();
+        match res {
+            Ok(r) => {
+                self.checkin(w);
+                Ok(r?)
+            }
+            Err(e) => {
+                // The worker is gone (or speaks nonsense): reap it, free its slot.
+                let _ = w.child.kill();
+                let status = w.child.wait();
+                self.release_slot();
+                let how = match status {
+                    Ok(s) => describe(s),
+                    Err(_) => format!("{e}"),
+                };
+                match cancel.0.state.load(Ordering::Acquire) {
+                    CANCELLED => Err(WorkerError::Cancelled),
+                    TIMED_OUT => Err(WorkerError::TimedOut(self.config.timeout)),
+                    _ => {
+                        self.crashes.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pid, "nvJitLink worker died while linking: {how}");
+                        Err(WorkerError::Crashed { pid, how })
+                    }
+                }
+            }
+        }
+    }
+
+    /// An idle worker for `lib`, or a new one when there is room; waits while
+    /// all `max` workers are busy.
+    fn checkout(&self, lib: &LibSpec) -> Result<Worker, WorkerError> {
+        let mut st = self.lock();
+        loop {
+            if let Some(i) = st.idle.iter().rposition(|w| &w.lib == lib) {
+                return Ok(st.idle.swap_remove(i));
+            }
+            if st.prewarming.contains(lib) {
+                st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if st.live < self.config.max {
+                st.live += 1;
+                break;
+            }
+            // Full: retire an idle worker of another toolkit, or wait.
+            if let Some(mut other) = st.idle.pop() {
+                drop(st);
+                let _ = other.child.kill();
+                let _ = other.child.wait();
+                st = self.lock();
+                // Its slot goes to this request.
+                break;
+            }
+            st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(st);
+        self.spawn(lib).inspect_err(|_| self.release_slot())
+    }
+
+    fn checkin(&self, w: Worker) {
+        self.lock().idle.push(w);
+        self.freed.notify_all();
+    }
+
+    fn release_slot(&self) {
+        self.lock().live -= 1;
+        self.freed.notify_all();
+    }
+
+    fn spawn(&self, lib: &LibSpec) -> Result<Worker, WorkerError> {
+        let mut child = Command::new(&self.config.exe)
+            .arg("worker")
+            .arg("--lib")
+            .arg(&lib.path)
+            .arg("--release")
+            .arg(format!("{}.{}", lib.major, lib.minor))
+            .arg("--mem")
+            .arg(self.config.mem_limit.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| WorkerError::Spawn(format!("cannot run {}: {e}", self.config.exe.display())))?;
+        let pid = child.id();
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(WorkerError::Spawn("worker without pipes".into()));
+        };
+        // What the library prints goes to the daemon log.
+        let _ = std::thread::Builder::new().name(format!("nvlinkd-worker-log-{pid}")).spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                tracing::info!(pid, "worker: {line}");
+            }
+        });
+        let mut w = Worker {
+            lib: lib.clone(),
+            child,
+            stdin: BufWriter::with_capacity(1 << 16, stdin),
+            stdout: BufReader::with_capacity(1 << 16, stdout),
+        };
+        let hello = get::<1>(&mut w.stdout).and_then(|[t]| match t {
+            0 => Ok(None),
+            _ => get_string32(&mut w.stdout).map(Some),
+        });
+        match hello {
+            Ok(None) => {
+                tracing::debug!(pid, lib = %lib.path.display(), "nvJitLink worker started");
+                Ok(w)
+            }
+            other => {
+                let _ = w.child.kill();
+                let status = w.child.wait().map(describe).unwrap_or_default();
+                let why = match other {
+                    Ok(Some(msg)) => msg,
+                    _ => format!("worker did not start ({status})"),
+                };
+                Err(WorkerError::Spawn(why))
+            }
+        }
+    }
+
+    fn watch_deadline(&self, cancel: &Cancel) -> u64 {
+        self.watcher.get_or_init(|| {
+            let watch = self.watch.clone();
+            let _ = std::thread::Builder::new().name("nvlinkd-worker-watch".into()).spawn(move || watch_loop(&watch));
+        });
+        let (m, cv) = &*self.watch;
+        let mut w = m.lock().unwrap_or_else(|e| e.into_inner());
+        let id = w.next;
+        w.next += 1;
+        w.deadlines.insert(id, (Instant::now() + self.config.timeout, cancel.clone()));
+        cv.notify_one();
+        id
+    }
+
+    fn unwatch(&self, id: u64) {
+        self.watch.0.lock().unwrap_or_else(|e| e.into_inner()).deadlines.remove(&id);
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for mut w in st.idle.drain(..) {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+}
+
+/// Kill the workers of requests past their deadline.
+fn watch_loop(watch: &(Mutex<Watch>, Condvar)) {
+    let (m, cv) = watch;
+    let mut w = m.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let now = Instant::now();
+        for (_, (_, cancel)) in w.deadlines.iter().filter(|(_, (at, _))| *at <= now) {
+            cancel.stop(TIMED_OUT);
+        }
+        w.deadlines.retain(|_, (at, _)| *at > now);
+        let wait = w.deadlines.values().map(|(at, _)| *at - now).min().unwrap_or(Duration::from_secs(3600));
+        w = cv.wait_timeout(w, wait).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
+fn describe(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(c), _) => format!("exited with status {c}"),
+        _ => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_and_response_round_trip() {
+        let data = vec![7u8; 100_000];
+        let inputs = [
+            JitInput { kind: InputType::Cubin, data: &data, name: "a.o" },
+            JitInput { kind: InputType::Object, data: b"", name: "" },
+        ];
+        let mut buf = Vec::new();
+        write_request(&mut buf, &["-arch=sm_90".into(), "-r".into()], &inputs, true).unwrap();
+        let r = read_request(&mut &buf[..]).unwrap().unwrap();
+        assert_eq!(r.options, ["-arch=sm_90", "-r"]);
+        assert_eq!(r.inputs.len(), 2);
+        assert_eq!((r.inputs[0].0, r.inputs[0].1.as_str(), r.inputs[0].2.len()), (InputType::Cubin, "a.o", 100_000));
+        assert!(r.want_ptx);
+        assert!(read_request(&mut &b""[..]).unwrap().is_none());
+        assert!(read_request(&mut &buf[..buf.len() - 1]).is_err(), "a cut request is an error");
+
+        let mut buf = Vec::new();
+        let ok = JitOutput { cubin: Some(vec![1, 2, 3]), ptx: None, info_log: "info".into() };
+        write_response(&mut buf, &Ok(ok)).unwrap();
+        let err = JitLinkError::Call { call: "complete", status: 4, log: "undefined x".into() };
+        write_response(&mut buf, &Err(err)).unwrap();
+        let mut r = &buf[..];
+        let first = read_response(&mut r).unwrap().unwrap();
+        assert_eq!(
+            (first.cubin.as_deref(), first.ptx, first.info_log.as_str()),
+            (Some(&[1u8, 2, 3][..]), None, "info")
+        );
+        match read_response(&mut r).unwrap() {
+            Err(JitLinkError::Call { call: "complete", status: 4, log }) => assert_eq!(log, "undefined x"),
+            other => panic!("{other:?}"),
+        }
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn cancel_before_attach_refuses() {
+        let c = Cancel::new();
+        assert!(c.attach(1));
+        c.detach();
+        c.cancel();
+        assert!(c.is_cancelled());
+        assert!(!c.attach(1));
+    }
+}

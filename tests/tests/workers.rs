@@ -1,0 +1,212 @@
+//! nvJitLink out of the daemon's address space: a crash inside NVIDIA code,
+//! or a worker killed from outside, fails that link only (the shim then does
+//! what nvlink does), nothing is cached from it, and every other link goes on.
+//! Each case is compared with the real nvlink.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+
+/// The worker test hook (`core/src/worker.rs`, `HOLD_ENV`).
+const HOLD: &str = "NVLINKD_TEST_WORKER_HOLD";
+
+const GOOD_LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
+
+fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
+    let args = args.replace("{OUT}", &out.path().display().to_string());
+    Invocation {
+        args: args.split_whitespace().map(String::from).collect(),
+        cwd: cwd.to_path_buf(),
+        env: vec![],
+        out_dir: out.path().to_path_buf(),
+    }
+}
+
+/// The shim with fallback allowed (it then runs the real nvlink itself).
+fn fallback_env(d: &Daemon) -> Vec<(String, String)> {
+    vec![
+        ("NVLINKD_SOCKET".into(), d.socket().display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "auto".into()),
+        ("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()),
+        ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
+    ]
+}
+
+fn same(expected: &Run, actual: &Run, what: &str) {
+    let cmp = compare::runs(expected, actual);
+    assert!(cmp.problems.is_empty(), "{what}: {:?}", cmp.problems);
+    assert!(cmp.identical, "{what}: outputs differ from nvlink's");
+}
+
+/// The corpus's `scale.cubin` (sm_90) with one byte of its `.nv.callgraph`
+/// section changed: the byte at offset 2 of the section XOR 0x10 (one bit of
+/// the first call-graph edge). Found once by flipping each byte of the cubin in
+/// turn and keeping those for which the real nvlink dies by SIGSEGV; this one
+/// passes nvlinkd's input readers (the call graph is nvlink's business), so
+/// libnvJitLink gets it and segfaults as nvlink does.
+fn crashing_cubin(dir: &Path) -> PathBuf {
+    let src = std::fs::read(corpus::dir().join("scale.cubin")).expect("corpus scale.cubin");
+    let elf = nvlinkd_core::elf::Elf::parse(&src).expect("scale.cubin is an ELF file");
+    let (_, cg) = elf.section(".nv.callgraph").expect(".nv.callgraph");
+    let at = cg.offset as usize + 2;
+    let mut data = src.clone();
+    data[at] ^= 0x10;
+    let path = dir.join("crash.cubin");
+    std::fs::write(&path, &data).expect("write crash.cubin");
+    path
+}
+
+/// Wait until `n` workers hold a link (the hook marks `<hold>.<pid>`); their pids.
+fn held_workers(hold: &Path, n: usize) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let dir = hold.parent().expect("hold dir");
+        let prefix = format!("{}.", hold.file_name().unwrap().to_string_lossy());
+        let pids: Vec<i32> = std::fs::read_dir(dir)
+            .expect("hold dir")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix(&prefix).and_then(|p| p.parse().ok()))
+            .collect();
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "no nvJitLink worker took the link ({} of {n})", pids.len());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn crashing_input_fails_only_its_link() {
+    let work = TempDir::new("crash");
+    let crash = crashing_cubin(work.path());
+    let crash_link = format!("--arch=sm_90 {} -o {{OUT}}/out.cubin", crash.display());
+
+    // The real nvlink dies by a signal on it.
+    let out = TempDir::new("crash-ref");
+    let status = std::process::Command::new(real_nvlink())
+        .args(inv(&crash_link, work.path(), &out).args)
+        .status()
+        .expect("run nvlink");
+    assert!(
+        std::os::unix::process::ExitStatusExt::signal(&status).is_some(),
+        "the real nvlink no longer crashes on the damaged cubin: {status}"
+    );
+    let expected_crash = run(&real_nvlink(), &inv(&crash_link, work.path(), &out), &[]);
+    let out_good = TempDir::new("good-ref");
+    let expected_good = run(&real_nvlink(), &inv(GOOD_LINK, corpus::dir(), &out_good), &[]);
+    assert_eq!(expected_good.code, 0);
+
+    // Both links are held in their workers, then released together.
+    let hold = work.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let d = Daemon::start_env(&["--jobs", "2"], &[(HOLD, &hold.display().to_string())]);
+    let env = fallback_env(&d);
+    let (crash_run, good_run) = std::thread::scope(|s| {
+        let c = s.spawn(|| {
+            let out = TempDir::new("crash-shim");
+            run(&shim(), &inv(&crash_link, work.path(), &out), &env)
+        });
+        let g = s.spawn(|| {
+            let out = TempDir::new("good-shim");
+            run(&shim(), &inv(GOOD_LINK, corpus::dir(), &out), &d.shim_env())
+        });
+        held_workers(&hold, 2);
+        std::fs::remove_file(&hold).unwrap();
+        (c.join().unwrap(), g.join().unwrap())
+    });
+    same(&expected_good, &good_run, "concurrent good link");
+    same(&expected_crash, &crash_run, "crashing link");
+    assert!(d.answers(), "the daemon died with the crashing link");
+    assert!(d.stat("worker_crashes") >= 1, "no worker crash counted");
+
+    // Not cached: the same link crashes a worker again, and still behaves as nvlink.
+    let again = run(&shim(), &inv(&crash_link, work.path(), &TempDir::new("crash-again")), &fallback_env(&d));
+    same(&expected_crash, &again, "crashing link, again");
+    assert!(d.stat("worker_crashes") >= 2, "the crash was answered from the cache");
+    assert_eq!(d.stat("cache_hits"), 0);
+    assert!(d.answers());
+    // And a good link is still served in process.
+    let in_process = d.stat("in_process");
+    let good = run(&shim(), &inv(GOOD_LINK, corpus::dir(), &TempDir::new("good-after")), &d.shim_env());
+    same(&expected_good, &good, "good link after the crashes");
+    assert!(d.stat("in_process") > in_process || d.stat("cache_hits") > 0);
+}
+
+#[test]
+fn killed_worker_fails_only_its_link_and_is_replaced() {
+    let work = TempDir::new("kill9");
+    let out = TempDir::new("kill9-ref");
+    let expected = run(&real_nvlink(), &inv(GOOD_LINK, corpus::dir(), &out), &[]);
+    assert_eq!(expected.code, 0);
+
+    let hold = work.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let d = Daemon::start_env(&[], &[(HOLD, &hold.display().to_string())]);
+    let env = fallback_env(&d);
+    let invocation = inv(GOOD_LINK, corpus::dir(), &out);
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    let pids = held_workers(&hold, 1);
+    // SAFETY: a kill(2) of the worker process the hook named.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0, "kill worker {}", pids[0]);
+    std::fs::remove_file(&hold).unwrap();
+    let actual = handle.join().unwrap();
+    same(&expected, &actual, "link whose worker was killed");
+    assert!(d.answers(), "the daemon died with its worker");
+    assert_eq!(d.stat("worker_crashes"), 1);
+    assert_eq!(d.stat("in_process"), 0, "the killed link was counted as linked");
+
+    // The next link: a fresh worker, in process, nvlink's bytes (nothing was cached).
+    let out = TempDir::new("kill9-next");
+    let next = run(&shim(), &inv(GOOD_LINK, corpus::dir(), &out), &d.shim_env());
+    same(&expected, &next, "link after the kill");
+    assert_eq!(d.stat("in_process"), 1, "the next link was not served in process");
+    assert_eq!(d.stat("cache_hits"), 0);
+    assert!(d.stat("workers") >= 1);
+}
+
+/// `scale.cubin` with byte 2 of the name offset of its fifth symbol (`.symtab`
+/// entry 4) XOR 0x10: a name far outside the string table. nvlinkd's readers
+/// decline it, so the daemon runs the real nvlink as its engine, which dies
+/// by SIGSEGV (found by the same one-byte search as [`crashing_cubin`]).
+fn bad_symbol_cubin(dir: &Path) -> PathBuf {
+    let src = std::fs::read(corpus::dir().join("scale.cubin")).expect("corpus scale.cubin");
+    let elf = nvlinkd_core::elf::Elf::parse(&src).expect("scale.cubin is an ELF file");
+    let (_, symtab) = elf.section(".symtab").expect(".symtab");
+    let mut data = src.clone();
+    data[symtab.offset as usize + 4 * 24 + 2] ^= 0x10;
+    let path = dir.join("badsym.cubin");
+    std::fs::write(&path, &data).expect("write badsym.cubin");
+    path
+}
+
+#[test]
+fn nvlink_engine_killed_by_a_signal_is_no_result() {
+    let work = TempDir::new("badsym");
+    let bad = bad_symbol_cubin(work.path());
+    let link = format!("--arch=sm_90 {} -o {{OUT}}/out.cubin", bad.display());
+    let out = TempDir::new("badsym-ref");
+    let status = std::process::Command::new(real_nvlink())
+        .args(inv(&link, work.path(), &out).args)
+        .status()
+        .expect("run nvlink");
+    assert!(
+        std::os::unix::process::ExitStatusExt::signal(&status).is_some(),
+        "the real nvlink no longer crashes on the damaged symbol table: {status}"
+    );
+    let expected = run(&real_nvlink(), &inv(&link, work.path(), &out), &[]);
+
+    let d = Daemon::start();
+    for round in ["first", "second"] {
+        let actual = run(&shim(), &inv(&link, work.path(), &TempDir::new("badsym-shim")), &fallback_env(&d));
+        same(&expected, &actual, round);
+    }
+    assert!(d.answers());
+    assert_eq!(d.stat("cache_hits"), 0, "a crash of the nvlink engine was cached");
+    assert_eq!(d.stat("nvlink_process"), 0, "a crash of the nvlink engine was counted as its result");
+    assert_eq!(d.stat("fallbacks"), 2);
+}

@@ -36,7 +36,7 @@ wait
 
 # What real builds pass (CMake, nvcc multi-arch): cross-unit calls of looping
 # device functions, a live kernel + a dead kernel + device variables, libcu++
-# and CUB units; LTO IR for sm_80, sm_90 and sm_100 in one object (nvcc
+# CUB and Thrust units; LTO IR for sm_80, sm_90 and sm_100 in one object (nvcc
 # `-gencode arch=compute_XY,code=lto_XY`), SASS for the same three archs; a
 # host-only C++ object (g++ -c, as CMake compiles .cpp files); a static device
 # library of multi-arch objects.
@@ -49,6 +49,8 @@ for f in xcall_main xcall_loop livedead libcxx; do
   wait
 done
 "$nvcc" -arch=sm_90 -dc -dlto warp_cub.cu -o warp_cub_lto.o &
+"$nvcc" -arch=sm_90 -dc -dlto thrust_seq.cu -o thrust_seq_lto.o &
+"$nvcc" -arch=sm_90 -dc thrust_seq.cu -o thrust_seq.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc warp_cub.cu -o warp_cub_2arch.o &
 g++ -c host_main.cpp -o host_main.cpp.o &
 wait

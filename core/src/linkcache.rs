@@ -56,6 +56,9 @@ impl InputFs for MemoFs<'_> {
     fn identity(&self, path: &Path) -> Option<crate::fs::FileIdentity> {
         self.inner.identity(path)
     }
+    fn declined(&self) -> Option<String> {
+        self.inner.declined()
+    }
 }
 
 /// The keys of a link: by content, and by content plus names.

@@ -9,6 +9,7 @@ mod stream_fs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use nvlinkd_core::LinkerConfig;
@@ -43,6 +44,42 @@ struct ServeArgs {
     /// Bytes of cached results kept on disk
     #[arg(long, default_value_t = 10 << 30)]
     cache_size: u64,
+    /// Exit after this long without a link (e.g. 30s, 15m, 2h) [default: never;
+    /// a daemon the shim starts gets 2h, or $NVLINKD_IDLE_EXIT]
+    #[arg(long, value_parser = parse_duration)]
+    idle_exit: Option<Duration>,
+    /// How long to wait for the shim (its first message, each file it is asked
+    /// for) before its link counts as abandoned
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    reply_timeout: Duration,
+    /// Most input bytes one link may read; larger links are left to the real nvlink
+    #[arg(long, default_value_t = 8 << 30)]
+    max_link_input: u64,
+    /// On stop, how long links still computing may finish before they are abandoned
+    /// (their shims then run the real nvlink)
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    shutdown_grace: Duration,
+}
+
+/// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a duration: '{s}' (e.g. 30s, 15m, 2h)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("unknown unit in '{s}' (ms, s, m, h, d)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
+}
+
+fn format_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 impl ServeArgs {
@@ -70,7 +107,16 @@ impl ServeArgs {
             self.cache_mem.to_string(),
             "--cache-size".into(),
             self.cache_size.to_string(),
+            "--reply-timeout".into(),
+            format_duration(self.reply_timeout),
+            "--max-link-input".into(),
+            self.max_link_input.to_string(),
+            "--shutdown-grace".into(),
+            format_duration(self.shutdown_grace),
         ]);
+        if let Some(idle) = self.idle_exit {
+            a.extend(["--idle-exit".into(), format_duration(idle)]);
+        }
         a
     }
 }
@@ -81,7 +127,7 @@ enum Command {
     Serve(ServeArgs),
     /// Start a detached daemon (does nothing if one is running)
     Start(ServeArgs),
-    /// Stop the daemon after its in-flight links finish
+    /// Stop the daemon (links still computing get --shutdown-grace)
     Stop {
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -152,8 +198,16 @@ fn main() -> ExitCode {
                     cache_mem: a.cache_mem,
                     cache_size: a.cache_size,
                 },
+                limits: service::Limits { reply_timeout: a.reply_timeout, max_link_input: a.max_link_input },
+                shutdown_grace: a.shutdown_grace,
+                idle_exit: a.idle_exit,
             };
-            match runtime().block_on(daemon::serve(opts)) {
+            let rt = runtime();
+            let served = rt.block_on(daemon::serve(opts));
+            // Dropping the runtime would wait for every blocking thread, and an
+            // abandoned link may still be computing on one: leave them behind.
+            rt.shutdown_background();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("nvlinkd: {e}");

@@ -79,8 +79,12 @@ pub async fn stop(socket: &Path) -> Result<String, String> {
 }
 
 fn pid_alive(pid: u32) -> bool {
+    // An exited process its parent has not reaped yet is gone for us.
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false);
     // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    !zombie && unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 pub async fn status(socket: &Path) -> Result<String, String> {

@@ -157,11 +157,20 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM and wait.
+    /// SIGTERM and wait (a daemon still there after a minute is killed, so that
+    /// a test that found it stuck fails instead of hanging).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while matches!(c.try_wait(), Ok(None)) {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.wait();
         }
     }

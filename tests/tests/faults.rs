@@ -116,13 +116,19 @@ async fn hostile(socket: &Path, how: Misbehave) -> Option<Box<dyn std::any::Any 
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
     tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.ok()?;
     let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.ok()?.into_inner();
-    // Wait for the daemon's first file request (the link is then reading).
-    loop {
-        match inbound.message().await {
-            Ok(Some(ServerMessage { msg: Some(server_message::Msg::File(_)) })) => break,
-            Ok(Some(_)) => continue,
-            _ => return None,
+    // Wait for the daemon's first file request (the link is then reading); a
+    // daemon whose links no longer start never sends one.
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(ServerMessage { msg: Some(server_message::Msg::File(_)) })) => return true,
+                Ok(Some(_)) => continue,
+                _ => return false,
+            }
         }
+    });
+    if !first.await.unwrap_or(false) {
+        return None;
     }
     match how {
         Misbehave::HalfClose => {
@@ -266,7 +272,7 @@ fn fallback_env(d: &Daemon) -> Vec<(String, String)> {
 #[test]
 fn dev_zero_inputs_are_answered_as_nvlink_does() {
     // A daemon that reads /dev/zero whole dies here instead of filling the machine.
-    let d = Daemon::start_limited(&[], 8 << 30);
+    let d = Daemon::start_limited(&[], 4 << 30);
     let inputs = scratch_inputs("flt-zero");
     let cases: Vec<String> = ["o", "cubin", "ptx", "fatbin", "a"]
         .iter()
@@ -286,6 +292,14 @@ fn dev_zero_inputs_are_answered_as_nvlink_does() {
         assert!(cmp.problems.is_empty() && cmp.identical, "{case}: {:?}", cmp.problems);
     }
     assert!(d.answers(), "the daemon died reading /dev/zero");
+    // The daemon needs a few hundred MB at most; reading /dev/zero takes all the limit allows.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak_kib < 1 << 20, "the daemon peaked at {peak_kib} KiB: it read /dev/zero");
     assert_eq!(d.stat("requests") - before, cases.len() as u64, "the daemon did not see the links");
     assert_eq!(d.stat("in_flight"), 0);
 }
@@ -304,23 +318,68 @@ fn dev_zero_over_the_stream_is_never_read_whole() {
     let mut env = fallback_env(&d);
     env.push(("NVLINKD_ADDR".into(), addr.clone()));
     let invocation = inv(case, inputs.path(), &out);
-    // The shim runs under an address-space limit: reading /dev/zero whole kills it.
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let wrapped = Invocation {
-            args: ["-c", "ulimit -v 4194304; exec \"$0\" \"$@\"", &shim().display().to_string()]
-                .iter()
-                .map(|s| s.to_string())
-                .chain(invocation.args.clone())
-                .collect(),
-            ..invocation
-        };
-        let _ = done_tx.send(run(Path::new("/bin/sh"), &wrapped, &env));
+        let _ = done_tx.send(run_measured(&shim(), &invocation, &env));
     });
-    let actual: Run = done_rx.recv_timeout(Duration::from_secs(120)).expect("the shim hangs on /dev/zero");
+    let (actual, peak_kib) = done_rx.recv_timeout(Duration::from_secs(120)).expect("the shim hangs on /dev/zero");
     let cmp = compare::runs(&expected, &actual);
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    // The shim (then nvlink in its place) needs a few MB; reading /dev/zero takes
+    // whatever the limit allows.
+    assert!(peak_kib < 256 << 10, "the shim peaked at {peak_kib} KiB: it read /dev/zero");
     assert!(d.answers());
+}
+
+/// Run `program` like `run` does, under a 2 GiB address-space limit, and return
+/// its peak resident memory (KiB) besides.
+fn run_measured(program: &Path, inv: &Invocation, extra_env: &[(String, String)]) -> (Run, i64) {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let _ = std::fs::remove_dir_all(&inv.out_dir);
+    std::fs::create_dir_all(&inv.out_dir).unwrap();
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&inv.args).current_dir(&inv.cwd).env_clear();
+    for k in ["PATH", "HOME", "TMPDIR"] {
+        if let Ok(v) = std::env::var(k) {
+            cmd.env(k, v);
+        }
+    }
+    cmd.envs(inv.env.iter().chain(extra_env).map(|(k, v)| (k, v)));
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let l = libc::rlimit { rlim_cur: 2 << 30, rlim_max: 2 << 30 };
+            libc::setrlimit(libc::RLIMIT_AS, &l);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let errs = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let mut stdout = Vec::new();
+    let _ = out.read_to_end(&mut stdout);
+    let stderr = errs.join().unwrap();
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child, once (std never waits for it: `child` is forgotten).
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    std::mem::forget(child);
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
+    let files = std::fs::read_dir(&inv.out_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap_or_default()))
+        .collect();
+    (Run { code, stdout, stderr, files }, usage.ru_maxrss)
 }
 
 /// Create a FIFO.
@@ -501,7 +560,8 @@ fn a_planted_symlink_at_the_temporary_output_is_not_followed() {
         ..invocation
     };
     let mut actual = run(Path::new("/bin/sh"), &wrapped, &d.shim_env());
-    assert_eq!(std::fs::read(&victim).unwrap(), b"not yours\n", "the shim wrote through a planted symlink");
+    let victim_now = std::fs::read(&victim).unwrap();
+    assert!(victim_now == b"not yours\n", "the shim wrote {} bytes through a planted symlink", victim_now.len());
     let planted: Vec<String> = actual.files.keys().filter(|k| k.starts_with(".out.cubin.nvlinkd-")).cloned().collect();
     for k in &planted {
         actual.files.remove(k);

@@ -223,3 +223,23 @@ fn main() -> ExitCode {
         Command::Exec { explain, args } => exec::run(args, explain),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_duration("2 weeks").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("-1s").is_err());
+        // `start` hands the value to `serve` in this form.
+        let d = Duration::from_millis(7_200_000);
+        assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+    }
+}

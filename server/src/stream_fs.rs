@@ -18,8 +18,9 @@
 //! [`LinkFs`] is what the link reads through, for both a shared filesystem
 //! (the daemon reads the files itself) and the stream. It refuses reads once the
 //! stream is closed, never reads a non-regular file (see `nvlinkd_core::fs`),
-//! and bounds the bytes one link may read (`--max-link-input`); either makes the
-//! link *declined*: the shim runs the real nvlink.
+//! and bounds the bytes one link may read (`--max-link-input`); any of these
+//! makes the link *declined*: no engine of the daemon runs it (a closed stream's
+//! answer would go nowhere), and a shim still listening runs the real nvlink.
 
 use std::collections::HashMap;
 use std::io;
@@ -204,9 +205,18 @@ impl LinkFs {
 
     fn open(&self) -> io::Result<()> {
         match self.channel.closed_reason() {
-            Some(why) => Err(gone(why)),
+            Some(why) => Err(self.lost(gone(why))),
             None => Ok(()),
         }
+    }
+
+    /// A read that failed because the shim is gone or silent ends the link: no
+    /// engine runs it (not even the real nvlink), its answer would go nowhere.
+    fn lost(&self, e: io::Error) -> io::Error {
+        if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::TimedOut) {
+            self.decline(format!("the link's stream ended: {e}"));
+        }
+        e
     }
 
     fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
@@ -217,9 +227,9 @@ impl LinkFs {
         };
         let rx = match early {
             Some(rx) => rx,
-            None => self.channel.request(path, op)?,
+            None => self.channel.request(path, op).map_err(|e| self.lost(e))?,
         };
-        self.channel.wait(rx)
+        self.channel.wait(rx).map_err(|e| self.lost(e))
     }
 
     fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Vec<u8>> {

@@ -44,8 +44,8 @@ struct ServeArgs {
     /// Bytes of cached results kept on disk
     #[arg(long, default_value_t = 10 << 30)]
     cache_size: u64,
-    /// Exit after this long without a link (e.g. 30s, 15m, 2h) [default: never;
-    /// a daemon the shim starts gets 2h, or $NVLINKD_IDLE_EXIT]
+    /// Exit after this long without a link (e.g. 30s, 15m, 2h; 0 or never: stay)
+    /// [default: never; a daemon the shim starts gets 2h, or $NVLINKD_IDLE_EXIT]
     #[arg(long, value_parser = parse_duration)]
     idle_exit: Option<Duration>,
     /// How long to wait for the shim (its first message, each file it is asked
@@ -61,9 +61,13 @@ struct ServeArgs {
     shutdown_grace: Duration,
 }
 
-/// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds.
+/// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
+/// `--idle-exit`: no idle exit).
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s == "never" {
+        return Ok(Duration::ZERO);
+    }
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().map_err(|_| format!("not a duration: '{s}' (e.g. 30s, 15m, 2h)"))?;
@@ -200,7 +204,7 @@ fn main() -> ExitCode {
                 },
                 limits: service::Limits { reply_timeout: a.reply_timeout, max_link_input: a.max_link_input },
                 shutdown_grace: a.shutdown_grace,
-                idle_exit: a.idle_exit,
+                idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));
@@ -237,6 +241,7 @@ mod tests {
         assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("").is_err());
+        assert_eq!(parse_duration("never"), Ok(Duration::ZERO));
         assert!(parse_duration("-1s").is_err());
         // `start` hands the value to `serve` in this form.
         let d = Duration::from_millis(7_200_000);

@@ -313,6 +313,7 @@ fn dev_zero_inputs_are_answered_as_nvlink_does() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
+    eprintln!("daemon peak RSS after the /dev/zero links: {peak_kib} KiB");
     assert!(peak_kib < 1 << 20, "the daemon peaked at {peak_kib} KiB: it read /dev/zero");
     assert_eq!(d.stat("requests") - before, cases.len() as u64, "the daemon did not see the links");
     assert_eq!(d.stat("in_flight"), 0);
@@ -341,6 +342,7 @@ fn dev_zero_over_the_stream_is_never_read_whole() {
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
     // The shim (then nvlink in its place) needs a few MB; reading /dev/zero takes
     // whatever the limit allows.
+    eprintln!("shim peak RSS on a /dev/zero link over TCP: {peak_kib} KiB");
     assert!(peak_kib < 256 << 10, "the shim peaked at {peak_kib} KiB: it read /dev/zero");
     assert!(d.answers());
 }

@@ -505,24 +505,66 @@ fn a_socket_in_a_shared_sticky_directory_leaves_it_alone() {
     assert_eq!(std::fs::metadata(&socket).ok().map(|_| ()), None, "socket left behind");
 }
 
-#[test]
-fn a_missing_socket_directory_is_created_private() {
-    let base = TempDir::new("flt-newdir");
-    let dir = base.path().join("a/b");
-    let socket = dir.join("s");
+/// `nvlinkd start --socket <socket>`: (success, stderr).
+fn start_on(socket: &Path, cache: &Path) -> (bool, String) {
     let out = std::process::Command::new(nvlinkd())
         .args(["start", "--socket"])
-        .arg(&socket)
+        .arg(socket)
         .arg("--cache-dir")
-        .arg(base.path().join("cache"))
+        .arg(cache)
         .arg("--cuda-home")
         .arg(cuda_home())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-    let _ = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&socket).output();
-    assert_eq!(mode, 0o700);
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn stop_on(socket: &Path) {
+    let _ = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(socket).output();
+}
+
+#[test]
+fn socket_directories_are_made_private_and_existing_ones_left_alone() {
+    let base = TempDir::new("flt-dirs");
+    // Missing: created 0700.
+    let made = base.path().join("a/b");
+    let (ok, err) = start_on(&made.join("s"), &base.path().join("c1"));
+    let made_mode = std::fs::metadata(&made).map(|m| m.permissions().mode() & 0o777).ok();
+    stop_on(&made.join("s"));
+    assert!(ok, "{err}");
+    assert_eq!(made_mode, Some(0o700));
+    // Existing and ours (0755, e.g. a project directory): served in, mode kept.
+    let mine = base.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ok, err) = start_on(&mine.join("s"), &base.path().join("c2"));
+    stop_on(&mine.join("s"));
+    assert!(ok, "{err}");
+    let mode = std::fs::metadata(&mine).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "the existing socket directory's mode was changed to {mode:o}");
+}
+
+#[test]
+fn a_socket_directory_of_another_user_is_refused() {
+    let base = TempDir::new("flt-other");
+    let theirs = base.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::chown(c.as_ptr(), 54321, 54321) } != 0 {
+        eprintln!("skipped: cannot give a directory to another user here (not root)");
+        return;
+    }
+    let socket = theirs.join("s");
+    let (ok, err) = start_on(&socket, &base.path().join("c"));
+    if ok {
+        stop_on(&socket);
+    }
+    assert!(!ok, "the daemon served in a directory another user controls");
+    let mode = std::fs::metadata(&theirs).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777, "another user's directory was changed");
+    assert!(err.contains("54321") && err.contains(&theirs.display().to_string()), "unclear message: {err}");
 }
 
 #[test]

@@ -2,12 +2,11 @@
 //!
 //! The daemon listens on a unix socket (mode 0600) and, with `--listen`, on TCP
 //! for remote shims. SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all
-//! start the same shutdown: no new connections; every link's stream closes, so a
-//! link waiting on a shim fails at once; links still computing get the grace
-//! period (`--shutdown-grace`), then are abandoned (their shims fall back to the
-//! real nvlink; outputs are never half-written since the shim writes them); the
-//! socket is removed and the process exits. A stuck client never holds the
-//! daemon up.
+//! start the same shutdown: no new connections or links; links in flight get the
+//! grace period (`--shutdown-grace`) to finish, then are abandoned (their shims
+//! fall back to the real nvlink; outputs are never half-written since the shim
+//! writes them); the socket is removed and the process exits. A stuck client
+//! never holds the daemon up longer than the grace period.
 //!
 //! The socket's directory belongs to someone: a directory the daemon has to
 //! create is created private (0700); an existing one is never changed, only

@@ -57,7 +57,7 @@ struct ServeArgs {
     max_link_input: u64,
     /// On stop, how long links still computing may finish before they are abandoned
     /// (their shims then run the real nvlink)
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = parse_duration, default_value = "500ms")]
     shutdown_grace: Duration,
 }
 

@@ -128,8 +128,9 @@ impl Service {
         };
 
         let channel = LinkChannel::new(tx, tokio::runtime::Handle::current(), self.limits.reply_timeout);
-        // The stream owns the link: when the shim half-closes or goes away, or the
-        // daemon shuts down, the channel closes and the link's reads fail at once.
+        // The stream owns the link: when the shim half-closes or goes away, the
+        // channel closes and the link's reads fail at once. (A stop does not close
+        // it: the link may finish within the grace period, then the process exits.)
         let reader = channel.clone();
         tokio::spawn(async move {
             let why = loop {
@@ -144,7 +145,6 @@ impl Service {
                         Err(_) => break "the shim went away",
                     },
                     _ = reader.wait_closed() => break "the link is done",
-                    _ = shutdown.wait_for(|s| *s) => break "nvlinkd is shutting down",
                 }
             };
             reader.close(why);

@@ -26,6 +26,8 @@ use crate::toolkit::Toolkit;
 const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
 /// HTTP/2 flow-control windows: whole files flow without waiting for updates.
 const WINDOW: u32 = 32 << 20;
+/// How long a daemon the shim starts stays without a link (`$NVLINKD_IDLE_EXIT`).
+const DEFAULT_IDLE_EXIT: &str = "2h";
 /// Largest file we send in one message.
 const MAX_FILE: u64 = (nvlinkd_proto::MAX_MESSAGE_BYTES as u64) - 4096;
 
@@ -99,6 +101,8 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
             std::io::ErrorKind::NotFound => file_error::Kind::NotFound,
             std::io::ErrorKind::PermissionDenied => file_error::Kind::PermissionDenied,
             std::io::ErrorKind::IsADirectory => file_error::Kind::IsDirectory,
+            std::io::ErrorKind::FileTooLarge => file_error::Kind::TooLarge,
+            std::io::ErrorKind::Unsupported => file_error::Kind::NotRegular,
             _ => file_error::Kind::Other,
         };
         file_reply::Result::Error(FileError { kind: kind as i32, message: e.to_string() })
@@ -108,23 +112,42 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
             Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
             Err(e) => err(&e),
         },
-        file_request::Op::Read => match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => file_reply::Result::Error(FileError {
-                kind: file_error::Kind::IsDirectory as i32,
-                message: "is a directory".into(),
-            }),
-            Ok(m) if m.len() > MAX_FILE => file_reply::Result::Error(FileError {
-                kind: file_error::Kind::TooLarge as i32,
-                message: format!("{} bytes", m.len()),
-            }),
-            Ok(_) => match std::fs::read(path) {
-                Ok(data) => file_reply::Result::Data(data),
-                Err(e) => err(&e),
-            },
+        file_request::Op::Read => match read_regular(path) {
+            Ok(data) => file_reply::Result::Data(data),
             Err(e) => err(&e),
         },
     };
     FileReply { id, result: Some(result) }
+}
+
+/// A regular file's contents, at most [`MAX_FILE`] bytes. A FIFO, socket or
+/// device is not read at all (`Unsupported`): nvlink reads those its own way (a
+/// FIFO blocks it, `/dev/zero` gives it one buffer), so the daemon declines the
+/// link and this shim runs the real nvlink. A FIFO is never opened here (that
+/// would block); the opened file is checked again, opened non-blocking.
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let check = |m: &std::fs::Metadata| {
+        if m.is_dir() {
+            Err(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"))
+        } else if !m.is_file() {
+            Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "not a regular file"))
+        } else if m.len() > MAX_FILE {
+            Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("{} bytes", m.len())))
+        } else {
+            Ok(m.len())
+        }
+    };
+    check(&std::fs::metadata(path)?)?;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+    let len = check(&f.metadata()?)?;
+    let mut data = Vec::with_capacity(len as usize);
+    f.take(MAX_FILE + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "grew while read"));
+    }
+    Ok(data)
 }
 
 fn finish(result: LinkResult) -> Result<i32, String> {
@@ -151,14 +174,31 @@ fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// Write `data` to a temporary file beside `path`, then rename it into place.
+/// The temporary file is created exclusively (`O_CREAT|O_EXCL`, which never
+/// follows a symlink): a name someone planted is skipped, never written through.
 fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.nvlinkd-{}.tmp", std::process::id()));
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{attempt}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o666)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    };
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
         f.flush()?;
+        drop(f);
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
@@ -225,6 +265,9 @@ fn start_daemon(tk: &Toolkit, socket: &Path) -> Result<(), String> {
     let bin = daemon_binary(tk).ok_or("no nvlinkd binary found to start a daemon")?;
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("start").arg("--socket").arg(socket);
+    // A daemon nobody asked for does not stay forever.
+    let idle = std::env::var(paths::ENV_IDLE_EXIT).ok().filter(|v| !v.is_empty());
+    cmd.arg("--idle-exit").arg(idle.as_deref().unwrap_or(DEFAULT_IDLE_EXIT));
     if let Some(home) = &tk.cuda_home {
         cmd.arg("--cuda-home").arg(home);
     }

@@ -6,6 +6,15 @@
 //! link's gRPC stream; tests and the command-line tools use [`LocalFs`]. Paths
 //! given to an `InputFs` are absolute (the request's working directory already
 //! applied).
+//!
+//! Only regular files are ever read. nvlink opens whatever it is given and reads
+//! it through stdio: `/dev/zero` gives it one 4 KiB buffer of zeros (and, by
+//! extension, "cubin not an elf?" or a silently ignored host object), a FIFO
+//! blocks it until a writer comes. Reading such a file whole would never end, and
+//! opening a FIFO would block, so a read of anything that is not a regular file
+//! or a directory fails with [`NotRegular`] without opening it: the daemon then
+//! declines the link ([`InputFs::declined`]) and the shim runs the real nvlink,
+//! which answers exactly as nvlink does because it is nvlink.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,6 +40,67 @@ pub trait InputFs: Send + Sync {
     fn identity(&self, _path: &Path) -> Option<FileIdentity> {
         None
     }
+    /// Why this link must not be answered here, if a read met something only
+    /// nvlink itself may read (a non-regular file) or went past the daemon's
+    /// budget: the link is then handed back to the caller (fallback) and no
+    /// engine of the daemon runs it.
+    fn declined(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The error of a read of something other than a regular file or a directory
+/// (a FIFO, a socket, a character or block device).
+#[derive(Debug)]
+pub struct NotRegular;
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("not a regular file")
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// The io::Error carrying [`NotRegular`].
+pub fn not_regular() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, NotRegular)
+}
+
+/// Whether `e` says the path is not a regular file.
+pub fn is_not_regular(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
+}
+
+/// Read a regular file of at most `max` bytes. Anything else fails without
+/// being read: a directory with `IsADirectory`, a FIFO, socket or device with
+/// [`NotRegular`] (checked before opening, since opening a FIFO blocks, and
+/// again on the opened file, which is opened non-blocking in case the path was
+/// replaced in between), a larger file with `FileTooLarge`.
+pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let kind = |m: &std::fs::Metadata| {
+        if m.is_dir() {
+            Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory"))
+        } else if !m.is_file() {
+            Err(not_regular())
+        } else if m.len() > max {
+            Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("{} bytes", m.len())))
+        } else {
+            Ok(m.len())
+        }
+    };
+    kind(&std::fs::metadata(path)?)?;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+    let len = kind(&f.metadata()?)?;
+    let mut data = Vec::with_capacity(len as usize);
+    // The file may grow while it is read: never past the bound.
+    f.take(max.saturating_add(1)).read_to_end(&mut data)?;
+    if data.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("more than {max} bytes")));
+    }
+    Ok(data)
 }
 
 /// Which file, at which version: device, inode, size and both timestamps.
@@ -120,10 +190,7 @@ pub struct LocalFs;
 
 impl InputFs for LocalFs {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        if std::fs::metadata(path)?.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory"));
-        }
-        Ok(std::fs::read(path)?.into())
+        Ok(read_regular(path, u64::MAX)?.into())
     }
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         let m = std::fs::metadata(path)?;
@@ -185,6 +252,23 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&p, b"other contents").unwrap();
         assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"other contents").as_bytes());
+    }
+
+    #[test]
+    fn only_regular_files_are_read() {
+        let p = temp_file("regular", b"0123456789");
+        assert_eq!(&*LocalFs.read(&p).unwrap(), b"0123456789");
+        assert_eq!(read_regular(&p, 9).unwrap_err().kind(), io::ErrorKind::FileTooLarge);
+        assert_eq!(LocalFs.read(p.parent().unwrap()).unwrap_err().kind(), io::ErrorKind::IsADirectory);
+        // Never read whole (it has no end), never opened blocking.
+        assert!(is_not_regular(&LocalFs.read(Path::new("/dev/zero")).unwrap_err()));
+        let fifo = p.with_file_name("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(is_not_regular(&LocalFs.read(&fifo).unwrap_err()));
+        assert!(!fifo.is_file() && fifo.exists());
     }
 
     #[test]

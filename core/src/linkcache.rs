@@ -187,6 +187,9 @@ impl InputFs for MemoFs<'_> {
             Err(_) => id,
         }
     }
+    fn declined(&self) -> Option<String> {
+        self.inner.declined()
+    }
 }
 
 /// The keys of a link: by content, and by content plus names.

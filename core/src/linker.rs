@@ -482,6 +482,12 @@ impl Linker {
             Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
             Err(LoadError::Unsupported(why)) => {
                 debug!(%why, "plan not reproduced in process");
+                // An input only nvlink itself may read (a FIFO, a device): not
+                // even the real-nvlink engine runs it here.
+                if let Some(declined) = fs.declined() {
+                    bump(&self.stats.fallbacks);
+                    return Outcome::fallback(declined);
+                }
                 return self.run_nvlink(tk, req, spec, cancel).routed(why);
             }
         };

@@ -16,6 +16,8 @@ pub const ENV_FALLBACK: &str = "NVLINKD_FALLBACK";
 pub const ENV_CACHE_DIR: &str = "NVLINKD_CACHE_DIR";
 /// The nvlinkd binary the shim starts when no daemon answers.
 pub const ENV_DAEMON_BIN: &str = "NVLINKD_BIN";
+/// Idle time after which a daemon the shim starts exits (`nvlinkd serve --idle-exit`).
+pub const ENV_IDLE_EXIT: &str = "NVLINKD_IDLE_EXIT";
 /// File written by `nvlinkd install` next to the shim, recording the toolkit.
 pub const OVERLAY_RECORD: &str = "nvlinkd-overlay.env";
 /// Directory beside the shim (`<toolkit>/bin/.nvlinkd`) where `nvlinkd install

@@ -32,7 +32,15 @@ pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, Str
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("serve").args(&serve_args);
-    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // The daemon's stderr goes to a memory file: why it could not start (a socket
+    // path it refuses, say) is read back from it; a running daemon logs to its file.
+    let errors = memfd();
+    let stderr = errors
+        .as_ref()
+        .and_then(|f| f.try_clone().ok())
+        .map(std::process::Stdio::from)
+        .unwrap_or_else(std::process::Stdio::null);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(stderr);
     // Detach: own session, so the daemon outlives the shell or build that started it.
     use std::os::unix::process::CommandExt;
     unsafe {
@@ -51,6 +59,11 @@ pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, Str
             // Lost a race with another starter? Then its daemon answers.
             if let Ok(p) = ping(socket).await {
                 return Ok(format!("nvlinkd already running (pid {}) on {}", p.pid, socket.display()));
+            }
+            let said = errors.map(read_back).unwrap_or_default();
+            let said = said.trim().strip_prefix("nvlinkd: ").unwrap_or(said.trim()).to_string();
+            if !said.is_empty() {
+                return Err(said);
             }
             return Err(format!("nvlinkd serve exited early ({status}); see its log in the cache directory"));
         }
@@ -78,9 +91,29 @@ pub async fn stop(socket: &Path) -> Result<String, String> {
     Ok(format!("nvlinkd (pid {}) stopped", p.pid))
 }
 
+/// An anonymous in-memory file.
+fn memfd() -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a valid NUL-terminated name; the returned descriptor is ours alone.
+    let fd = unsafe { libc::memfd_create(c"nvlinkd-start".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: a fresh descriptor owned by nobody else.
+    (fd >= 0).then(|| unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+fn read_back(mut f: std::fs::File) -> String {
+    use std::io::{Read, Seek};
+    let mut s = String::new();
+    let _ = f.rewind().and_then(|_| f.take(64 << 10).read_to_string(&mut s));
+    s
+}
+
 fn pid_alive(pid: u32) -> bool {
+    // An exited process its parent has not reaped yet is gone for us.
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false);
     // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    !zombie && unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 pub async fn status(socket: &Path) -> Result<String, String> {

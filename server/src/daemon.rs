@@ -1,13 +1,23 @@
 //! `nvlinkd serve`: listeners, logging and shutdown.
 //!
-//! The daemon listens on a unix socket (mode 0600 in a 0700 directory) and,
-//! with `--listen`, on TCP for remote shims. SIGTERM, SIGINT and the `Shutdown`
-//! RPC all start a graceful shutdown: no new connections, in-flight links run
-//! to completion, then the socket is removed and the process exits.
+//! The daemon listens on a unix socket (mode 0600) and, with `--listen`, on TCP
+//! for remote shims. SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all
+//! start the same shutdown: no new connections or links; links in flight get the
+//! grace period (`--shutdown-grace`) to finish, then are abandoned (their shims
+//! fall back to the real nvlink; outputs are never half-written since the shim
+//! writes them); the socket is removed and the process exits. A stuck client
+//! never holds the daemon up longer than the grace period.
+//!
+//! The socket's directory belongs to someone: a directory the daemon has to
+//! create is created private (0700); an existing one is never changed, only
+//! checked (owned by us or root, and sticky if others may write to it, as /tmp
+//! is). A file at the socket path is replaced only when it is a socket no daemon
+//! answers on; anything else is refused.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use nvlinkd_core::{Linker, LinkerConfig};
 use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
@@ -15,15 +25,20 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
-use crate::service::Service;
+use crate::service::{Activity, Limits, Service};
 
 pub struct ServeOptions {
     pub socket: PathBuf,
     pub cache_dir: PathBuf,
     pub listen: Option<String>,
     pub linker: LinkerConfig,
+    pub limits: Limits,
+    /// How long links still computing may finish after a stop.
+    pub shutdown_grace: Duration,
+    /// Exit after this long without a link.
+    pub idle_exit: Option<Duration>,
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
@@ -55,18 +70,71 @@ pub fn init_logging(cache_dir: &Path) -> Option<tracing_appender::non_blocking::
     installed.ok().map(|()| guard)
 }
 
-/// Bind the unix socket: private directory, stale socket removed, mode 0600.
-fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    }
-    if path.exists() {
-        // A live daemon answers on it; a dead one left it behind.
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another nvlinkd is serving this socket"));
+/// The socket's directory: created private when missing (with any missing
+/// parents), checked and left as it is when it exists.
+fn socket_dir(dir: &Path) -> std::io::Result<()> {
+    let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => Ok(()),
+                // Another daemon starting at the same moment: check what it made.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => socket_dir(dir),
+                Err(e) => Err(e),
+            }
         }
-        std::fs::remove_file(path)?;
+        Err(e) => Err(e),
+        Ok(m) if !m.is_dir() => Err(refuse(format!("{} is not a directory", dir.display()))),
+        Ok(m) => {
+            // SAFETY: geteuid cannot fail.
+            let me = unsafe { libc::geteuid() };
+            if m.uid() != me && m.uid() != 0 {
+                return Err(refuse(format!(
+                    "the socket directory {} belongs to uid {}, not to this user ({me})",
+                    dir.display(),
+                    m.uid()
+                )));
+            }
+            if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+                return Err(refuse(format!(
+                    "the socket directory {} is writable by others and not sticky (mode {:o})",
+                    dir.display(),
+                    m.mode() & 0o7777
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Bind the unix socket: its directory made or checked, a stale socket of a
+/// dead daemon replaced, mode 0600. A path that exists and is not a socket is
+/// refused, never deleted.
+fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        socket_dir(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            // A live daemon answers on it; a dead one left it behind.
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another nvlinkd is serving this socket",
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket; nvlinkd will not replace it", path.display()),
+            ))
+        }
+        Err(_) => {}
     }
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
@@ -84,9 +152,9 @@ fn builder() -> tonic::transport::Server {
 pub const WINDOW: u32 = 32 << 20;
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
-    let linker = Arc::new(Linker::new(opts.linker));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let unix = bind_unix(&opts.socket)?;
+    let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
+    let linker = Arc::new(Linker::new(opts.linker));
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
 
     // Signals start the same graceful shutdown as the RPC.
@@ -96,11 +164,27 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             return;
         };
         tokio::select! {
-            _ = term.recv() => info!("SIGTERM: finishing in-flight links"),
-            _ = int.recv() => info!("SIGINT: finishing in-flight links"),
+            _ = term.recv() => info!("SIGTERM: stopping"),
+            _ = int.recv() => info!("SIGINT: stopping"),
         }
         let _ = signals.send(true);
     });
+
+    let activity = Arc::new(Activity::default());
+    if let Some(idle) = opts.idle_exit {
+        let (activity, stop) = (activity.clone(), shutdown_tx.clone());
+        tokio::spawn(async move {
+            let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+            loop {
+                tokio::time::sleep(tick).await;
+                if activity.idle_for() >= idle {
+                    info!(idle_s = idle.as_secs_f64(), "no link for --idle-exit: stopping");
+                    let _ = stop.send(true);
+                    return;
+                }
+            }
+        });
+    }
 
     let slow_link_ms = std::env::var("NVLINKD_TEST_SLOW_LINK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let service = |local: bool| {
@@ -109,6 +193,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             local,
             shutdown: shutdown_tx.clone(),
             cache_dir: opts.cache_dir.clone(),
+            limits: opts.limits,
+            activity: activity.clone(),
             slow_link_ms,
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -133,12 +219,28 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         }
         None => None,
     };
-    let result = match tcp_server {
-        Some(tcp) => {
-            let (a, b) = tokio::join!(unix_server, tcp);
-            a.and(b)
+    let servers = async {
+        match tcp_server {
+            Some(tcp) => {
+                let (a, b) = tokio::join!(unix_server, tcp);
+                a.and(b)
+            }
+            None => unix_server.await,
         }
-        None => unix_server.await,
+    };
+    // Once stopping, links still computing get the grace period; then the
+    // servers (which would wait for every connection) are dropped.
+    let grace = opts.shutdown_grace;
+    let abandon = async {
+        stopped(shutdown_rx.clone()).await;
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        r = servers => r,
+        _ = abandon => {
+            warn!(grace_s = grace.as_secs_f64(), "links still in flight after the grace period: abandoned");
+            Ok(())
+        }
     };
     let _ = std::fs::remove_file(&opts.socket);
     if let Err(e) = &result {

@@ -9,6 +9,7 @@ mod stream_fs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use nvlinkd_core::LinkerConfig;
@@ -49,6 +50,46 @@ struct ServeArgs {
     /// Seconds one nvJitLink request may take before its worker is killed
     #[arg(long, default_value_t = 1800)]
     worker_timeout: u64,
+    /// Exit after this long without a link (e.g. 30s, 15m, 2h; 0 or never: stay)
+    /// [default: never; a daemon the shim starts gets 2h, or $NVLINKD_IDLE_EXIT]
+    #[arg(long, value_parser = parse_duration)]
+    idle_exit: Option<Duration>,
+    /// How long to wait for the shim (its first message, each file it is asked
+    /// for) before its link counts as abandoned
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    reply_timeout: Duration,
+    /// Most input bytes one link may read; larger links are left to the real nvlink
+    #[arg(long, default_value_t = 8 << 30)]
+    max_link_input: u64,
+    /// On stop, how long links still computing may finish before they are abandoned
+    /// (their shims then run the real nvlink)
+    #[arg(long, value_parser = parse_duration, default_value = "500ms")]
+    shutdown_grace: Duration,
+}
+
+/// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
+/// `--idle-exit`: no idle exit).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "never" {
+        return Ok(Duration::ZERO);
+    }
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a duration: '{s}' (e.g. 30s, 15m, 2h)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("unknown unit in '{s}' (ms, s, m, h, d)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
+}
+
+fn format_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 impl ServeArgs {
@@ -80,7 +121,16 @@ impl ServeArgs {
             self.worker_mem.to_string(),
             "--worker-timeout".into(),
             self.worker_timeout.to_string(),
+            "--reply-timeout".into(),
+            format_duration(self.reply_timeout),
+            "--max-link-input".into(),
+            self.max_link_input.to_string(),
+            "--shutdown-grace".into(),
+            format_duration(self.shutdown_grace),
         ]);
+        if let Some(idle) = self.idle_exit {
+            a.extend(["--idle-exit".into(), format_duration(idle)]);
+        }
         a
     }
 }
@@ -91,7 +141,7 @@ enum Command {
     Serve(ServeArgs),
     /// Start a detached daemon (does nothing if one is running)
     Start(ServeArgs),
-    /// Stop the daemon after its in-flight links finish
+    /// Stop the daemon (links still computing get --shutdown-grace)
     Stop {
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -187,8 +237,16 @@ fn main() -> ExitCode {
                     worker_mem: a.worker_mem,
                     worker_timeout: Some(std::time::Duration::from_secs(a.worker_timeout.max(1))),
                 },
+                limits: service::Limits { reply_timeout: a.reply_timeout, max_link_input: a.max_link_input },
+                shutdown_grace: a.shutdown_grace,
+                idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
             };
-            match runtime().block_on(daemon::serve(opts)) {
+            let rt = runtime();
+            let served = rt.block_on(daemon::serve(opts));
+            // Dropping the runtime would wait for every blocking thread, and an
+            // abandoned link may still be computing on one: leave them behind.
+            rt.shutdown_background();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("nvlinkd: {e}");
@@ -216,5 +274,26 @@ fn main() -> ExitCode {
             let lib = nvlinkd_core::worker::LibSpec { path: lib, major, minor };
             ExitCode::from(nvlinkd_core::worker::serve(&lib, mem) as u8)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert!(parse_duration("2 weeks").is_err());
+        assert!(parse_duration("").is_err());
+        assert_eq!(parse_duration("never"), Ok(Duration::ZERO));
+        assert!(parse_duration("-1s").is_err());
+        // `start` hands the value to `serve` in this form.
+        let d = Duration::from_millis(7_200_000);
+        assert_eq!(parse_duration(&format_duration(d)), Ok(d));
     }
 }

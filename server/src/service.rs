@@ -1,16 +1,19 @@
 //! The gRPC service: a thin async shell around `nvlinkd_core::Linker`.
 //!
 //! `Link` reads the `Start` message, runs the link on a blocking thread with a
-//! [`StreamFs`] that reads the shim's files over the same stream, and sends the
-//! result back. A panic or error inside one link becomes that link's failure
-//! (the shim then falls back to the real nvlink); the daemon keeps serving.
+//! [`LinkFs`] (the caller's files, read here or over the same stream), and sends
+//! the result back. A panic or error inside one link becomes that link's failure
+//! (the shim then falls back to the real nvlink); the daemon keeps serving. The
+//! stream owns its link: see `stream_fs.rs` for how a closed stream ends it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use nvlinkd_core::fs::{InputFs, LocalFs};
+use nvlinkd_core::fs::InputFs;
 use nvlinkd_core::request::Request as LinkRequest;
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
@@ -20,12 +23,60 @@ use nvlinkd_proto::v1::{
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::stream_fs::{Pending, StreamFs};
+use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
 
-/// Most input bytes one link may read (larger links fall back to the real nvlink).
-const MAX_REQUEST_BYTES: u64 = 32 << 30;
+/// Limits every link is held to.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// How long the daemon waits for the shim: its `Start`, each file reply, room
+    /// in the stream for a request. Past it the shim counts as gone.
+    pub reply_timeout: Duration,
+    /// Most input bytes one link may read; past it the link is declined (the
+    /// shim runs the real nvlink).
+    pub max_link_input: u64,
+}
+
+/// Links in flight and when the last one arrived, for `--idle-exit`. Only links
+/// count: `status` and `stats` observe the daemon without keeping it alive.
+#[derive(Debug)]
+pub struct Activity {
+    links: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity { links: AtomicUsize::new(0), last: Mutex::new(Instant::now()) }
+    }
+}
+
+impl Activity {
+    fn begin(self: &Arc<Self>) -> ActiveLink {
+        self.links.fetch_add(1, Ordering::SeqCst);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        ActiveLink(self.clone())
+    }
+
+    /// How long the daemon has been idle (no link in flight); zero while one is.
+    pub fn idle_for(&self) -> Duration {
+        if self.links.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+    }
+}
+
+/// One link in flight, from its stream's arrival until its thread is done.
+pub struct ActiveLink(Arc<Activity>);
+
+impl Drop for ActiveLink {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.links.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 #[derive(Clone)]
 pub struct Service {
@@ -34,6 +85,8 @@ pub struct Service {
     pub local: bool,
     pub shutdown: watch::Sender<bool>,
     pub cache_dir: PathBuf,
+    pub limits: Limits,
+    pub activity: Arc<Activity>,
     /// Test hook (`NVLINKD_TEST_SLOW_LINK_MS`): every link first sleeps this
     /// long, so tests can kill or stop the daemon while a link is in flight.
     pub slow_link_ms: u64,
@@ -47,9 +100,18 @@ impl Service {
     async fn serve_link(
         &self,
         mut inbound: Streaming<ClientMessage>,
-        tx: mpsc::Sender<Result<ServerMessage, Status>>,
+        tx: Outbound,
+        active: ActiveLink,
     ) -> Result<(), Status> {
-        let start = match inbound.message().await?.and_then(|m| m.msg) {
+        let mut shutdown = self.shutdown.subscribe();
+        let first = tokio::select! {
+            m = tokio::time::timeout(self.limits.reply_timeout, inbound.message()) => match m {
+                Ok(m) => m?,
+                Err(_) => return Err(Status::deadline_exceeded("no Start message")),
+            },
+            _ = shutdown.wait_for(|s| *s) => return Err(Status::unavailable("nvlinkd is shutting down")),
+        };
+        let start = match first.and_then(|m| m.msg) {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
         };
@@ -65,36 +127,47 @@ impl Service {
             shared_fs,
         };
 
-        let pending: Pending = Default::default();
-        // Route the shim's file replies to the waiting link thread.
-        let router = pending.clone();
+        let channel = LinkChannel::new(tx, tokio::runtime::Handle::current(), self.limits.reply_timeout);
+        // The stream owns the link: when the shim half-closes or goes away, the
+        // channel closes and the link's reads fail at once. (A stop does not close
+        // it: the link may finish within the grace period, then the process exits.)
+        let reader = channel.clone();
         tokio::spawn(async move {
-            while let Ok(Some(msg)) = inbound.message().await {
-                if let Some(client_message::Msg::File(reply)) = msg.msg {
-                    if let Some((_, waiter)) = router.remove(&reply.id) {
-                        let _ = waiter.send(reply);
-                    }
+            let why = loop {
+                tokio::select! {
+                    m = inbound.message() => match m {
+                        Ok(Some(msg)) => {
+                            if let Some(client_message::Msg::File(reply)) = msg.msg {
+                                reader.deliver(reply);
+                            }
+                        }
+                        Ok(None) => break "the shim closed its side of the stream",
+                        Err(_) => break "the shim went away",
+                    },
+                    _ = reader.wait_closed() => break "the link is done",
                 }
-            }
-            // Shim gone: fail every pending read.
-            router.clear();
+            };
+            reader.close(why);
         });
 
         let linker = self.linker.clone();
         let slow = self.slow_link_ms;
+        let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
+            let _active = active;
             let _in_flight = linker.in_flight_guard();
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
             }
-            let stream_fs = StreamFs::new(tx.clone(), pending.clone(), MAX_REQUEST_BYTES);
             // A daemon on the caller's filesystem reads the files itself: no copies
             // through the stream.
-            let fs: &dyn InputFs = if req.shared_fs { &LocalFs } else { &stream_fs };
+            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget);
             let args = req.args.join(" ");
             let t_link = std::time::Instant::now();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, fs)));
-            pending.clear();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, &fs)));
+            // Nothing is registered on this stream from now on.
+            let gone = channel.closed_reason();
+            channel.close("the link is done");
             let result = match outcome {
                 Ok(o) => {
                     info!(
@@ -106,37 +179,47 @@ impl Service {
                         ms = t_link.elapsed().as_secs_f64() * 1e3,
                         "link done"
                     );
-                    LinkResult {
-                        exit_code: o.exit_code,
-                        stdout: o.stdout,
-                        stderr: o.stderr,
-                        outputs: o
-                            .outputs
-                            .into_iter()
-                            .map(|f| OutputFile {
-                                path: f.path.to_string_lossy().into_owned(),
-                                data: f.data,
-                                append: f.append,
-                            })
-                            .collect(),
-                        fallback: o.fallback.is_some(),
-                        fallback_reason: o.fallback.unwrap_or_default(),
+                    match fs.declined() {
+                        // An input only nvlink may read, or past the budget: whatever
+                        // the link made of the failed read is not nvlink's answer.
+                        Some(why) => fallback(why),
+                        None => LinkResult {
+                            exit_code: o.exit_code,
+                            stdout: o.stdout,
+                            stderr: o.stderr,
+                            outputs: o
+                                .outputs
+                                .into_iter()
+                                .map(|f| OutputFile {
+                                    path: f.path.to_string_lossy().into_owned(),
+                                    data: f.data,
+                                    append: f.append,
+                                })
+                                .collect(),
+                            fallback: o.fallback.is_some(),
+                            fallback_reason: o.fallback.unwrap_or_default(),
+                        },
                     }
                 }
                 Err(_) => {
                     warn!(args = %args, "link panicked; asking the shim to fall back");
                     linker.note_failure();
-                    LinkResult {
-                        fallback: true,
-                        fallback_reason: "internal error in nvlinkd".into(),
-                        ..Default::default()
-                    }
+                    fallback("internal error in nvlinkd".into())
                 }
             };
-            let _ = tx.blocking_send(Ok(ServerMessage { msg: Some(server_message::Msg::Result(result)) }));
+            if let Some(why) = gone {
+                debug!(args = %args, why, "stream closed during the link");
+            }
+            // A shim that half-closed may still read the answer; one that is gone
+            // or stopped reading is given up after the reply timeout.
+            let _ = channel.send(ServerMessage { msg: Some(server_message::Msg::Result(result)) }, false);
         });
         Ok(())
     }
+}
+
+fn fallback(reason: String) -> LinkResult {
+    LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
 }
 
 #[tonic::async_trait]
@@ -148,9 +231,10 @@ impl Nvlinkd for Service {
         // background as soon as the Start message arrives.
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
+        let active = self.activity.begin();
         tokio::spawn(async move {
-            if let Err(status) = this.serve_link(request.into_inner(), tx.clone()).await {
-                let _ = tx.send(Err(status)).await;
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active).await {
+                let _ = tx.try_send(Err(status));
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))

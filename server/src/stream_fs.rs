@@ -1,78 +1,165 @@
-//! The shim's filesystem, read over the link's gRPC stream.
+//! A link's files, and the link's ownership by its stream.
 //!
-//! A link runs on a blocking thread; each read or stat sends a `FileRequest` to
-//! the shim and blocks until the matching `FileReply` arrives (the connection's
-//! reader task routes replies by id). If the shim goes away, every pending and
-//! future request fails with `BrokenPipe`, so the link stops promptly.
+//! A link runs on a blocking thread. In a daemon that does not share the
+//! caller's filesystem, each read or stat sends a `FileRequest` to the shim and
+//! waits for the matching `FileReply`, which the stream's reader task routes by
+//! id ([`LinkChannel`]).
+//!
+//! The stream owns the link. When the shim half-closes its side, disconnects,
+//! or the daemon shuts down, the reader task *closes* the channel: under the
+//! same lock as every registration of a pending read, so no read can be
+//! registered after the cleanup; every pending read fails at once (its sender
+//! is dropped) and every later one fails before it is sent. Every wait of the
+//! link thread is bounded: a reply not received within the reply timeout
+//! (`--reply-timeout`) fails the read as if the shim were gone and closes the
+//! channel, and sending a request waits at most as long. A link whose shim is
+//! gone therefore ends within a moment and frees its thread.
+//!
+//! [`LinkFs`] is what the link reads through, for both a shared filesystem
+//! (the daemon reads the files itself) and the stream. It refuses reads once the
+//! stream is closed, never reads a non-regular file (see `nvlinkd_core::fs`),
+//! and bounds the bytes one link may read (`--max-link-input`); any of these
+//! makes the link *declined*: no engine of the daemon runs it (a closed stream's
+//! answer would go nowhere), and a shim still listening runs the real nvlink.
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use dashmap::DashMap;
-use nvlinkd_core::fs::{FileStat, InputFs};
+use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
 use nvlinkd_proto::v1::{file_error, file_reply, file_request, server_message, FileReply, FileRequest, ServerMessage};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
-/// Replies awaited by the link thread, by request id.
-pub type Pending = Arc<DashMap<u64, oneshot::Sender<FileReply>>>;
+pub type Outbound = mpsc::Sender<Result<ServerMessage, Status>>;
 
-pub struct StreamFs {
-    tx: mpsc::Sender<Result<ServerMessage, Status>>,
-    pending: Pending,
-    /// Reads already requested by `prefetch`, awaiting their replies.
-    prefetched: Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>,
-    next_id: AtomicU64,
-    /// Total bytes read so far, against the per-request budget.
-    bytes_read: AtomicU64,
-    max_bytes: u64,
+/// The link's side of its stream: pending reads by id, and whether the stream
+/// still carries replies.
+pub struct LinkChannel {
+    state: Mutex<State>,
+    closed: watch::Sender<bool>,
+    tx: Outbound,
+    rt: tokio::runtime::Handle,
+    reply_timeout: Duration,
 }
 
-impl StreamFs {
-    pub fn new(tx: mpsc::Sender<Result<ServerMessage, Status>>, pending: Pending, max_bytes: u64) -> Self {
-        StreamFs {
+#[derive(Default)]
+struct State {
+    /// Why the stream no longer carries replies.
+    closed: Option<&'static str>,
+    pending: HashMap<u64, oneshot::Sender<FileReply>>,
+    next_id: u64,
+}
+
+impl LinkChannel {
+    pub fn new(tx: Outbound, rt: tokio::runtime::Handle, reply_timeout: Duration) -> Arc<Self> {
+        Arc::new(LinkChannel {
+            state: Mutex::new(State::default()),
+            closed: watch::channel(false).0,
             tx,
-            pending,
-            prefetched: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            bytes_read: AtomicU64::new(0),
-            max_bytes,
+            rt,
+            reply_timeout,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// No more replies will come: fail every pending read now and every later one
+    /// before it is sent. Idempotent; the first reason stays.
+    pub fn close(&self, why: &'static str) {
+        let dropped = {
+            let mut s = self.state();
+            s.closed.get_or_insert(why);
+            std::mem::take(&mut s.pending)
+        };
+        drop(dropped);
+        self.closed.send_replace(true);
+    }
+
+    pub fn closed_reason(&self) -> Option<&'static str> {
+        self.state().closed
+    }
+
+    /// Resolves once the channel is closed.
+    pub async fn wait_closed(&self) {
+        let mut rx = self.closed.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// A reply from the shim, to the read waiting for it (if any still is).
+    pub fn deliver(&self, reply: FileReply) {
+        let waiter = self.state().pending.remove(&reply.id);
+        if let Some(w) = waiter {
+            let _ = w.send(reply);
         }
     }
 
-    /// Send a request; the receiver gets the reply.
-    fn send(&self, path: &Path, op: file_request::Op) -> io::Result<oneshot::Receiver<FileReply>> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending.insert(id, tx);
-        let req = FileRequest { id, path: path.to_string_lossy().into_owned(), op: op as i32 };
-        if self.tx.blocking_send(Ok(ServerMessage { msg: Some(server_message::Msg::File(req)) })).is_err() {
-            self.pending.remove(&id);
-            return Err(gone());
+    /// Register a read and send its request. Registration and the closed check
+    /// share one lock: after `close`, nothing is registered.
+    fn request(&self, path: &Path, op: file_request::Op) -> io::Result<oneshot::Receiver<FileReply>> {
+        let (id, rx) = {
+            let mut s = self.state();
+            if let Some(why) = s.closed {
+                return Err(gone(why));
+            }
+            s.next_id += 1;
+            let id = s.next_id;
+            let (tx, rx) = oneshot::channel();
+            s.pending.insert(id, tx);
+            (id, rx)
+        };
+        let msg = ServerMessage {
+            msg: Some(server_message::Msg::File(FileRequest {
+                id,
+                path: path.to_string_lossy().into_owned(),
+                op: op as i32,
+            })),
+        };
+        if let Err(e) = self.send(msg, true) {
+            self.state().pending.remove(&id);
+            return Err(e);
         }
         Ok(rx)
     }
 
-    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
-        let early = match op {
-            file_request::Op::Read => self.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
-            file_request::Op::Stat => None,
-        };
-        let rx = match early {
-            Some(rx) => rx,
-            None => self.send(path, op)?,
-        };
-        let reply = rx.blocking_recv().map_err(|_| gone())?;
-        reply.result.ok_or_else(|| io::Error::other("empty file reply"))
+    /// Send a message to the shim from the link thread: bounded by the reply
+    /// timeout, and (for file requests) given up as soon as the channel closes.
+    pub fn send(&self, msg: ServerMessage, until_closed: bool) -> io::Result<()> {
+        let mut closed = self.closed.subscribe();
+        let timeout = self.reply_timeout;
+        self.rt.block_on(async {
+            tokio::select! {
+                sent = self.tx.send(Ok(msg)) => sent.map_err(|_| gone("the shim went away")),
+                _ = closed.wait_for(|c| *c), if until_closed => Err(gone(self.closed_reason().unwrap_or("closed"))),
+                _ = tokio::time::sleep(timeout) => {
+                    self.close("the shim stopped reading");
+                    Err(io::Error::new(io::ErrorKind::TimedOut, "the nvlink shim stopped reading"))
+                }
+            }
+        })
+    }
+
+    /// Wait for a reply, at most the reply timeout (then the shim counts as gone).
+    fn wait(&self, rx: oneshot::Receiver<FileReply>) -> io::Result<file_reply::Result> {
+        let reply = self.rt.block_on(async { tokio::time::timeout(self.reply_timeout, rx).await });
+        match reply {
+            Ok(Ok(r)) => r.result.ok_or_else(|| io::Error::other("empty file reply")),
+            Ok(Err(_)) => Err(gone(self.closed_reason().unwrap_or("the shim went away"))),
+            Err(_) => {
+                self.close("the shim stopped answering");
+                Err(io::Error::new(io::ErrorKind::TimedOut, "the nvlink shim stopped answering"))
+            }
+        }
     }
 }
 
-fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the nvlink shim went away")
+fn gone(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, format!("the nvlink shim's stream is closed: {why}"))
 }
 
 fn to_io(e: nvlinkd_proto::v1::FileError) -> io::Error {
@@ -81,35 +168,109 @@ fn to_io(e: nvlinkd_proto::v1::FileError) -> io::Error {
         file_error::Kind::PermissionDenied => io::ErrorKind::PermissionDenied,
         file_error::Kind::IsDirectory => io::ErrorKind::IsADirectory,
         file_error::Kind::TooLarge => io::ErrorKind::FileTooLarge,
+        file_error::Kind::NotRegular => return corefs::not_regular(),
         file_error::Kind::Other => io::ErrorKind::Other,
     };
     io::Error::new(kind, e.message)
 }
 
-impl InputFs for StreamFs {
-    fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        match self.ask(path, file_request::Op::Read)? {
-            file_reply::Result::Data(d) => {
-                let total = self.bytes_read.fetch_add(d.len() as u64, Ordering::Relaxed) + d.len() as u64;
-                if total > self.max_bytes {
-                    return Err(io::Error::new(
-                        io::ErrorKind::FileTooLarge,
-                        "request exceeds the daemon's input budget",
-                    ));
-                }
-                Ok(d.into())
-            }
-            file_reply::Result::Error(e) => Err(to_io(e)),
-            file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
+/// Where a link's files are.
+enum Source {
+    /// The daemon shares the caller's filesystem and reads the files itself.
+    Local,
+    /// Over the stream, with reads already requested by `prefetch`.
+    Stream(Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>),
+}
+
+/// What a link reads through (see the module documentation).
+pub struct LinkFs {
+    channel: Arc<LinkChannel>,
+    source: Source,
+    /// Input bytes this link may read in all.
+    budget: u64,
+    used: AtomicU64,
+    declined: Mutex<Option<String>>,
+}
+
+impl LinkFs {
+    pub fn new(channel: Arc<LinkChannel>, shared_fs: bool, budget: u64) -> Self {
+        let source = if shared_fs { Source::Local } else { Source::Stream(Mutex::new(HashMap::new())) };
+        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
+    }
+
+    fn decline(&self, why: String) {
+        let mut d = self.declined.lock().unwrap_or_else(|p| p.into_inner());
+        d.get_or_insert(why);
+    }
+
+    fn open(&self) -> io::Result<()> {
+        match self.channel.closed_reason() {
+            Some(why) => Err(self.lost(gone(why))),
+            None => Ok(()),
         }
     }
 
+    /// A read that failed because the shim is gone or silent ends the link: no
+    /// engine runs it (not even the real nvlink), its answer would go nowhere.
+    fn lost(&self, e: io::Error) -> io::Error {
+        if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::TimedOut) {
+            self.decline(format!("the link's stream ended: {e}"));
+        }
+        e
+    }
+
+    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
+        let Source::Stream(prefetched) = &self.source else { unreachable!("local links do not ask the shim") };
+        let early = match op {
+            file_request::Op::Read => prefetched.lock().ok().and_then(|mut m| m.remove(path)),
+            file_request::Op::Stat => None,
+        };
+        let rx = match early {
+            Some(rx) => rx,
+            None => self.channel.request(path, op).map_err(|e| self.lost(e))?,
+        };
+        self.channel.wait(rx).map_err(|e| self.lost(e))
+    }
+
+    fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Vec<u8>> {
+        match &self.source {
+            Source::Local => corefs::read_regular(path, remaining),
+            Source::Stream(_) => match self.ask(path, file_request::Op::Read)? {
+                file_reply::Result::Data(d) => Ok(d),
+                file_reply::Result::Error(e) => Err(to_io(e)),
+                file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
+            },
+        }
+    }
+}
+
+impl InputFs for LinkFs {
+    fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
+        self.open()?;
+        let remaining = self.budget.saturating_sub(self.used.load(Ordering::Relaxed));
+        let data = self.read_bytes(path, remaining).inspect_err(|e| {
+            if corefs::is_not_regular(e) {
+                self.decline(format!("{} is not a regular file: nvlink reads it itself", path.display()));
+            } else if e.kind() == io::ErrorKind::FileTooLarge {
+                self.decline(format!("{} is larger than the daemon reads for one link", path.display()));
+            }
+        })?;
+        let total = self.used.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
+        if total > self.budget {
+            self.decline(format!("the link's inputs exceed the daemon's budget of {} bytes", self.budget));
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, "the link's inputs exceed the daemon's budget"));
+        }
+        Ok(data.into())
+    }
+
     fn prefetch(&self, paths: &[PathBuf]) {
+        let Source::Stream(prefetched) = &self.source else { return };
         for p in paths {
-            let known = self.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
+            let known = prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
             if !known {
-                if let Ok(rx) = self.send(p, file_request::Op::Read) {
-                    if let Ok(mut m) = self.prefetched.lock() {
+                // A closed stream refuses the request: the read itself then fails.
+                if let Ok(rx) = self.channel.request(p, file_request::Op::Read) {
+                    if let Ok(mut m) = prefetched.lock() {
                         m.insert(p.clone(), rx);
                     }
                 }
@@ -118,10 +279,25 @@ impl InputFs for StreamFs {
     }
 
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
-        match self.ask(path, file_request::Op::Stat)? {
-            file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
-            file_reply::Result::Error(e) => Err(to_io(e)),
-            file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
+        self.open()?;
+        match &self.source {
+            Source::Local => LocalFs.stat(path),
+            Source::Stream(_) => match self.ask(path, file_request::Op::Stat)? {
+                file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
+                file_reply::Result::Error(e) => Err(to_io(e)),
+                file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
+            },
         }
+    }
+
+    fn identity(&self, path: &Path) -> Option<FileIdentity> {
+        match self.source {
+            Source::Local => LocalFs.identity(path),
+            Source::Stream(_) => None,
+        }
+    }
+
+    fn declined(&self) -> Option<String> {
+        self.declined.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

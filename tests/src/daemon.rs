@@ -13,6 +13,9 @@ pub struct Daemon {
     pub env: Vec<(String, String)>,
     /// Another daemon's cache directory, when sharing one.
     pub shared_cache: Option<PathBuf>,
+    /// Address-space limit of the daemon process (RLIMIT_AS), for tests whose
+    /// failure mode is unbounded memory: it then dies instead of taking the machine.
+    pub memory_limit: Option<u64>,
 }
 
 impl Daemon {
@@ -25,8 +28,13 @@ impl Daemon {
 
     /// A second daemon on its own socket over `other`'s cache directory.
     pub fn start_sharing(other: &Daemon) -> Daemon {
-        let mut d =
-            Daemon { dir: TempDir::new("d"), child: None, env: Vec::new(), shared_cache: Some(other.cache_dir()) };
+        let mut d = Daemon {
+            dir: TempDir::new("d"),
+            child: None,
+            env: Vec::new(),
+            shared_cache: Some(other.cache_dir()),
+            memory_limit: None,
+        };
         d.spawn(&[]);
         d
     }
@@ -44,14 +52,44 @@ impl Daemon {
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = TempDir::new("d");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut d = Daemon { dir, child: None, env, shared_cache: None };
+        let mut d = Daemon { dir, child: None, env, shared_cache: None, memory_limit: None };
         d.spawn(extra);
         d
     }
 
+    /// Start with extra `serve` arguments and an address-space limit.
+    pub fn start_limited(extra: &[&str], memory_limit: u64) -> Daemon {
+        let mut d = Daemon {
+            dir: TempDir::new("d"),
+            child: None,
+            env: Vec::new(),
+            shared_cache: None,
+            memory_limit: Some(memory_limit),
+        };
+        d.spawn(extra);
+        d
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// (Re)start the daemon process on the same socket and cache.
     pub fn spawn(&mut self, extra: &[&str]) {
-        let child = Command::new(nvlinkd())
+        let mut cmd = Command::new(nvlinkd());
+        if let Some(limit) = self.memory_limit {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let l = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                    libc::setrlimit(libc::RLIMIT_AS, &l);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("serve")
             .arg("--socket")
             .arg(self.socket())
@@ -119,11 +157,20 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM and wait.
+    /// SIGTERM and wait (a daemon still there after a minute is killed, so that
+    /// a test that found it stuck fails instead of hanging).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while matches!(c.try_wait(), Ok(None)) {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.wait();
         }
     }

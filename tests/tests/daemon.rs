@@ -115,7 +115,8 @@ fn fallback_never_fails_cleanly_without_partial_output() {
 
 #[test]
 fn sigterm_finishes_in_flight_links() {
-    let mut d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
+    // Links still computing get the grace period (here long enough for this one).
+    let mut d = Daemon::start_env(&["--shutdown-grace", "60s"], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
     let out = TempDir::new("term");
     let expected = run(&real_nvlink(), &inv(CDP_LINK, &out), &[]);
     let invocation = inv(CDP_LINK, &out);

@@ -1,0 +1,670 @@
+//! Faults of clients and of the caller's files: streams that half-close, vanish
+//! or stop answering in the middle of a link; stops with stuck clients;
+//! `/dev/zero` and FIFOs as inputs; the socket in a shared directory or over a
+//! regular file; a symlink planted at the shim's temporary output name; a daemon
+//! that exits when idle. Every link is compared with the real nvlink's.
+//!
+//! The hostile clients speak the daemon's protocol directly (nvlinkd-proto):
+//! they send a `Start` whose working directory does not match the daemon's view
+//! (so the daemon reads the files over the stream, as for a remote shim) and
+//! then misbehave once the first file request arrives.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nvlinkd_proto::v1::{
+    client_message, nvlinkd_client::NvlinkdClient, server_message, ClientMessage, ServerMessage, Start,
+};
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
+
+fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
+    let args = args.replace("{OUT}", &out.path().display().to_string());
+    Invocation {
+        args: args.split_whitespace().map(String::from).collect(),
+        cwd: cwd.to_path_buf(),
+        env: vec![],
+        out_dir: out.path().to_path_buf(),
+    }
+}
+
+/// Poll `cond` until it holds or `limit` passes (a bound on a hang, not a speed claim).
+fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// The daemon's process has exited (reaped) within `limit`.
+fn exits_within(d: &mut Daemon, limit: Duration) -> bool {
+    let Some(child) = d.child.as_mut() else { return true };
+    let exited = eventually(limit, || matches!(child.try_wait(), Ok(Some(_))));
+    if exited {
+        d.child = None;
+    }
+    exited
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn connect(socket: &Path) -> Channel {
+    let path = socket.to_path_buf();
+    Endpoint::from_static("http://nvlinkd.local")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .expect("connect to the daemon")
+}
+
+/// How a hostile client misbehaves once the daemon asks it for a file.
+#[derive(Clone, Copy, Debug)]
+enum Misbehave {
+    /// End its side of the stream, keep reading the daemon's.
+    HalfClose,
+    /// Half-close, then drop the connection a moment later.
+    Vanish,
+    /// Keep the stream open and never answer.
+    Silent,
+}
+
+/// Open a link in stream mode and misbehave at the first file request. Returns
+/// what keeps the stream alive (dropped by the caller).
+async fn hostile(socket: &Path, how: Misbehave) -> Option<Box<dyn std::any::Any + Send>> {
+    let mut client = NvlinkdClient::new(connect(socket).await);
+    let cwd = corpus::dir().clone();
+    let out = std::env::temp_dir().join(format!("nvlt-hostile-{}.cubin", std::process::id()));
+    let start = Start {
+        args: ["--arch=sm_90", "accumulate.o", "scale.o", "-o", &out.display().to_string()].map(String::from).to_vec(),
+        cwd: cwd.display().to_string(),
+        env: Default::default(),
+        toolkit: cuda_home().display().to_string(),
+        // Not the daemon's view of the directory: it reads the files over the stream.
+        cwd_dev: 0,
+        cwd_ino: 0,
+    };
+    let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+    tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.ok()?;
+    let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.ok()?.into_inner();
+    // Wait for the daemon's first file request (the link is then reading); a
+    // daemon whose links no longer start never sends one.
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(ServerMessage { msg: Some(server_message::Msg::File(_)) })) => return true,
+                Ok(Some(_)) => continue,
+                _ => return false,
+            }
+        }
+    });
+    if !first.await.unwrap_or(false) {
+        return None;
+    }
+    match how {
+        Misbehave::HalfClose => {
+            drop(tx);
+            // Keep reading what the daemon sends (it must end the link and close).
+            tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
+            Some(Box::new(client))
+        }
+        Misbehave::Vanish => {
+            drop(tx);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            None
+        }
+        Misbehave::Silent => Some(Box::new((client, tx, inbound))),
+    }
+}
+
+/// A normal link through the shim equals the real nvlink's.
+fn normal_link_works(d: &Daemon) {
+    let out = TempDir::new("flt-ref");
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    assert_eq!(expected.code, 0);
+    let invocation = inv(LINK, corpus::dir(), &out);
+    let env = d.shim_env();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(run(&shim(), &invocation, &env));
+    });
+    let actual = done_rx.recv_timeout(Duration::from_secs(60)).expect("a normal link hangs");
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+#[test]
+fn half_closed_and_vanished_streams_free_their_links() {
+    let d = Daemon::start();
+    let pid = d.pid().unwrap();
+    let rt = runtime();
+    for how in [Misbehave::HalfClose, Misbehave::Vanish] {
+        let held = rt.block_on(hostile(&d.socket(), how));
+        let freed = eventually(Duration::from_secs(20), || d.stat("in_flight") == 0);
+        assert!(freed, "{how:?}: the link is still in flight after its stream closed");
+        drop(held);
+    }
+    normal_link_works(&d);
+    assert!(threads_of(pid) < 200, "daemon threads: {}", threads_of(pid));
+}
+
+#[test]
+fn a_silent_client_times_out() {
+    let d = Daemon::start_with(&["--reply-timeout", "1s"]);
+    let rt = runtime();
+    let held = rt.block_on(hostile(&d.socket(), Misbehave::Silent));
+    assert!(held.is_some(), "no file request came");
+    let freed = eventually(Duration::from_secs(20), || d.stat("in_flight") == 0);
+    assert!(freed, "a link whose shim never answers is still in flight");
+    normal_link_works(&d);
+    drop(held);
+}
+
+#[test]
+fn many_abandoned_streams_then_a_link_and_a_prompt_sigterm() {
+    let mut d = Daemon::start();
+    let pid = d.pid().unwrap();
+    let rt = runtime();
+    let socket = d.socket();
+    // 600 streams (more than tokio's blocking pool), 50 at a time; half of them
+    // half-close and stay connected, half vanish.
+    let t0 = Instant::now();
+    let held: Vec<_> = rt.block_on(async {
+        let mut held = Vec::new();
+        for batch in 0..12 {
+            let tasks: Vec<_> = (0..50)
+                .map(|i| {
+                    let socket = socket.clone();
+                    let how = if (batch + i) % 2 == 0 { Misbehave::HalfClose } else { Misbehave::Vanish };
+                    tokio::spawn(async move { hostile(&socket, how).await })
+                })
+                .collect();
+            for t in tasks {
+                held.push(t.await.unwrap());
+            }
+        }
+        held
+    });
+    let opened = t0.elapsed();
+    let freed = eventually(Duration::from_secs(30), || d.stat("in_flight") == 0);
+    eprintln!(
+        "600 abandoned streams: opened in {:.2} s, all links freed {:.2} s after the last; daemon threads {}",
+        opened.as_secs_f64(),
+        (t0.elapsed() - opened).as_secs_f64(),
+        threads_of(pid)
+    );
+    assert!(freed, "abandoned links still in flight: {}", d.stat("in_flight"));
+    normal_link_works(&d);
+    assert!(threads_of(pid) < 300, "daemon threads after 600 abandoned streams: {}", threads_of(pid));
+    // Stuck clients still connected; a silent one mid-link too.
+    let silent = rt.block_on(hostile(&socket, Misbehave::Silent));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let t_term = Instant::now();
+    let exited = exits_within(&mut d, Duration::from_secs(20));
+    eprintln!("SIGTERM with 301 stuck clients: exited after {:.2} s", t_term.elapsed().as_secs_f64());
+    assert!(exited, "nvlinkd ignores SIGTERM with stuck clients");
+    drop((held, silent));
+}
+
+#[test]
+fn stop_abandons_a_link_after_the_grace_period_and_the_shim_falls_back() {
+    // The link computes "forever" (test hook); `nvlinkd stop` must not wait for it.
+    let mut d = Daemon::start_env(&["--shutdown-grace", "200ms"], &[("NVLINKD_TEST_SLOW_LINK_MS", "600000")]);
+    let out = TempDir::new("flt-stop");
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "NVLINKD_FALLBACK");
+    env.push(("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()));
+    env.push(("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()));
+    let invocation = inv(LINK, corpus::dir(), &out);
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    assert!(eventually(Duration::from_secs(20), || d.stat("in_flight") == 1), "link not in flight");
+    // `stop` waits for the process to be gone: reap it meanwhile (it is our child).
+    let mut stop = std::process::Command::new(nvlinkd())
+        .arg("stop")
+        .arg("--socket")
+        .arg(d.socket())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t_stop = Instant::now();
+    let exited = exits_within(&mut d, Duration::from_secs(20));
+    eprintln!("stop with a link computing, grace 200 ms: exited after {:.2} s", t_stop.elapsed().as_secs_f64());
+    assert!(exited, "the daemon waits for a stuck link");
+    assert!(stop.wait().unwrap().success(), "nvlinkd stop failed");
+    let actual = handle.join().unwrap();
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+/// A directory of links to the corpus objects plus the odd inputs of a test.
+fn scratch_inputs(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    for f in ["accumulate.o", "scale.o"] {
+        std::os::unix::fs::symlink(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+fn fallback_env(d: &Daemon) -> Vec<(String, String)> {
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "NVLINKD_FALLBACK");
+    env.push(("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()));
+    env
+}
+
+#[test]
+fn dev_zero_inputs_are_answered_as_nvlink_does() {
+    // A daemon that reads /dev/zero whole dies here instead of filling the machine.
+    let d = Daemon::start_limited(&[], 4 << 30);
+    let inputs = scratch_inputs("flt-zero");
+    let cases: Vec<String> = ["o", "cubin", "ptx", "fatbin", "a"]
+        .iter()
+        .map(|ext| {
+            let name = format!("zero.{ext}");
+            std::os::unix::fs::symlink("/dev/zero", inputs.path().join(&name)).unwrap();
+            format!("--arch=sm_90 accumulate.o scale.o {name} -o {{OUT}}/out.cubin")
+        })
+        .chain(["--arch=sm_90 accumulate.o /dev/zero scale.o -o {OUT}/out.cubin".to_string()])
+        .collect();
+    let before = d.stat("requests");
+    for case in &cases {
+        let out = TempDir::new("flt-zero-out");
+        let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
+        let actual = run(&shim(), &inv(case, inputs.path(), &out), &fallback_env(&d));
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{case}: {:?}", cmp.problems);
+    }
+    assert!(d.answers(), "the daemon died reading /dev/zero");
+    // The daemon needs a few hundred MB at most; reading /dev/zero takes all the limit allows.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    eprintln!("daemon peak RSS after the /dev/zero links: {peak_kib} KiB");
+    assert!(peak_kib < 1 << 20, "the daemon peaked at {peak_kib} KiB: it read /dev/zero");
+    assert_eq!(d.stat("requests") - before, cases.len() as u64, "the daemon did not see the links");
+    assert_eq!(d.stat("in_flight"), 0);
+}
+
+#[test]
+fn dev_zero_over_the_stream_is_never_read_whole() {
+    // Over TCP the shim reads the files for the daemon: it must not read /dev/zero either.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with(&["--listen", &addr]);
+    let inputs = scratch_inputs("flt-zero-tcp");
+    std::os::unix::fs::symlink("/dev/zero", inputs.path().join("zero.cubin")).unwrap();
+    let case = "--arch=sm_90 accumulate.o scale.o zero.cubin -o {OUT}/out.cubin";
+    let out = TempDir::new("flt-zero-tcp-out");
+    let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
+    let mut env = fallback_env(&d);
+    env.push(("NVLINKD_ADDR".into(), addr.clone()));
+    let invocation = inv(case, inputs.path(), &out);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(run_measured(&shim(), &invocation, &env));
+    });
+    let (actual, peak_kib) = done_rx.recv_timeout(Duration::from_secs(120)).expect("the shim hangs on /dev/zero");
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    // The shim (then nvlink in its place) needs a few MB; reading /dev/zero takes
+    // whatever the limit allows.
+    eprintln!("shim peak RSS on a /dev/zero link over TCP: {peak_kib} KiB");
+    assert!(peak_kib < 256 << 10, "the shim peaked at {peak_kib} KiB: it read /dev/zero");
+    assert!(d.answers());
+}
+
+/// Run `program` like `run` does, under a 2 GiB address-space limit, and return
+/// its peak resident memory (KiB) besides.
+fn run_measured(program: &Path, inv: &Invocation, extra_env: &[(String, String)]) -> (Run, i64) {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let _ = std::fs::remove_dir_all(&inv.out_dir);
+    std::fs::create_dir_all(&inv.out_dir).unwrap();
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&inv.args).current_dir(&inv.cwd).env_clear();
+    for k in ["PATH", "HOME", "TMPDIR"] {
+        if let Ok(v) = std::env::var(k) {
+            cmd.env(k, v);
+        }
+    }
+    cmd.envs(inv.env.iter().chain(extra_env).map(|(k, v)| (k, v)));
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let l = libc::rlimit { rlim_cur: 2 << 30, rlim_max: 2 << 30 };
+            libc::setrlimit(libc::RLIMIT_AS, &l);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let errs = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let mut stdout = Vec::new();
+    let _ = out.read_to_end(&mut stdout);
+    let stderr = errs.join().unwrap();
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child, once (std never waits for it: `child` is forgotten).
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    std::mem::forget(child);
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
+    let files = std::fs::read_dir(&inv.out_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap_or_default()))
+        .collect();
+    (Run { code, stdout, stderr, files }, usage.ru_maxrss)
+}
+
+/// Create a FIFO.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Feeds `data` to every reader of a FIFO (nvlink opens an input twice: once to
+/// probe its header, once to read it) until finished.
+struct Feeder {
+    fifo: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+fn feed(fifo: PathBuf, data: Vec<u8>) -> Feeder {
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (path, flag) = (fifo.clone(), stop.clone());
+    let handle = std::thread::spawn(move || {
+        use std::io::Write;
+        // Opening for writing blocks until a reader opens.
+        while let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&path) {
+            if flag.load(Ordering::SeqCst) {
+                return;
+            }
+            // A reader that closes early (the header probe) breaks the pipe: fine.
+            let _ = f.write_all(&data);
+        }
+    });
+    Feeder { fifo, stop, handle }
+}
+
+impl Feeder {
+    fn finish(self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Release a writer blocked in open.
+        while !self.handle.is_finished() {
+            let _ = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&self.fifo);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.handle.join();
+    }
+}
+
+#[test]
+fn a_fifo_input_never_blocks_the_daemon() {
+    let d = Daemon::start();
+    let inputs = scratch_inputs("flt-fifo");
+    let fifo = inputs.path().join("piped.o");
+    mkfifo(&fifo);
+    let data = std::fs::read(corpus::dir().join("accumulate.o")).unwrap();
+    let case = "--arch=sm_90 piped.o scale.o -o {OUT}/out.cubin";
+    let out = TempDir::new("flt-fifo-out");
+    let writer = feed(fifo.clone(), data.clone());
+    let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
+    writer.finish();
+
+    // No writer yet: nvlink would wait for one. The daemon must not: it hands the
+    // link back to the shim, whose nvlink then waits for the writer.
+    let before = d.stat("requests");
+    let invocation = inv(case, inputs.path(), &out);
+    let env = fallback_env(&d);
+    let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+    let answered = eventually(Duration::from_secs(30), || d.stat("requests") > before && d.stat("in_flight") == 0);
+    let writer = feed(fifo.clone(), data);
+    assert!(answered, "a FIFO input blocks a link in the daemon");
+    let actual = handle.join().unwrap();
+    writer.finish();
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+#[test]
+fn a_socket_in_a_shared_sticky_directory_leaves_it_alone() {
+    let shared = TempDir::new("flt-sticky");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = shared.path().join("nvlinkd.sock");
+    let mut child = std::process::Command::new(nvlinkd())
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .arg("--cache-dir")
+        .arg(shared.path().join("cache"))
+        .arg("--cuda-home")
+        .arg(cuda_home())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = eventually(Duration::from_secs(30), || {
+        std::process::Command::new(nvlinkd())
+            .arg("status")
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let mode = std::fs::metadata(shared.path()).unwrap().permissions().mode() & 0o7777;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(up, "the daemon did not serve on a socket in a sticky directory");
+    assert_eq!(mode, 0o1777, "the shared directory's mode was changed to {mode:o}");
+    assert_eq!(std::fs::metadata(&socket).ok().map(|_| ()), None, "socket left behind");
+}
+
+/// `nvlinkd start --socket <socket>`: (success, stderr).
+fn start_on(socket: &Path, cache: &Path) -> (bool, String) {
+    let out = std::process::Command::new(nvlinkd())
+        .args(["start", "--socket"])
+        .arg(socket)
+        .arg("--cache-dir")
+        .arg(cache)
+        .arg("--cuda-home")
+        .arg(cuda_home())
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn stop_on(socket: &Path) {
+    let _ = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(socket).output();
+}
+
+#[test]
+fn socket_directories_are_made_private_and_existing_ones_left_alone() {
+    let base = TempDir::new("flt-dirs");
+    // Missing: created 0700.
+    let made = base.path().join("a/b");
+    let (ok, err) = start_on(&made.join("s"), &base.path().join("c1"));
+    let made_mode = std::fs::metadata(&made).map(|m| m.permissions().mode() & 0o777).ok();
+    stop_on(&made.join("s"));
+    assert!(ok, "{err}");
+    assert_eq!(made_mode, Some(0o700));
+    // Existing and ours (0755, e.g. a project directory): served in, mode kept.
+    let mine = base.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ok, err) = start_on(&mine.join("s"), &base.path().join("c2"));
+    stop_on(&mine.join("s"));
+    assert!(ok, "{err}");
+    let mode = std::fs::metadata(&mine).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "the existing socket directory's mode was changed to {mode:o}");
+}
+
+#[test]
+fn a_socket_directory_of_another_user_is_refused() {
+    let base = TempDir::new("flt-other");
+    let theirs = base.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::chown(c.as_ptr(), 54321, 54321) } != 0 {
+        eprintln!("skipped: cannot give a directory to another user here (not root)");
+        return;
+    }
+    let socket = theirs.join("s");
+    let (ok, err) = start_on(&socket, &base.path().join("c"));
+    if ok {
+        stop_on(&socket);
+    }
+    assert!(!ok, "the daemon served in a directory another user controls");
+    let mode = std::fs::metadata(&theirs).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777, "another user's directory was changed");
+    assert!(err.contains("54321") && err.contains(&theirs.display().to_string()), "unclear message: {err}");
+}
+
+#[test]
+fn a_regular_file_at_the_socket_path_is_never_deleted() {
+    let dir = TempDir::new("flt-file");
+    let socket = dir.path().join("precious");
+    std::fs::write(&socket, b"someone's data\n").unwrap();
+    let mut child = std::process::Command::new(nvlinkd())
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .arg("--cuda-home")
+        .arg(cuda_home())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = eventually(Duration::from_secs(30), || matches!(child.try_wait(), Ok(Some(_))));
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(std::fs::read(&socket).ok().as_deref(), Some(&b"someone's data\n"[..]), "the file was replaced");
+    assert!(exited && !out.status.success(), "the daemon served over a regular file");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a socket") && err.contains("precious"), "unclear message: {err}");
+}
+
+#[test]
+fn a_planted_symlink_at_the_temporary_output_is_not_followed() {
+    let d = Daemon::start();
+    let victim_dir = TempDir::new("flt-victim");
+    let victim = victim_dir.path().join("victim");
+    std::fs::write(&victim, b"not yours\n").unwrap();
+    let out = TempDir::new("flt-plant");
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    // The shell plants the symlinks under its own pid, which `exec` hands to the
+    // shim: every temporary name the shim may try first.
+    let plant = format!(
+        "for n in .out.cubin.nvlinkd-$$.tmp .out.cubin.nvlinkd-$$-0.tmp; do ln -s {} {}/$n; done; exec \"$0\" \"$@\"",
+        victim.display(),
+        out.path().display()
+    );
+    let invocation = inv(LINK, corpus::dir(), &out);
+    let wrapped = Invocation {
+        args: ["-c".to_string(), plant, shim().display().to_string()]
+            .into_iter()
+            .chain(invocation.args.clone())
+            .collect(),
+        ..invocation
+    };
+    let mut actual = run(Path::new("/bin/sh"), &wrapped, &d.shim_env());
+    let victim_now = std::fs::read(&victim).unwrap();
+    assert!(victim_now == b"not yours\n", "the shim wrote {} bytes through a planted symlink", victim_now.len());
+    let planted: Vec<String> = actual.files.keys().filter(|k| k.starts_with(".out.cubin.nvlinkd-")).cloned().collect();
+    for k in &planted {
+        actual.files.remove(k);
+    }
+    assert!(!std::fs::symlink_metadata(out.path().join("out.cubin")).unwrap().file_type().is_symlink());
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+#[test]
+fn an_auto_started_daemon_exits_when_idle() {
+    let dir = TempDir::new("flt-idle");
+    let sock = dir.path().join("s");
+    let out = TempDir::new("flt-idle-out");
+    let env: Vec<(String, String)> = vec![
+        ("NVLINKD_SOCKET".into(), sock.display().to_string()),
+        ("NVLINKD_CACHE_DIR".into(), dir.path().join("cache").display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "never".into()),
+        ("NVLINKD_IDLE_EXIT".into(), "1s".into()),
+        ("CUDA_HOME".into(), cuda_home().display().to_string()),
+    ];
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    let actual = run(&shim(), &inv(LINK, corpus::dir(), &out), &env);
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    // The daemon logs its pid when it starts serving (it may be gone already).
+    let log = std::fs::read_to_string(dir.path().join("cache/nvlinkd.log")).unwrap_or_default();
+    let pid: u32 = log
+        .lines()
+        .find(|l| l.contains("nvlinkd serving"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon was started: {log}"));
+    let exited = eventually(Duration::from_secs(30), || !alive(pid) || is_zombie(pid));
+    if !exited {
+        let _ = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output();
+    }
+    assert!(exited, "the auto-started daemon is still running");
+    assert!(std::fs::symlink_metadata(&sock).is_err(), "socket left behind");
+}
+
+/// Exited but not reaped (its parent, `nvlinkd start`, is gone: init reaps it).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nvlinkd_core::fs::InputFs;
 use nvlinkd_core::request::Request as LinkRequest;
+use nvlinkd_core::worker::Cancel;
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
     client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, LinkResult, OutputFile, PingReply,
@@ -132,6 +133,10 @@ impl Service {
         // channel closes and the link's reads fail at once. (A stop does not close
         // it: the link may finish within the grace period, then the process exits.)
         let reader = channel.clone();
+        // ... and its computation: a closed stream kills the worker process or
+        // nvlink engine serving the link (nothing of it is cached).
+        let cancel = Cancel::new();
+        let cancel_on_close = cancel.clone();
         tokio::spawn(async move {
             let why = loop {
                 tokio::select! {
@@ -147,6 +152,9 @@ impl Service {
                     _ = reader.wait_closed() => break "the link is done",
                 }
             };
+            if why != "the link is done" {
+                cancel_on_close.cancel();
+            }
             reader.close(why);
         });
 
@@ -164,7 +172,8 @@ impl Service {
             let fs = LinkFs::new(channel.clone(), req.shared_fs, budget);
             let args = req.args.join(" ");
             let t_link = std::time::Instant::now();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link(&req, &fs)));
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link_cancellable(&req, &fs, &cancel)));
             // Nothing is registered on this stream from now on.
             let gone = channel.closed_reason();
             channel.close("the link is done");

@@ -668,3 +668,67 @@ fn is_zombie(pid: u32) -> bool {
         .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
+
+/// A link whose shim goes away while nvJitLink computes it: the closed stream
+/// cancels the link, which kills the worker process serving it at once (the
+/// worker test hook holds it inside the link, so nothing else would end it
+/// before the hook's own 60 s give-up), and the link is freed.
+#[test]
+fn a_closed_stream_kills_the_worker_computing_its_link() {
+    use std::os::unix::fs::MetadataExt;
+    let work = TempDir::new("cancel-hold");
+    let hold = work.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let d = Daemon::start_env(&[], &[("NVLINKD_TEST_WORKER_HOLD", &hold.display().to_string())]);
+    let rt = runtime();
+    let socket = d.socket();
+    let held = rt.block_on(async {
+        let mut client = NvlinkdClient::new(connect(&socket).await);
+        let cwd = corpus::dir().clone();
+        let meta = std::fs::metadata(&cwd).unwrap();
+        let out = work.path().join("out.cubin");
+        let start = Start {
+            args: ["--arch=sm_90", "accumulate.o", "scale.o", "-o", &out.display().to_string()]
+                .map(String::from)
+                .to_vec(),
+            cwd: cwd.display().to_string(),
+            env: Default::default(),
+            toolkit: cuda_home().display().to_string(),
+            // The daemon's own view of the directory: it reads the files itself.
+            cwd_dev: meta.dev(),
+            cwd_ino: meta.ino(),
+        };
+        let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+        (client, tx, inbound)
+    });
+    // The worker holding the link marks `<hold>.<pid>`.
+    let prefix = "hold.";
+    let mut pid = None;
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            pid = std::fs::read_dir(work.path())
+                .unwrap()
+                .flatten()
+                .find_map(|e| e.file_name().to_string_lossy().strip_prefix(prefix).and_then(|p| p.parse::<u32>().ok()));
+            pid.is_some()
+        }),
+        "no worker took the link"
+    );
+    let pid = pid.unwrap();
+    assert_eq!(d.stat("in_flight"), 1);
+    // The shim goes away.
+    drop(held);
+    drop(rt);
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(pid) || is_zombie(pid)),
+        "the worker computing an abandoned link is still running"
+    );
+    assert!(eventually(Duration::from_secs(10), || d.stat("in_flight") == 0), "the abandoned link is still in flight");
+    assert_eq!(d.stat("in_process"), 0, "the abandoned link was counted as linked");
+    std::fs::remove_file(&hold).unwrap();
+    // A later link gets a fresh worker and nvlink's bytes.
+    normal_link_works(&d);
+    assert!(d.answers());
+}

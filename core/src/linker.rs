@@ -509,10 +509,12 @@ impl Linker {
             scratch: &scratch,
             workers: self.workers.as_deref(),
             cancel,
+            limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             fault: &fault,
         };
         let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
-        if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let cancelled = cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
+        if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
             bump(&self.stats.fallbacks);

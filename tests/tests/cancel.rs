@@ -122,3 +122,37 @@ fn nvlink_engine_runs_are_cancellable_and_time_limited() {
         killed.err()
     );
 }
+
+/// ptxas runs under the link's `Cancel` and time limit too: a cancelled link
+/// starts none, one over its limit is killed and yields no artifact, and an
+/// unhindered run compiles the module (compared with ptxas run directly).
+#[test]
+fn ptxas_runs_are_cancellable_and_time_limited() {
+    use nvlinkd_core::engine::ptxas;
+    let tk = Toolkit::open(cuda_home()).expect("toolkit");
+    let ptx = std::fs::read(corpus::dir().join("saxpy.ptx")).expect("corpus saxpy.ptx");
+    let args: Vec<String> = ["-arch=sm_90", "-m64", "-c"].map(String::from).to_vec();
+    let scratch = TempDir::new("ptxas-cancel");
+
+    let ok = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::from_secs(600)).expect("ptxas");
+    let direct = scratch.path().join("direct.cubin");
+    let status = std::process::Command::new(cuda_home().join("bin/ptxas"))
+        .args(&args)
+        .arg(corpus::dir().join("saxpy.ptx"))
+        .arg("-o")
+        .arg(&direct)
+        .status()
+        .expect("run ptxas");
+    assert!(status.success());
+    assert_eq!(ok, std::fs::read(&direct).unwrap(), "ptxas through the supervisor differs from ptxas");
+
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    let t = Instant::now();
+    assert!(ptxas::compile(&tk, &ptx, &args, scratch.path(), &cancelled, Duration::from_secs(600)).is_err());
+    let killed = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::ZERO);
+    let err = killed.expect_err("ptxas was not stopped at its time limit");
+    assert!(err.0.contains("killed"), "{}", err.0);
+    // Bound on a hang, not a speed claim: neither run compiled anything.
+    assert!(t.elapsed() < Duration::from_secs(60));
+}

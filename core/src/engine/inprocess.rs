@@ -53,6 +53,8 @@ pub struct Context<'a> {
     pub workers: Option<&'a WorkerPool>,
     /// Cancels this link (kills the worker serving it).
     pub cancel: &'a Cancel,
+    /// Longest time one ptxas run may take (the daemon's worker time limit).
+    pub limit: std::time::Duration,
     /// Set when the link failed because of its environment (a worker died or
     /// was killed): the linker then gives no result.
     pub fault: &'a std::sync::Mutex<Option<String>>,
@@ -191,7 +193,9 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     modules.into_par_iter().try_for_each(|m| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
-        let bytes = cx.artifacts.get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch))?;
+        let bytes = cx
+            .artifacts
+            .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))?;
         let info = cubin::read(&bytes).map_err(|e| Unsupported(format!("ptxas output: {e}")))?;
         m.code = Code::Cubin(bytes);
         m.info = Some(std::sync::Arc::new(info));
@@ -346,7 +350,9 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
     let t_ptxas = std::time::Instant::now();
     let nvvm_ms = (t_ptxas - t_nvvm).as_secs_f64() * 1e3;
-    let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
+    let cubin = cx
+        .artifacts
+        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
     let ptxas_ms = t_ptxas.elapsed().as_secs_f64() * 1e3;
     tracing::debug!(nvvm_ms, ptxas_ms, ptx_bytes = ptx.len(), "LTO phases");
     Ok(cubin.to_vec())

@@ -9,24 +9,38 @@
 //!
 //! ptxas writes into a scratch directory; a full or read-only disk there is a
 //! fault of the daemon's environment, never a compile result (see
-//! `engine::process`).
+//! `engine::process`). It runs under the link's [`Cancel`] and the daemon's
+//! time limit, like the worker processes: a cancelled link kills its ptxas at
+//! once, and a killed ptxas never yields an artifact.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::inprocess::Unsupported;
 use super::process::{self, Scratch};
 use crate::toolkit::Toolkit;
+use crate::worker::Cancel;
 
 /// Compile `ptx` with `args` (the input and `-o` are added). A scratch
 /// directory that fails for lack of space or permission is replaced by the
 /// system's temporary directory; a ptxas that could not do its work for
 /// reasons of the environment (see [`super::process`]) never yields an
 /// artifact, so nothing it produced is cached.
-pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Unsupported> {
+pub fn compile(
+    tk: &Toolkit,
+    ptx: &[u8],
+    args: &[String],
+    scratch_parent: &Path,
+    cancel: &Cancel,
+    limit: Duration,
+) -> Result<Vec<u8>, Unsupported> {
     let mut last = Unsupported("no scratch directory".into());
     for parent in process::scratch_parents(scratch_parent) {
-        match compile_in(tk, ptx, args, &parent) {
+        if cancel.is_cancelled() {
+            return Err(Unsupported("the link was cancelled".into()));
+        }
+        match compile_in(tk, ptx, args, &parent, cancel, limit) {
             Ok(v) => return Ok(v),
             Err(Failure::Environment(why)) => {
                 tracing::warn!(scratch = %parent.display(), "ptxas failed by its environment: {why}");
@@ -43,7 +57,14 @@ enum Failure {
     Tool(Unsupported),
 }
 
-fn compile_in(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Failure> {
+fn compile_in(
+    tk: &Toolkit,
+    ptx: &[u8],
+    args: &[String],
+    scratch_parent: &Path,
+    cancel: &Cancel,
+    limit: Duration,
+) -> Result<Vec<u8>, Failure> {
     let env = |what: &str, e: std::io::Error| Failure::Environment(format!("{what}: {e}"));
     let _ = std::fs::create_dir_all(scratch_parent);
     let scratch = Scratch::new(scratch_parent).map_err(|e| env("scratch", e))?;
@@ -52,16 +73,22 @@ fn compile_in(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) 
     // ptxas reads text: a trailing NUL (fatbin members carry one) is not PTX.
     let text = ptx.strip_suffix(&[0]).unwrap_or(ptx);
     std::fs::write(&input, text).map_err(|e| env("scratch", e))?;
-    let out = Command::new(tk.ptxas())
+    let child = Command::new(tk.ptxas())
         .args(args)
         .arg(&input)
         .arg("-o")
         .arg(&output)
         .env("TMPDIR", &scratch.0)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|e| env("cannot run ptxas", e))?;
+    let out = cancel.supervise(child, limit).map_err(|e| env("ptxas", e))?;
     if out.status.code().is_none() {
-        return Err(Failure::Environment(format!("ptxas killed: {:?}", out.status)));
+        // Cancelled, over the time limit, or a crash: no artifact, and no
+        // second run elsewhere (it would take as long, or crash the same way).
+        return Err(Failure::Tool(Unsupported(format!("ptxas killed: {:?}", out.status))));
     }
     if let Some(why) = process::blames_environment(&out.stdout, &out.stderr, &scratch.0) {
         return Err(Failure::Environment(why));

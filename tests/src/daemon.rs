@@ -144,6 +144,18 @@ impl Daemon {
         ]
     }
 
+    /// The shim's environment with fallback allowed: when the daemon declines,
+    /// the shim runs the real nvlink itself (and starts no daemon of its own).
+    pub fn fallback_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("NVLINKD_SOCKET".into(), self.socket().display().to_string()),
+            ("NVLINKD_FALLBACK".into(), "auto".into()),
+            ("NVLINKD_REAL_NVLINK".into(), crate::env::real_nvlink().display().to_string()),
+            ("CUDA_HOME".into(), cuda_home().display().to_string()),
+            ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
+        ]
+    }
+
     /// The daemon's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.cache_dir().join("nvlinkd.log")).unwrap_or_default()

@@ -24,6 +24,24 @@ pub struct Invocation {
     pub out_dir: PathBuf,
 }
 
+impl Invocation {
+    /// An invocation from a whitespace-separated argument template: `{OUT}` is
+    /// the output directory, `{L}` the toolkit's `lib`, `{NVVM}` its `nvvm`.
+    pub fn templated(args: &str, cwd: &Path, out: &crate::env::TempDir) -> Invocation {
+        let home = crate::env::cuda_home();
+        let args = args
+            .replace("{L}", &home.join("lib").display().to_string())
+            .replace("{NVVM}", &home.join("nvvm").display().to_string())
+            .replace("{OUT}", &out.path().display().to_string());
+        Invocation {
+            args: args.split_whitespace().map(String::from).collect(),
+            cwd: cwd.to_path_buf(),
+            env: vec![],
+            out_dir: out.path().to_path_buf(),
+        }
+    }
+}
+
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
     if let Ok(rd) = std::fs::read_dir(dir) {

@@ -9,19 +9,11 @@ use std::time::Duration;
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{cuda_home, real_nvlink, shim, TempDir};
+use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation, Run};
 
 fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
-    let lib = cuda_home().join("lib").display().to_string();
-    let nvvm = cuda_home().join("nvvm").display().to_string();
-    let args = args.replace("{L}", &lib).replace("{NVVM}", &nvvm).replace("{OUT}", &out.path().display().to_string());
-    Invocation {
-        args: args.split_whitespace().map(String::from).collect(),
-        cwd: cwd.to_path_buf(),
-        env: vec![],
-        out_dir: out.path().to_path_buf(),
-    }
+    Invocation::templated(args, cwd, out)
 }
 
 const LINK: &str =

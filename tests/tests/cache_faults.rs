@@ -18,16 +18,8 @@ use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation, Run};
 
-fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
-    let lib = cuda_home().join("lib").display().to_string();
-    let nvvm = cuda_home().join("nvvm").display().to_string();
-    let args = args.replace("{L}", &lib).replace("{NVVM}", &nvvm).replace("{OUT}", &out.path().display().to_string());
-    Invocation {
-        args: args.split_whitespace().map(String::from).collect(),
-        cwd: cwd.to_path_buf(),
-        env: vec![],
-        out_dir: out.path().to_path_buf(),
-    }
+fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
+    Invocation::templated(args, cwd, out)
 }
 
 fn same(what: &str, expected: &Run, actual: &Run) {

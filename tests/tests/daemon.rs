@@ -11,14 +11,7 @@ use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 
 fn inv(args: &str, out: &TempDir) -> Invocation {
-    let lib = cuda_home().join("lib").display().to_string();
-    let args = args.replace("{L}", &lib).replace("{OUT}", &out.path().display().to_string());
-    Invocation {
-        args: args.split_whitespace().map(String::from).collect(),
-        cwd: corpus::dir().clone(),
-        env: vec![],
-        out_dir: out.path().to_path_buf(),
-    }
+    Invocation::templated(args, corpus::dir(), out)
 }
 
 const CDP_LINK: &str = "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin";

@@ -26,14 +26,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
 
-fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
-    let args = args.replace("{OUT}", &out.path().display().to_string());
-    Invocation {
-        args: args.split_whitespace().map(String::from).collect(),
-        cwd: cwd.to_path_buf(),
-        env: vec![],
-        out_dir: out.path().to_path_buf(),
-    }
+fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
+    Invocation::templated(args, cwd, out)
 }
 
 /// Poll `cond` until it holds or `limit` passes (a bound on a hang, not a speed claim).
@@ -276,13 +270,6 @@ fn scratch_inputs(tag: &str) -> TempDir {
     dir
 }
 
-fn fallback_env(d: &Daemon) -> Vec<(String, String)> {
-    let mut env = d.shim_env();
-    env.retain(|(k, _)| k != "NVLINKD_FALLBACK");
-    env.push(("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()));
-    env
-}
-
 #[test]
 fn dev_zero_inputs_are_answered_as_nvlink_does() {
     // A daemon that reads /dev/zero whole dies here instead of filling the machine.
@@ -301,7 +288,7 @@ fn dev_zero_inputs_are_answered_as_nvlink_does() {
     for case in &cases {
         let out = TempDir::new("flt-zero-out");
         let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
-        let actual = run(&shim(), &inv(case, inputs.path(), &out), &fallback_env(&d));
+        let actual = run(&shim(), &inv(case, inputs.path(), &out), &d.fallback_env());
         let cmp = compare::runs(&expected, &actual);
         assert!(cmp.problems.is_empty() && cmp.identical, "{case}: {:?}", cmp.problems);
     }
@@ -330,7 +317,7 @@ fn dev_zero_over_the_stream_is_never_read_whole() {
     let case = "--arch=sm_90 accumulate.o scale.o zero.cubin -o {OUT}/out.cubin";
     let out = TempDir::new("flt-zero-tcp-out");
     let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
-    let mut env = fallback_env(&d);
+    let mut env = d.fallback_env();
     env.push(("NVLINKD_ADDR".into(), addr.clone()));
     let invocation = inv(case, inputs.path(), &out);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -461,7 +448,7 @@ fn a_fifo_input_never_blocks_the_daemon() {
     // link back to the shim, whose nvlink then waits for the writer.
     let before = d.stat("requests");
     let invocation = inv(case, inputs.path(), &out);
-    let env = fallback_env(&d);
+    let env = d.fallback_env();
     let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
     let answered = eventually(Duration::from_secs(30), || d.stat("requests") > before && d.stat("in_flight") == 0);
     let writer = feed(fifo.clone(), data);

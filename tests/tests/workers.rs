@@ -17,24 +17,8 @@ const HOLD: &str = "NVLINKD_TEST_WORKER_HOLD";
 
 const GOOD_LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
 
-fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
-    let args = args.replace("{OUT}", &out.path().display().to_string());
-    Invocation {
-        args: args.split_whitespace().map(String::from).collect(),
-        cwd: cwd.to_path_buf(),
-        env: vec![],
-        out_dir: out.path().to_path_buf(),
-    }
-}
-
-/// The shim with fallback allowed (it then runs the real nvlink itself).
-fn fallback_env(d: &Daemon) -> Vec<(String, String)> {
-    vec![
-        ("NVLINKD_SOCKET".into(), d.socket().display().to_string()),
-        ("NVLINKD_FALLBACK".into(), "auto".into()),
-        ("NVLINKD_REAL_NVLINK".into(), real_nvlink().display().to_string()),
-        ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
-    ]
+fn inv(args: &str, cwd: &std::path::Path, out: &TempDir) -> Invocation {
+    Invocation::templated(args, cwd, out)
 }
 
 fn same(expected: &Run, actual: &Run, what: &str) {
@@ -105,7 +89,7 @@ fn crashing_input_fails_only_its_link() {
     let hold = work.path().join("hold");
     std::fs::write(&hold, b"").unwrap();
     let d = Daemon::start_env(&["--jobs", "2"], &[(HOLD, &hold.display().to_string())]);
-    let env = fallback_env(&d);
+    let env = d.fallback_env();
     let (crash_run, good_run) = std::thread::scope(|s| {
         let c = s.spawn(|| {
             let out = TempDir::new("crash-shim");
@@ -125,7 +109,7 @@ fn crashing_input_fails_only_its_link() {
     assert!(d.stat("worker_crashes") >= 1, "no worker crash counted");
 
     // Not cached: the same link crashes a worker again, and still behaves as nvlink.
-    let again = run(&shim(), &inv(&crash_link, work.path(), &TempDir::new("crash-again")), &fallback_env(&d));
+    let again = run(&shim(), &inv(&crash_link, work.path(), &TempDir::new("crash-again")), &d.fallback_env());
     same(&expected_crash, &again, "crashing link, again");
     assert!(d.stat("worker_crashes") >= 2, "the crash was answered from the cache");
     assert_eq!(d.stat("cache_hits"), 0);
@@ -147,7 +131,7 @@ fn killed_worker_fails_only_its_link_and_is_replaced() {
     let hold = work.path().join("hold");
     std::fs::write(&hold, b"").unwrap();
     let d = Daemon::start_env(&[], &[(HOLD, &hold.display().to_string())]);
-    let env = fallback_env(&d);
+    let env = d.fallback_env();
     let invocation = inv(GOOD_LINK, corpus::dir(), &out);
     let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
     let pids = held_workers(&hold, 1);
@@ -202,7 +186,7 @@ fn nvlink_engine_killed_by_a_signal_is_no_result() {
 
     let d = Daemon::start();
     for round in ["first", "second"] {
-        let actual = run(&shim(), &inv(&link, work.path(), &TempDir::new("badsym-shim")), &fallback_env(&d));
+        let actual = run(&shim(), &inv(&link, work.path(), &TempDir::new("badsym-shim")), &d.fallback_env());
         same(&expected, &actual, round);
     }
     assert!(d.answers());

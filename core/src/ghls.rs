@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::cli::spec::{HostScript, Spec};
+use crate::declined::{Declined, Reason};
 use crate::diag::{Diagnostic, Report};
 
 /// The block nvlink appends (the trailing space after `__nv_relfatbin`'s braces is nvlink's).
@@ -42,20 +43,19 @@ pub struct Script {
     pub file: Option<Vec<u8>>,
 }
 
-#[derive(Debug)]
-pub enum GhlsError {
-    /// The shell pipeline could not run or validation failed: let nvlink say it.
-    Unsupported(String),
+/// The shell pipeline could not run or validation failed: let nvlink say it.
+fn host_script(why: impl Into<String>) -> Declined {
+    Declined::new(Reason::HostScript, why)
 }
 
-fn sh(cmd: &str, cwd: &Path) -> Result<bool, GhlsError> {
+fn sh(cmd: &str, cwd: &Path) -> Result<bool, Declined> {
     Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .current_dir(cwd)
         .status()
         .map(|s| s.success())
-        .map_err(|e| GhlsError::Unsupported(format!("cannot run sh: {e}")))
+        .map_err(|e| host_script(format!("cannot run sh: {e}")))
 }
 
 /// Produce the script; messages and stdout go to `report`.
@@ -65,7 +65,7 @@ pub fn generate(
     cwd: &Path,
     scratch: &Path,
     report: &mut Report,
-) -> Result<Script, GhlsError> {
+) -> Result<Script, Declined> {
     let out = spec.output.as_deref();
     match kind {
         HostScript::Aug => match out {
@@ -83,20 +83,20 @@ pub fn generate(
                 report.emit_raw(&format!("#$ {}\n", extract_command(spec, shown)));
             }
             if !sh(&extract_command(spec, &tmp_s), cwd)? {
-                return Err(GhlsError::Unsupported("host linker script extraction failed".into()));
+                return Err(host_script("host linker script extraction failed"));
             }
-            let mut script = std::fs::read(&tmp).map_err(|e| GhlsError::Unsupported(e.to_string()))?;
+            let mut script = std::fs::read(&tmp).map_err(|e| host_script(e.to_string()))?;
             script.extend_from_slice(SECTIONS_BLOCK.as_bytes());
             if out.is_none() {
                 report.print(&String::from_utf8_lossy(&script));
                 return Ok(Script { file: None });
             }
-            std::fs::write(&tmp, &script).map_err(|e| GhlsError::Unsupported(e.to_string()))?;
+            std::fs::write(&tmp, &script).map_err(|e| host_script(e.to_string()))?;
             if spec.verbose {
                 report.emit_raw(&format!("#$ {}\n", validate_command(shown)));
             }
             if !sh(&validate_command(&tmp_s), cwd)? {
-                return Err(GhlsError::Unsupported("ld rejected the host linker script".into()));
+                return Err(host_script("ld rejected the host linker script"));
             }
             Ok(Script { file: Some(script) })
         }

@@ -17,12 +17,13 @@ use crate::cache::flight::Flights;
 use crate::cache::{LinkEntry, Store};
 use crate::cli::parse::parse;
 use crate::cli::spec::{HostScript, Mode, Spec};
+use crate::declined::{Declined, Reason, ReasonCounts};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
 use crate::engine::artifacts::Artifacts;
-use crate::engine::inprocess::{self, Unsupported};
+use crate::engine::inprocess;
 use crate::engine::process;
 use crate::fs::{absolute, HashMemo, InputFs};
-use crate::ghls::{self, GhlsError};
+use crate::ghls;
 use crate::input::load::{LoadContext, LoadError};
 use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
@@ -62,6 +63,10 @@ pub struct Linker {
     config: LinkerConfig,
     toolkits: Arc<Toolkits>,
     pub stats: Stats,
+    /// Links the in-process engine passed to the real nvlink, per reason.
+    routed: ReasonCounts,
+    /// Links answered "fall back", per reason.
+    fallback_reasons: ReasonCounts,
     in_flight: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
     /// Workers for parallel compile steps (`--jobs`).
@@ -177,6 +182,8 @@ impl Linker {
         Linker {
             toolkits,
             stats: Stats::default(),
+            routed: ReasonCounts::default(),
+            fallback_reasons: ReasonCounts::default(),
             in_flight: Default::default(),
             cache,
             pool,
@@ -201,7 +208,7 @@ impl Linker {
             }
             None => (0, 0, 0, 0, false),
         };
-        self.stats.to_json(&[
+        let mut json = self.stats.to_json(&[
             ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
             ("cache_mem_bytes", mem),
             ("cache_disk_bytes", disk),
@@ -214,7 +221,29 @@ impl Linker {
                 self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
             ),
             ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
-        ])
+        ]);
+        // Two objects, reason → count, after the flat counters.
+        json.pop();
+        json.push_str(&format!(
+            ",\"routed\":{},\"fallback_reasons\":{}}}",
+            self.routed.to_json(),
+            self.fallback_reasons.to_json()
+        ));
+        json
+    }
+
+    /// "Run the real nvlink yourself": counted, with its reason.
+    fn fall_back(&self, why: Declined) -> Outcome {
+        bump(&self.stats.fallbacks);
+        self.fallback_reasons.bump(why.reason);
+        Outcome::fallback(why)
+    }
+
+    /// The in-process engine declined: the real nvlink serves the link.
+    fn route(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel, why: Declined) -> Outcome {
+        debug!(reason = %why.reason, why = %why.detail, "routed to nvlink");
+        self.routed.bump(why.reason);
+        self.run_nvlink(tk, req, spec, cancel).routed(why)
     }
 
     /// Count a link as in flight until the guard drops (from the moment the
@@ -264,10 +293,7 @@ impl Linker {
         let fs = &memo;
         let tk = match self.toolkit(req) {
             Ok(tk) => tk,
-            Err(reason) => {
-                bump(&self.stats.fallbacks);
-                return Outcome::fallback(reason);
-            }
+            Err(reason) => return self.fall_back(Declined::new(Reason::NotHere, reason)),
         };
         let spec = match parse(&req.args, fs, &req.cwd).and_then(Spec::from_parsed) {
             Ok(s) => s,
@@ -276,7 +302,13 @@ impl Linker {
         let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
-            return self.run_nvlink(&tk, req, &spec, cancel).routed("-report-arch without --arch".into());
+            return self.route(
+                &tk,
+                req,
+                &spec,
+                cancel,
+                Declined::new(Reason::NvlinkCrash, "-report-arch without --arch"),
+            );
         }
         let mode = match spec.mode() {
             Ok(m) => m,
@@ -308,8 +340,8 @@ impl Linker {
         cancel: &Cancel,
     ) -> Outcome {
         if !req.shared_fs {
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback("host linker scripts come from the caller's host tools");
+            return self
+                .fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"));
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
@@ -327,18 +359,12 @@ impl Linker {
                     (Some(data), Some(path)) => vec![OutputFile { path, data, append: false }],
                     _ => Vec::new(),
                 };
-                Outcome {
-                    exit_code: 0,
-                    stdout: report.stdout,
-                    stderr: report.stderr,
-                    outputs,
-                    fallback: None,
-                    engine: EngineKind::Frontend,
-                    routed: None,
-                }
+                Outcome::answer(EngineKind::Frontend, 0, report.stdout, report.stderr, outputs)
             }
-            Err(GhlsError::Unsupported(why)) => {
-                debug!(%why, "host linker script left to nvlink");
+            Err(why) => {
+                // Not marked as routed: nvlink makes the script as the front end would.
+                debug!(reason = %why.reason, why = %why.detail, "host linker script left to nvlink");
+                self.routed.bump(why.reason);
                 self.run_nvlink(tk, req, spec, cancel)
             }
         }
@@ -404,15 +430,8 @@ impl Linker {
     }
 
     fn outcome_of(&self, e: &LinkEntry, req: &Request, spec: &Spec) -> Option<Outcome> {
-        Some(Outcome {
-            exit_code: e.exit_code,
-            stdout: e.stdout.clone(),
-            stderr: e.stderr.clone(),
-            outputs: linkcache::outputs_of(e, req, spec)?,
-            fallback: None,
-            engine: EngineKind::Cache,
-            routed: None,
-        })
+        let outputs = linkcache::outputs_of(e, req, spec)?;
+        Some(Outcome::answer(EngineKind::Cache, e.exit_code, e.stdout.clone(), e.stderr.clone(), outputs))
     }
 
     /// The stored form of an outcome, when it can be stored: only a result
@@ -466,7 +485,7 @@ impl Linker {
     ) -> Outcome {
         let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
-            return self.run_nvlink(tk, req, spec, cancel).routed(format!("--arch {:?}", spec.arch));
+            return self.route(tk, req, spec, cancel, Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch)));
         };
         let ctx = LoadContext {
             fs,
@@ -480,19 +499,24 @@ impl Linker {
         let mut plan = match plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
             Ok(p) => p,
             Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
-            Err(LoadError::Unsupported(why)) => {
-                debug!(%why, "plan not reproduced in process");
+            Err(LoadError::Declined(why)) => {
                 // An input only nvlink itself may read (a FIFO, a device): not
                 // even the real-nvlink engine runs it here.
                 if let Some(declined) = fs.declined() {
-                    bump(&self.stats.fallbacks);
-                    return Outcome::fallback(declined);
+                    debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
+                    return self.fall_back(Declined::new(Reason::InputDeclined, declined));
                 }
-                return self.run_nvlink(tk, req, spec, cancel).routed(why);
+                return self.route(tk, req, spec, cancel, why);
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            return self.run_nvlink(tk, req, spec, cancel).routed("-Werror with input warnings".into());
+            return self.route(
+                tk,
+                req,
+                spec,
+                cancel,
+                Declined::new(Reason::Diagnostics, "-Werror with input warnings"),
+            );
         }
         let t_plan = t0.elapsed();
         let artifacts = Artifacts {
@@ -515,15 +539,11 @@ impl Linker {
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback(why);
+            return self.fall_back(Declined::new(Reason::Worker, why));
         }
         let output = match linked {
             Ok(bytes) => bytes,
-            Err(Unsupported(why)) => {
-                debug!(%why, "link not reproduced in process");
-                return self.run_nvlink(tk, req, spec, cancel).routed(why);
-            }
+            Err(why) => return self.route(tk, req, spec, cancel, why),
         };
         bump(&self.stats.in_process);
         debug!(plan_ms = t_plan.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3, "in-process link");
@@ -553,28 +573,12 @@ impl Linker {
                 outputs.push(OutputFile { path, data: regbin::render(&ids).into_bytes(), append: false });
             }
         }
-        Outcome {
-            exit_code: 0,
-            stdout: report.stdout,
-            stderr: report.stderr,
-            outputs,
-            fallback: None,
-            engine: EngineKind::InProcess,
-            routed: None,
-        }
+        Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
     }
 
     fn frontend(&self, exit_code: i32, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
         bump(&self.stats.frontend);
-        Outcome {
-            exit_code,
-            stdout,
-            stderr,
-            outputs: Vec::new(),
-            fallback: None,
-            engine: EngineKind::Frontend,
-            routed: None,
-        }
+        Outcome::answer(EngineKind::Frontend, exit_code, stdout, stderr, Vec::new())
     }
 
     /// Fatal messages of the input stage (printed in order, exit status 1).
@@ -590,35 +594,31 @@ impl Linker {
     /// The real nvlink as the engine (same filesystem only).
     fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel) -> Outcome {
         if !req.shared_fs {
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback(
+            return self.fall_back(Declined::new(
+                Reason::NotHere,
                 "this link needs the real nvlink and the daemon does not share the caller's files",
-            );
+            ));
         }
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
         match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
-                Outcome {
-                    exit_code: r.exit_code,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    outputs: r.outputs,
-                    fallback: None,
-                    engine: EngineKind::NvlinkProcess,
-                    routed: None,
-                }
+                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, r.stdout, r.stderr, r.outputs)
             }
             Err(e) => {
                 // Not an answer of nvlink for these inputs (a fault of the
                 // daemon's environment, or nvlink killed): the shim runs nvlink
                 // itself, and nothing is cached.
                 warn!("no answer from the nvlink engine: {e}");
-                bump(&self.stats.fallbacks);
-                if matches!(e, process::RunError::Environment(_)) {
-                    bump(&self.stats.environment_faults);
-                }
-                Outcome::fallback(format!("{}: {e}", Path::new(&tk.nvlink()).display()))
+                let reason = match e {
+                    process::RunError::Environment(_) => {
+                        bump(&self.stats.environment_faults);
+                        Reason::Environment
+                    }
+                    process::RunError::Signal(_) => Reason::Environment,
+                    process::RunError::Unsupported(_) => Reason::NotHere,
+                };
+                self.fall_back(Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display())))
             }
         }
     }

@@ -65,7 +65,10 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
         if !spec.libraries.is_empty() {
             return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
         }
-        return Err(LoadError::Unsupported("no input files".into()));
+        return Err(LoadError::Declined(crate::declined::Declined::new(
+            crate::declined::Reason::Diagnostics,
+            "no input files",
+        )));
     }
     let mut units = Vec::new();
     let mut warnings = Vec::new();

@@ -183,8 +183,9 @@ impl Service {
                         args = %args,
                         exit = o.exit_code,
                         engine = ?o.engine,
-                        fallback = ?o.fallback,
-                        routed = ?o.routed,
+                        fallback = ?o.fallback.as_ref().map(|d| &d.detail),
+                        routed = ?o.routed.as_ref().map(|d| &d.detail),
+                        reason = o.fallback.as_ref().or(o.routed.as_ref()).map_or("-", |d| d.reason.name()),
                         ms = t_link.elapsed().as_secs_f64() * 1e3,
                         "link done"
                     );
@@ -206,7 +207,7 @@ impl Service {
                                 })
                                 .collect(),
                             fallback: o.fallback.is_some(),
-                            fallback_reason: o.fallback.unwrap_or_default(),
+                            fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
                         },
                     }
                 }

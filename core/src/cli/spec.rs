@@ -3,9 +3,10 @@
 //! nvlink has no single mode switch: `-ghls` selects a host-linker-script mode
 //! (H: `lcs-aug`, I: `lcs-abs`) that skips device linking entirely; otherwise the
 //! device link runs, shaped by `-r` (B), `-dlto` (C), `-dlto -r` or
-//! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A). See
-//! `reference/nvlink-mode-dispatch.md`. [`Spec::from_parsed`] applies the
-//! option-level checks in nvlink's order and with its messages.
+//! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A); see
+//! ARCHITECTURE.md ("A request, step by step", 3). [`Spec::from_parsed`]
+//! types the options and [`Spec::mode`] applies nvlink's option-level checks
+//! in its order and with its messages.
 
 use super::options::Opt;
 use super::parse::{parse_number, Parsed};

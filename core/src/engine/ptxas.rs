@@ -14,8 +14,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::inprocess::Unsupported;
 use super::process::{self, Scratch};
+use crate::declined::{Declined, Reason};
 use crate::toolkit::Toolkit;
 
 /// Compile `ptx` with `args` (the input and `-o` are added). A scratch
@@ -23,14 +23,14 @@ use crate::toolkit::Toolkit;
 /// system's temporary directory; a ptxas that could not do its work for
 /// reasons of the environment (see [`super::process`]) never yields an
 /// artifact, so nothing it produced is cached.
-pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Unsupported> {
-    let mut last = Unsupported("no scratch directory".into());
+pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Declined> {
+    let mut last = Declined::new(Reason::Environment, "no scratch directory");
     for parent in process::scratch_parents(scratch_parent) {
         match compile_in(tk, ptx, args, &parent) {
             Ok(v) => return Ok(v),
             Err(Failure::Environment(why)) => {
                 tracing::warn!(scratch = %parent.display(), "ptxas failed by its environment: {why}");
-                last = Unsupported(format!("ptxas environment fault: {why}"));
+                last = Declined::new(Reason::Environment, format!("ptxas environment fault: {why}"));
             }
             Err(Failure::Tool(u)) => return Err(u),
         }
@@ -40,7 +40,7 @@ pub fn compile(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path)
 
 enum Failure {
     Environment(String),
-    Tool(Unsupported),
+    Tool(Declined),
 }
 
 fn compile_in(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) -> Result<Vec<u8>, Failure> {
@@ -68,11 +68,14 @@ fn compile_in(tk: &Toolkit, ptx: &[u8], args: &[String], scratch_parent: &Path) 
     }
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(Failure::Tool(Unsupported(format!("ptxas failed: {}", err.lines().next().unwrap_or("")))));
+        return Err(Failure::Tool(Declined::new(
+            Reason::Tool,
+            format!("ptxas failed: {}", err.lines().next().unwrap_or("")),
+        )));
     }
     if !out.stderr.is_empty() || !out.stdout.is_empty() {
         // Messages would have to be nvlink's; let nvlink speak.
-        return Err(Failure::Tool(Unsupported("ptxas printed messages".into())));
+        return Err(Failure::Tool(Declined::new(Reason::Tool, "ptxas printed messages")));
     }
     match std::fs::read(&output) {
         Ok(cubin) if !cubin.is_empty() => Ok(cubin),

@@ -12,7 +12,7 @@
 //! Host objects contribute the first fatbin of `__nv_relfatbin`, from which one
 //! member is chosen for the target (exact or compatible SASS, else PTX to
 //! compile). Paths this loader does not reproduce exactly are reported as
-//! [`LoadError::Unsupported`], and the linker hands the link to the real nvlink.
+//! [`LoadError::Declined`], and the linker hands the link to the real nvlink.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use super::libsearch;
 use super::memo::{DecodeMemo, Decoded};
 use super::ptx::{self, PtxSymbols};
 use super::Bytes;
+use crate::declined::{Declined, Reason};
 use crate::diag::Diagnostic;
 use crate::elf::{is_elf, Elf, EM_CUDA};
 use crate::fatbin::{self, Member, MemberKind};
@@ -76,7 +77,7 @@ pub enum LoadError {
     /// nvlink stops with these messages (exit status 1).
     Fatal(Vec<Diagnostic>),
     /// A case the in-process engine does not reproduce.
-    Unsupported(String),
+    Declined(Declined),
 }
 
 impl From<Diagnostic> for LoadError {
@@ -85,8 +86,8 @@ impl From<Diagnostic> for LoadError {
     }
 }
 
-fn unsupported<T>(why: impl Into<String>) -> Result<T, LoadError> {
-    Err(LoadError::Unsupported(why.into()))
+fn unsupported<T>(reason: Reason, why: impl Into<String>) -> Result<T, LoadError> {
+    Err(LoadError::Declined(Declined::new(reason, why)))
 }
 
 fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
@@ -209,7 +210,7 @@ impl LoadContext<'_> {
                 LoadError::Fatal(vec![Diagnostic::fatal(format!("Could not open input file '{given}'"))])
             }
             // Too large for the wire, or the caller went away: not nvlink's business.
-            _ => LoadError::Unsupported(format!("cannot read {given}: {e}")),
+            _ => LoadError::Declined(Declined::new(Reason::InputDeclined, format!("cannot read {given}: {e}"))),
         })
     }
 
@@ -234,7 +235,7 @@ impl LoadContext<'_> {
             "cubin" => self.cubin_file(given, data),
             "ptx" => {
                 if !is_ptx(&data) {
-                    return unsupported(format!("{given}: non-PTX content in a .ptx file"));
+                    return unsupported(Reason::Input, format!("{given}: non-PTX content in a .ptx file"));
                 }
                 let unit = Unit {
                     name: given.to_owned(),
@@ -255,7 +256,8 @@ impl LoadContext<'_> {
                 if !fatbin::is_fatbin(&data) {
                     return fatal("fatbin wrong format?");
                 }
-                let members = fatbin::parse_first(&data).or_else(|e| unsupported(format!("{given}: {e}")))?;
+                let members =
+                    fatbin::parse_first(&data).or_else(|e| unsupported(Reason::Input, format!("{given}: {e}")))?;
                 let (modules, warnings) = self.select(given, &members, false, None)?;
                 let unit = Unit {
                     name: given.to_owned(),
@@ -267,7 +269,7 @@ impl LoadContext<'_> {
                 Ok(Loaded { item: InputItem::Unit(unit), warnings })
             }
             "nvvm" | "ltoir" if !self.lto => fatal("should only see nvvm files when -lto"),
-            "nvvm" | "ltoir" => unsupported("LTO IR files"),
+            "nvvm" | "ltoir" => unsupported(Reason::PartialLto, "LTO IR files"),
             "bc" => fatal("should never see bc files"),
             _ if is_archive_magic(&data) => {
                 Ok(Loaded { item: InputItem::Library(self.archive(given, data)?), warnings: Vec::new() })
@@ -290,7 +292,7 @@ impl LoadContext<'_> {
             let shown = libsearch::candidate(dir, name);
             let Ok(stat) = self.fs.stat(&absolute(self.cwd, &shown)) else { continue };
             if stat.is_dir {
-                return unsupported(format!("{shown} is a directory"));
+                return unsupported(Reason::Input, format!("{shown} is a directory"));
             }
             if stat.size <= 8 {
                 warnings
@@ -299,7 +301,7 @@ impl LoadContext<'_> {
             }
             let data = self.read(&shown)?;
             if !data.starts_with(b"!<arch>\n") {
-                return unsupported(format!("{shown} is not an archive"));
+                return unsupported(Reason::Input, format!("{shown} is not an archive"));
             }
             return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
         }
@@ -308,19 +310,19 @@ impl LoadContext<'_> {
 
     fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
         let (thin, members) =
-            archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
+            archive::members(&data).or_else(|_| unsupported(Reason::Input, format!("{shown}: malformed archive")))?;
         if thin {
-            return unsupported(format!("{shown}: thin archive"));
+            return unsupported(Reason::Input, format!("{shown}: thin archive"));
         }
         let mut units = Vec::new();
         let mut skipped_host_objects = false;
         for m in members {
-            let Some(bytes) = m.data else { return unsupported("thin member") };
+            let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
             let member_name = format!("{shown}:{}", m.name);
             // Only host relocatable objects contribute; everything else is ignored.
             if classify(bytes) != Content::HostElf || u16_at(bytes, 16) != Some(1) {
                 if is_elf(bytes) && bytes.len() < 64 {
-                    return unsupported(format!("{member_name}: truncated ELF member"));
+                    return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
                 }
                 continue;
             }
@@ -362,12 +364,12 @@ impl LoadContext<'_> {
         match elf.e_type {
             1 => {}
             2 => return nothing,
-            _ => return unsupported(format!("{name}: cubin of ELF type {}", elf.e_type)),
+            _ => return unsupported(Reason::Input, format!("{name}: cubin of ELF type {}", elf.e_type)),
         }
         if elf.osabi != 0x41 {
-            return unsupported(format!("{name}: cubin without the CUDA ABI"));
+            return unsupported(Reason::Input, format!("{name}: cubin without the CUDA ABI"));
         }
-        let info = cubin::read(&data).or_else(|e| unsupported(format!("{name}: {e}")))?;
+        let info = cubin::read(&data).or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
         self.check_cubin_arch(name, &info)?;
         let unit = Unit {
             name: name.to_owned(),
@@ -393,16 +395,15 @@ impl LoadContext<'_> {
         // (sm_100+: nvlink warns that the output is limited first), get
         // diagnostics of their own: left to the real nvlink.
         if info.accelerated || (self.target.sm >= 100 && info.sm < 100) {
-            return unsupported(format!(
-                "{name}: sm_{} cubin (arch-specific or pre-sm_100) for {}",
-                info.sm,
-                self.target.name()
-            ));
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: sm_{} cubin (arch-specific or pre-sm_100) for {}", info.sm, self.target.name()),
+            );
         }
         if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
             return fatal(format!("Input file '{name}' arch does not match target '{}'", self.target.name()));
         }
-        unsupported(format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
+        unsupported(Reason::Arch, format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
     }
 
     /// The device code of a host object: `None` when it has none (skipped).
@@ -438,11 +439,14 @@ impl LoadContext<'_> {
                 Diagnostic::fatal("elfLink internal error"),
             ]));
         };
-        let members = fatbin::parse_first(fatbin_bytes).or_else(|e| unsupported(format!("{name}: fatbin: {e}")))?;
+        let members = fatbin::parse_first(fatbin_bytes)
+            .or_else(|e| unsupported(Reason::Input, format!("{name}: fatbin: {e}")))?;
         let (modules, warnings) = self.select(name, &members, in_archive, Some(data))?;
         let module_ids = match host.module_ids() {
             ids if ids.is_empty() => vec![self.synthetic_id(name)],
-            ids if ids.len() > 1 => return unsupported(format!("{name}: several module ids (an ld -r object)")),
+            ids if ids.len() > 1 => {
+                return unsupported(Reason::Input, format!("{name}: several module ids (an ld -r object)"))
+            }
             ids => ids,
         };
         let unit = Unit {
@@ -472,15 +476,17 @@ impl LoadContext<'_> {
             let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
             if let Some(ir) = ir {
                 if t.suffix.is_some() || ir.suffix().is_some() {
-                    return unsupported(format!("{name}: LTO IR linked for {}", t.name()));
+                    return unsupported(Reason::Arch, format!("{name}: LTO IR linked for {}", t.name()));
                 }
                 let (Some(object), true) = (object, ir.arch == t.sm) else {
-                    return unsupported(format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
+                    return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
                 };
                 // The PTX twin names the module's kernels and needs.
                 let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
-                let Some(twin) = twin else { return unsupported(format!("{name}: LTO IR without PTX")) };
-                let text = twin.contents().or_else(|e| unsupported(format!("{name}: {e}")))?;
+                let Some(twin) = twin else {
+                    return unsupported(Reason::PartialLto, format!("{name}: LTO IR without PTX"));
+                };
+                let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
                 let module = Module {
                     code: Code::LtoObject(object.to_vec().into()),
                     arch: ir.arch,
@@ -503,11 +509,10 @@ impl LoadContext<'_> {
         });
         if sass.is_none() {
             if let Some(m) = same_major().next() {
-                return unsupported(format!(
-                    "{name}: {} SASS linked for {}",
-                    arch_name("sm", m.arch, m.suffix()),
-                    t.name()
-                ));
+                return unsupported(
+                    Reason::Arch,
+                    format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
+                );
             }
         }
         if let Some(m) = sass {
@@ -523,10 +528,14 @@ impl LoadContext<'_> {
         }
         let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
         if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
-            return unsupported(format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()));
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()),
+            );
         }
         if let Some(m) = ptx.max_by_key(|m| m.arch) {
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
+            let bytes: Bytes =
+                m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
             let module =
                 Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };
             return Ok((vec![module], Vec::new()));
@@ -547,8 +556,9 @@ impl LoadContext<'_> {
     /// holds this member.
     fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {
         let decode = || -> Result<Decoded, LoadError> {
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?);
+            let bytes: Bytes =
+                m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+            let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?);
             Ok(Decoded { bytes, info })
         };
         let Some(memo) = self.memo else { return decode() };

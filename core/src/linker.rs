@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, info_span, warn, Span};
 
 use crate::cache::flight::Flights;
 use crate::cache::{LinkEntry, Store};
@@ -68,6 +68,8 @@ pub struct Linker {
     /// Links answered "fall back", per reason.
     fallback_reasons: ReasonCounts,
     in_flight: std::sync::atomic::AtomicU64,
+    /// The last link id given out (see [`Linker::link_span`]).
+    last_link_id: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
     /// Workers for parallel compile steps (`--jobs`).
     pool: rayon::ThreadPool,
@@ -185,6 +187,7 @@ impl Linker {
             routed: ReasonCounts::default(),
             fallback_reasons: ReasonCounts::default(),
             in_flight: Default::default(),
+            last_link_id: Default::default(),
             cache,
             pool,
             no_cache_flights: Flights::default(),
@@ -279,8 +282,22 @@ impl Linker {
         process::scratch_parents(&self.scratch_dir())
     }
 
+    /// Link one request, inside its own [`Linker::link_span`].
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
+        let span = self.link_span(req);
+        let _entered = span.enter();
         self.link_cancellable(req, fs, &Cancel::new())
+    }
+
+    /// The span of one link: a link id (unique in this linker) and a summary
+    /// of its arguments, so that the lines of concurrent links can be told
+    /// apart. Every phase of the link is a span inside it (`keys`, `plan`,
+    /// `jit`, `jitlink`, `nvvm`, `ptxas`, `finalize`, `nvlink`, `store`),
+    /// entered again on the `--jobs` pool for parallel work. The daemon enters
+    /// it around the whole link, its own lines included.
+    pub fn link_span(&self, req: &Request) -> Span {
+        let id = self.last_link_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        info_span!("link", id, args = %args_summary(&req.args))
     }
 
     /// [`Linker::link`], with a handle that cancels the link: the worker
@@ -382,11 +399,11 @@ impl Linker {
         cancel: &Cancel,
     ) -> Outcome {
         let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode, cancel) };
-        let t_keys = std::time::Instant::now();
-        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes) else {
+        let keys =
+            debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
+        let Some(keys) = keys else {
             return self.compute_link(tk, req, memo, spec, mode, cancel);
         };
-        debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
             bump(&self.stats.cache_hits);
             return o;
@@ -400,7 +417,7 @@ impl Linker {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if let Some(e) = &entry {
-                let t_put = std::time::Instant::now();
+                let _store = debug_span!("store").entered();
                 let bytes: Arc<[u8]> = e.encode().into();
                 // The named entry is read only when the content entry says the
                 // result depends on names.
@@ -408,7 +425,6 @@ impl Linker {
                     cache.store.put(&keys.named, bytes.clone());
                 }
                 cache.store.put(&keys.content, bytes);
-                debug!(put_ms = t_put.elapsed().as_secs_f64() * 1e3, "link stored");
             }
             *mine.borrow_mut() = Some(outcome);
             entry
@@ -483,7 +499,6 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
-        let t0 = std::time::Instant::now();
         let Some(target) = spec.target() else {
             return self.route(tk, req, spec, cancel, Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch)));
         };
@@ -495,8 +510,11 @@ impl Linker {
             suppress_arch_warning: spec.suppress_arch_warning,
             memo: Some(&self.decode_memo),
         };
-        fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-        let mut plan = match plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
+        let planned = debug_span!("plan").in_scope(|| {
+            fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
+            plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str))
+        });
+        let mut plan = match planned {
             Ok(p) => p,
             Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
             Err(LoadError::Declined(why)) => {
@@ -518,7 +536,6 @@ impl Linker {
                 Declined::new(Reason::Diagnostics, "-Werror with input warnings"),
             );
         }
-        let t_plan = t0.elapsed();
         let artifacts = Artifacts {
             store: self.cache.as_ref().map(|c| &c.store),
             flights: self.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&self.no_cache_flights),
@@ -535,7 +552,9 @@ impl Linker {
             cancel,
             fault: &fault,
         };
-        let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
+        // The pool's threads work inside this link's span.
+        let span = Span::current();
+        let linked = self.pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, &mut plan)));
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
@@ -546,7 +565,7 @@ impl Linker {
             Err(why) => return self.route(tk, req, spec, cancel, why),
         };
         bump(&self.stats.in_process);
-        debug!(plan_ms = t_plan.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3, "in-process link");
+        debug!("linked in process");
         let mut report = Report::new(Filters {
             no_warnings: spec.disable_warnings,
             warnings_as_errors: spec.warning_as_error,
@@ -600,6 +619,7 @@ impl Linker {
             ));
         }
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
+        let _phase = debug_span!("nvlink").entered();
         match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
@@ -622,6 +642,20 @@ impl Linker {
             }
         }
     }
+}
+
+/// The arguments of a link as its span shows them: joined, at most 160 bytes.
+fn args_summary(args: &[String]) -> String {
+    let mut s = args.join(" ");
+    if s.len() > 160 {
+        let mut cut = 157;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
 }
 
 /// `-report-arch`: every message nvlink prints once its options are read (not

@@ -163,6 +163,9 @@ impl Service {
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
             let _active = active;
+            // Every line of this link, the daemon's own included, carries its id.
+            let span = linker.link_span(&req);
+            let _entered = span.enter();
             let _in_flight = linker.in_flight_guard();
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));

@@ -139,9 +139,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let run = |extra: &[String]| -> Result<Vec<u8>, Declined> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
-        let t = std::time::Instant::now();
-        let out = cx.jit_link(&opts, &inputs, false)?;
-        tracing::debug!(jitlink_ms = t.elapsed().as_secs_f64() * 1e3, "nvJitLink link");
+        let out = tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false))?;
         out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))
     };
     let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything());
@@ -167,6 +165,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         linker_entry: Some(render::linker_entry(&spec.parsed, &cx.tk.release)),
         inputs: if pruning.is_some() { functions } else { Vec::new() },
     };
+    let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
 }
 
@@ -189,8 +188,11 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     let args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
-    modules.into_par_iter().try_for_each(|m| {
+    // Each module is compiled on the pool, inside the link's span.
+    let link = tracing::Span::current();
+    modules.into_par_iter().enumerate().try_for_each(|(i, m)| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
+        let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i)).entered();
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
         let bytes = cx.artifacts.get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch))?;
         let info = cubin::read(&bytes).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
@@ -333,21 +335,19 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
-    let t_nvvm = std::time::Instant::now();
+    let nvvm = tracing::debug_span!("nvvm").entered();
     let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
         let out = cx.jit_link(&options, &objects, true)?;
         out.ptx.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no PTX"))
     })?;
+    drop(nvvm);
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
     // ptxas: the whole program to the final cubin.
     let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let t_ptxas = std::time::Instant::now();
-    let nvvm_ms = (t_ptxas - t_nvvm).as_secs_f64() * 1e3;
+    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
     let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
-    let ptxas_ms = t_ptxas.elapsed().as_secs_f64() * 1e3;
-    tracing::debug!(nvvm_ms, ptxas_ms, ptx_bytes = ptx.len(), "LTO phases");
     Ok(cubin.to_vec())
 }

@@ -413,7 +413,7 @@ impl Linker {
             std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
         }
         let mine = std::cell::RefCell::new(None);
-        let (entry, leader) = cache.flights.run(keys.content, || {
+        let entry = cache.flights.run(keys.content, || {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if let Some(e) = &entry {
@@ -434,8 +434,8 @@ impl Linker {
         }
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
-            Some(o) if !leader => o,
-            _ => self.compute_link(tk, req, memo, spec, mode, cancel),
+            Some(o) => o,
+            None => self.compute_link(tk, req, memo, spec, mode, cancel),
         }
     }
 
@@ -499,8 +499,34 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
+        let mut plan = match self.plan_link(tk, req, fs, spec, cancel) {
+            Ok(plan) => plan,
+            Err(answered) => return *answered,
+        };
+        let output = match self.link_in_process(tk, spec, mode, &mut plan, cancel) {
+            Ok(bytes) => bytes,
+            Err(NotLinked::Fault(why)) => return self.fall_back(why),
+            Err(NotLinked::Declined(why)) => return self.route(tk, req, spec, cancel, why),
+        };
+        bump(&self.stats.in_process);
+        debug!("linked in process");
+        self.in_process_outcome(req, fs, spec, mode, &plan, output)
+    }
+
+    /// The link plan, or the answer when there is none: nvlink's fatal
+    /// messages, the real nvlink (a plan not reproduced in process, `-Werror`
+    /// with input warnings) or a fallback (an input only nvlink may read).
+    fn plan_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        cancel: &Cancel,
+    ) -> Result<plan::Plan, Box<Outcome>> {
         let Some(target) = spec.target() else {
-            return self.route(tk, req, spec, cancel, Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch)));
+            let why = Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch));
+            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         };
         let ctx = LoadContext {
             fs,
@@ -514,28 +540,37 @@ impl Linker {
             fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
             plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str))
         });
-        let mut plan = match planned {
+        let plan = match planned {
             Ok(p) => p,
-            Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
+            Err(LoadError::Fatal(ds)) => {
+                return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
+            }
             Err(LoadError::Declined(why)) => {
                 // An input only nvlink itself may read (a FIFO, a device): not
                 // even the real-nvlink engine runs it here.
                 if let Some(declined) = fs.declined() {
                     debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
-                    return self.fall_back(Declined::new(Reason::InputDeclined, declined));
+                    return Err(Box::new(self.fall_back(Declined::new(Reason::InputDeclined, declined))));
                 }
-                return self.route(tk, req, spec, cancel, why);
+                return Err(Box::new(self.route(tk, req, spec, cancel, why)));
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            return self.route(
-                tk,
-                req,
-                spec,
-                cancel,
-                Declined::new(Reason::Diagnostics, "-Werror with input warnings"),
-            );
+            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings");
+            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         }
+        Ok(plan)
+    }
+
+    /// The in-process engine on the `--jobs` pool: the output file's bytes.
+    fn link_in_process(
+        &self,
+        tk: &Toolkit,
+        spec: &Spec,
+        mode: Mode,
+        plan: &mut plan::Plan,
+        cancel: &Cancel,
+    ) -> Result<Vec<u8>, NotLinked> {
         let artifacts = Artifacts {
             store: self.cache.as_ref().map(|c| &c.store),
             flights: self.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&self.no_cache_flights),
@@ -554,18 +589,26 @@ impl Linker {
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
-        let linked = self.pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, &mut plan)));
+        let linked = self.pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, plan)));
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
-            return self.fall_back(Declined::new(Reason::Worker, why));
+            return Err(NotLinked::Fault(Declined::new(Reason::Worker, why)));
         }
-        let output = match linked {
-            Ok(bytes) => bytes,
-            Err(why) => return self.route(tk, req, spec, cancel, why),
-        };
-        bump(&self.stats.in_process);
-        debug!("linked in process");
+        linked.map_err(NotLinked::Declined)
+    }
+
+    /// The answer of a link made in process: the plan's messages as nvlink
+    /// prints them, the output file and the `--register-link-binaries` file.
+    fn in_process_outcome(
+        &self,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        mode: Mode,
+        plan: &plan::Plan,
+        output: Vec<u8>,
+    ) -> Outcome {
         let mut report = Report::new(Filters {
             no_warnings: spec.disable_warnings,
             warnings_as_errors: spec.warning_as_error,
@@ -579,18 +622,7 @@ impl Linker {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            let path = absolute(&req.cwd, r);
-            let mut ids = plan.module_ids();
-            // Whole-program LTO registers in reverse load order; under -dlto an
-            // existing file is left as it is when there is anything to list;
-            // --emit-ptx writes none.
-            if mode == Mode::LtoWhole {
-                ids.reverse();
-            }
-            let keep_existing = spec.lto && !ids.is_empty() && fs.stat(&path).is_ok();
-            if mode != Mode::LtoEmitPtx && !keep_existing {
-                outputs.push(OutputFile { path, data: regbin::render(&ids).into_bytes(), append: false });
-            }
+            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, mode, plan.module_ids(), fs));
         }
         Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
     }
@@ -642,6 +674,15 @@ impl Linker {
             }
         }
     }
+}
+
+/// Why the in-process engine gave no output.
+enum NotLinked {
+    /// A fault of the daemon's side (a worker died, was killed or cancelled):
+    /// no answer at all, the shim runs nvlink.
+    Fault(Declined),
+    /// Not reproduced in process: the real nvlink serves the link.
+    Declined(Declined),
 }
 
 /// The arguments of a link as its span shows them: joined, at most 160 bytes.

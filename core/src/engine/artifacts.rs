@@ -74,7 +74,7 @@ impl Artifacts<'_> {
         }
         bump(misses);
         let mut error = None;
-        let (value, _) = self.flights.run(key, || match compute() {
+        let value = self.flights.run(key, || match compute() {
             // No tool succeeds with nothing: an empty artifact is a fault
             // (of the environment, or of a worker), never stored.
             Ok(v) if v.is_empty() => {

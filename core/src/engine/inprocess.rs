@@ -32,6 +32,7 @@ use crate::declined::{declined, Declined, Reason};
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
 use crate::input::load::Code;
+use crate::input::ptx::PtxSymbols;
 use crate::jitlink::{InputType, JitInput, JitOutput};
 use crate::plan::Plan;
 use crate::toolkit::Toolkit;
@@ -252,6 +253,30 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// nvlink's output byte for byte.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
+    check_lto_options(spec)?;
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let (objects, symbols) = lto_program(mode, plan)?;
+    let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
+    // Host information as nvlink uses it: an object without device code (a
+    // host-only object, libcudart_static's members) turns it off, as in a
+    // non-LTO link, and NVVM then keeps every kernel and variable.
+    if plan.uses_host_info(spec) {
+        options.extend(host_ref_options(plan, &symbols)?);
+    }
+    let ptx = nvvm(cx, &objects, &options)?;
+    if mode == Mode::LtoEmitPtx {
+        return Ok(ptx.to_vec());
+    }
+    // ptxas: the whole program to the final cubin.
+    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
+    let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
+    Ok(cubin.to_vec())
+}
+
+/// Options nvlink forwards to NVVM or ptxas under `-dlto`: not reproduced yet.
+fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
         (!spec.xnvvm.is_empty(), "-Xnvvm"),
         (!spec.xptxas.is_empty(), "-Xptxas"),
@@ -264,10 +289,16 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         (spec.keep_system_libraries, "--keep-system-libraries"),
         (spec.device_stack_protector.is_some(), "--device-stack-protector"),
     ];
-    if let Some((_, what)) = lto_options.iter().find(|(on, _)| *on) {
-        return no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process"));
+    match lto_options.iter().find(|(on, _)| *on) {
+        Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),
+        None => Ok(()),
     }
-    let arch = spec.arch.as_deref().unwrap_or_default();
+}
+
+/// The LTO modules of a whole program and their symbols: every linked unit is
+/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
+/// over each other (anything else is nvlink's partial LTO).
+fn lto_program(mode: Mode, plan: &Plan) -> Result<(Vec<JitInput<'_>>, Vec<&PtxSymbols>), Declined> {
     let mut objects = Vec::new();
     let mut symbols = Vec::new();
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
@@ -300,54 +331,48 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     {
         return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
-    let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
-    // Host information as nvlink uses it: an object without device code (a
-    // host-only object, libcudart_static's members) turns it off, as in a
-    // non-LTO link, and NVVM then keeps every kernel and variable.
-    let host_info = plan.uses_host_info(spec);
-    if host_info {
-        let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
-        if refs.iter().any(|r| {
-            !(r.variables_external.is_empty()
-                && r.variables_internal.is_empty()
-                && r.constants_external.is_empty()
-                && r.constants_internal.is_empty())
-        }) {
-            return no(Reason::LtoOptions, "host-referenced device variables with -dlto");
-        }
-        let patterns: Vec<&str> = refs.iter().flat_map(|r| r.kernel_patterns()).collect();
-        let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
-        let live: BTreeSet<String> =
-            all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
-        if live.is_empty() {
-            return no(Reason::KernelsUsed, "host references keep no kernel");
-        }
-        let dead: BTreeSet<String> = all.difference(&live).cloned().collect();
-        options.extend(kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")));
-        options.push("-optimize-unused-variables".to_owned());
-    }
+    Ok((objects, symbols))
+}
 
-    // NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it.
-    // NVVM `-split-compile` is not output-preserving: on a kernel calling a
-    // looping device function of another unit it changes the machine code
-    // (the `lto-cross-unit` parity case), so it is never added implicitly.
+/// nvlink's host references as nvJitLink options: the host-referenced kernels
+/// as a `-kernels-used` cover, and `-optimize-unused-variables` (no device
+/// variable may be host-referenced: those are left to nvlink).
+fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>, Declined> {
+    let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
+    if refs.iter().any(|r| {
+        !(r.variables_external.is_empty()
+            && r.variables_internal.is_empty()
+            && r.constants_external.is_empty()
+            && r.constants_internal.is_empty())
+    }) {
+        return no(Reason::LtoOptions, "host-referenced device variables with -dlto");
+    }
+    let patterns: Vec<&str> = refs.iter().flat_map(|r| r.kernel_patterns()).collect();
+    let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
+    let live: BTreeSet<String> =
+        all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
+    if live.is_empty() {
+        return no(Reason::KernelsUsed, "host references keep no kernel");
+    }
+    let dead: BTreeSet<String> = all.difference(&live).cloned().collect();
+    let mut options: Vec<String> =
+        kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
+    options.push("-optimize-unused-variables".to_owned());
+    Ok(options)
+}
+
+/// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).
+/// NVVM `-split-compile` is not output-preserving: on a kernel calling a
+/// looping device function of another unit it changes the machine code (the
+/// `lto-cross-unit` parity case), so it is never added implicitly.
+fn nvvm(cx: &Context<'_>, objects: &[JitInput<'_>], options: &[String]) -> Result<std::sync::Arc<[u8]>, Declined> {
     let mut parts: Vec<&[u8]> = objects.iter().map(|o| o.data).collect();
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
-    let nvvm = tracing::debug_span!("nvvm").entered();
-    let ptx = cx.artifacts.get_or_compute(Level::Nvvm, key, || {
-        let out = cx.jit_link(&options, &objects, true)?;
+    let _phase = tracing::debug_span!("nvvm").entered();
+    cx.artifacts.get_or_compute(Level::Nvvm, key, || {
+        let out = cx.jit_link(options, objects, true)?;
         out.ptx.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no PTX"))
-    })?;
-    drop(nvvm);
-    if mode == Mode::LtoEmitPtx {
-        return Ok(ptx.to_vec());
-    }
-    // ptxas: the whole program to the final cubin.
-    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
-    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
-    let cubin = cx.artifacts.get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch))?;
-    Ok(cubin.to_vec())
+    })
 }

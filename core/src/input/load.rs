@@ -471,73 +471,18 @@ impl LoadContext<'_> {
         in_archive: bool,
         object: Option<&[u8]>,
     ) -> Result<(Vec<Module>, Vec<Diagnostic>), LoadError> {
-        let t = self.target;
-        if self.lto {
-            let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
-            if let Some(ir) = ir {
-                if t.suffix.is_some() || ir.suffix().is_some() {
-                    return unsupported(Reason::Arch, format!("{name}: LTO IR linked for {}", t.name()));
-                }
-                let (Some(object), true) = (object, ir.arch == t.sm) else {
-                    return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
-                };
-                // The PTX twin names the module's kernels and needs.
-                let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
-                let Some(twin) = twin else {
-                    return unsupported(Reason::PartialLto, format!("{name}: LTO IR without PTX"));
-                };
-                let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
-                let module = Module {
-                    code: Code::LtoObject(object.to_vec().into()),
-                    arch: ir.arch,
-                    options: ir.options.to_owned(),
-                    info: None,
-                    lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
-                };
-                return Ok((vec![module], Vec::new()));
-            }
-        }
-        let same_major =
-            || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
-        // SASS for exactly this target first, then plain SASS of its SM number.
-        let sass = same_major().filter(|m| t.takes_sass(m.arch, m.suffix())).min_by_key(|m| {
-            if m.suffix() == t.suffix {
-                0
-            } else {
-                1
-            }
-        });
-        if sass.is_none() {
-            if let Some(m) = same_major().next() {
-                return unsupported(
-                    Reason::Arch,
-                    format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
-                );
-            }
-        }
-        if let Some(m) = sass {
-            let Decoded { bytes, info } = self.decode_sass(name, m)?;
-            let module = Module {
-                code: Code::Cubin(bytes),
-                arch: m.arch,
-                options: m.options.to_owned(),
-                info: Some(info),
-                lto: None,
-            };
-            return Ok((vec![module], Vec::new()));
-        }
-        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
-        if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
-            return unsupported(
-                Reason::Arch,
-                format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()),
-            );
-        }
-        if let Some(m) = ptx.max_by_key(|m| m.arch) {
-            let bytes: Bytes =
-                m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
-            let module =
-                Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };
+        let chosen = match self.lto {
+            true => self.select_lto(name, members, object)?,
+            false => None,
+        };
+        let chosen = match chosen {
+            Some(m) => Some(m),
+            None => match self.select_sass(name, members)? {
+                Some(m) => Some(m),
+                None => self.select_ptx(name, members)?,
+            },
+        };
+        if let Some(module) = chosen {
             return Ok((vec![module], Vec::new()));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
@@ -545,13 +490,90 @@ impl LoadContext<'_> {
         }
         let mut warnings = Vec::new();
         if !in_archive && !self.suppress_arch_warning {
-            warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", t.name())));
+            warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", self.target.name())));
         }
         Ok((Vec::new(), warnings))
     }
-}
 
-impl LoadContext<'_> {
+    /// With `-dlto`: the newest LTO IR not newer than the target, which must be
+    /// for exactly the target, inside a host object, with its PTX twin (it
+    /// names the module's kernels and needs).
+    fn select_lto(
+        &self,
+        name: &str,
+        members: &[Member<'_>],
+        object: Option<&[u8]>,
+    ) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
+        let Some(ir) = ir else { return Ok(None) };
+        if t.suffix.is_some() || ir.suffix().is_some() {
+            return unsupported(Reason::Arch, format!("{name}: LTO IR linked for {}", t.name()));
+        }
+        let (Some(object), true) = (object, ir.arch == t.sm) else {
+            return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
+        };
+        let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
+        let Some(twin) = twin else { return unsupported(Reason::PartialLto, format!("{name}: LTO IR without PTX")) };
+        let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
+        Ok(Some(Module {
+            code: Code::LtoObject(object.to_vec().into()),
+            arch: ir.arch,
+            options: ir.options.to_owned(),
+            info: None,
+            lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
+        }))
+    }
+
+    /// SASS for exactly this target first, then plain SASS of its SM number;
+    /// other SASS of the same major is left to the real nvlink.
+    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let same_major =
+            || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
+        let sass = same_major().filter(|m| t.takes_sass(m.arch, m.suffix())).min_by_key(|m| {
+            if m.suffix() == t.suffix {
+                0
+            } else {
+                1
+            }
+        });
+        let Some(m) = sass else {
+            return match same_major().next() {
+                Some(m) => unsupported(
+                    Reason::Arch,
+                    format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
+                ),
+                None => Ok(None),
+            };
+        };
+        let Decoded { bytes, info } = self.decode_sass(name, m)?;
+        Ok(Some(Module {
+            code: Code::Cubin(bytes),
+            arch: m.arch,
+            options: m.options.to_owned(),
+            info: Some(info),
+            lto: None,
+        }))
+    }
+
+    /// The newest plain PTX not newer than the target (suffixed PTX is left to
+    /// the real nvlink).
+    fn select_ptx(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
+        if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()),
+            );
+        }
+        let Some(m) = ptx.max_by_key(|m| m.arch) else { return Ok(None) };
+        let bytes: Bytes =
+            m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+        Ok(Some(Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None }))
+    }
+
     /// A SASS member's cubin and its parsed symbols, from the memo when it
     /// holds this member.
     fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {

@@ -14,7 +14,9 @@ use object::read::elf::{FileHeader, SectionHeader as _, Sym as _};
 use object::LittleEndian as LE;
 
 /// `e_machine` of device code.
-pub const EM_CUDA: u16 = 190;
+pub const EM_CUDA: u16 = elf::EM_CUDA.0;
+/// `e_type` of a relocatable object.
+pub const ET_REL: u16 = elf::ET_REL.0;
 /// `st_other` bit that marks a kernel (an entry function) in a cubin.
 pub const STO_CUDA_ENTRY: u8 = 0x10;
 /// `sh_type` of NOBITS sections: they take no space in the file.
@@ -133,6 +135,29 @@ pub struct Elf<'a> {
 /// True when `data` starts like any ELF file.
 pub fn is_elf(data: &[u8]) -> bool {
     data.starts_with(&elf::ELFMAG)
+}
+
+/// A 16-bit field of a 64-bit little-endian file header, read from the bytes
+/// alone (nvlink looks at these before, and whether or not, the rest parses);
+/// `None` when `data` is too short to hold it.
+fn header_u16(data: &[u8], offset: usize) -> Option<u16> {
+    data.get(offset..offset + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// `e_type` of the file header (`ET_REL`, …), from the bytes alone.
+pub fn header_type(data: &[u8]) -> Option<u16> {
+    header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_type))
+}
+
+/// `e_machine` of the file header (`EM_CUDA`, …), from the bytes alone.
+pub fn header_machine(data: &[u8]) -> Option<u16> {
+    header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_machine))
+}
+
+/// A device ELF by its header: the ELF magic and `e_machine == EM_CUDA`
+/// (whether or not the rest parses).
+pub fn is_cuda_elf(data: &[u8]) -> bool {
+    is_elf(data) && header_machine(data) == Some(EM_CUDA)
 }
 
 impl<'a> Elf<'a> {
@@ -269,11 +294,28 @@ mod tests {
         assert_eq!(Elf::parse(b"hello").unwrap_err(), ElfError::NotElf);
         let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
         assert!(Elf::parse(&bytes).is_err());
+        // A bare header: its string-table index names no section.
         bytes.resize(64, 0);
-        assert!(Elf::parse(&bytes).is_err() || Elf::parse(&bytes).is_ok());
+        assert_eq!(Elf::parse(&bytes).unwrap_err(), ElfError::Malformed("shstrndx"));
         for len in 0..64 {
             let _ = Elf::parse(&bytes[..len]);
         }
+    }
+
+    #[test]
+    fn header_fields_are_read_at_nvlinks_offsets() {
+        let mut h = b"\x7fELF\x02\x01\x01".to_vec();
+        h.resize(20, 0);
+        h[16..18].copy_from_slice(&ET_REL.to_le_bytes());
+        h[18..20].copy_from_slice(&190u16.to_le_bytes());
+        assert_eq!(header_type(&h), Some(1));
+        assert_eq!(header_machine(&h), Some(190));
+        assert!(is_cuda_elf(&h));
+        assert_eq!(header_machine(&h[..19]), None);
+        assert!(!is_cuda_elf(&h[..19]));
+        h[18] = 62; // EM_X86_64
+        assert!(!is_cuda_elf(&h));
+        assert!(!is_cuda_elf(b"!<arch>\n                    "));
     }
 
     #[test]

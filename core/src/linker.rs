@@ -19,6 +19,7 @@ use crate::cli::parse::parse;
 use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::declined::{Declined, Reason, ReasonCounts};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
+use crate::elf::{header_machine, EM_CUDA};
 use crate::engine::artifacts::Artifacts;
 use crate::engine::inprocess;
 use crate::engine::process;
@@ -478,7 +479,7 @@ impl Linker {
         let device_only_registered = spec.register_link_binaries.is_some()
             && spec.inputs.iter().any(|i| {
                 matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
-                    || fs.read(&absolute(&req.cwd, i)).map(|d| d.get(18..20) == Some(&[190, 0][..])).unwrap_or(true)
+                    || fs.read(&absolute(&req.cwd, i)).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
             });
         Some(LinkEntry {
             exit_code: o.exit_code,

@@ -10,6 +10,7 @@
 
 use super::options::Opt;
 use super::parse::{parse_number, Parsed};
+use super::target::{arch_number, Target};
 use crate::diag::Diagnostic;
 
 /// The host linker script flavour of `-ghls`.
@@ -223,24 +224,12 @@ impl Spec {
     }
 
     /// The device target of `--arch sm_*` (None for `compute_*`/`lto_*`).
-    pub fn target(&self) -> Option<crate::input::load::Target> {
-        let arch = self.arch.as_deref()?;
-        let rest = arch.strip_prefix("sm_")?;
-        Some(crate::input::load::Target {
-            sm: arch_number(arch)?,
-            suffix: rest.chars().last().filter(char::is_ascii_alphabetic),
-        })
+    pub fn target(&self) -> Option<Target> {
+        Target::of_arch(self.arch.as_deref()?)
     }
 
     /// The SM number of `--arch` (`sm_90a` → 90).
     pub fn sm(&self) -> Option<u32> {
         arch_number(self.arch.as_deref()?)
     }
-}
-
-/// `sm_90a` / `compute_90` / `lto_100f` → 90 / 90 / 100.
-pub fn arch_number(arch: &str) -> Option<u32> {
-    let digits = arch.split('_').nth(1)?;
-    let n: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
-    n.parse().ok()
 }

@@ -25,9 +25,10 @@ use super::libsearch;
 use super::memo::{DecodeMemo, Decoded};
 use super::ptx::{self, PtxSymbols};
 use super::Bytes;
+use crate::cli::target::{arch_name, Target};
 use crate::declined::{Declined, Reason};
 use crate::diag::Diagnostic;
-use crate::elf::{is_elf, Elf, EM_CUDA};
+use crate::elf::{header_machine, header_type, is_cuda_elf, is_elf, Elf, EM_CUDA, ET_REL};
 use crate::fatbin::{self, Member, MemberKind};
 use crate::fs::{absolute, InputFs};
 use crate::regbin::synthetic_module_id;
@@ -94,53 +95,6 @@ fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
     Err(LoadError::Fatal(vec![Diagnostic::fatal(msg)]))
 }
 
-/// The target of the link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
-    /// SM number (90 for sm_90).
-    pub sm: u32,
-    /// The suffix of `sm_90a` / `sm_100f` style targets.
-    pub suffix: Option<char>,
-}
-
-/// An arch as nvcc spells it: `arch_name("compute", 100, Some('f'))` is `compute_100f`.
-fn arch_name(kind: &str, sm: u32, suffix: Option<char>) -> String {
-    match suffix {
-        Some(c) => format!("{kind}_{sm}{c}"),
-        None => format!("{kind}_{sm}"),
-    }
-}
-
-impl Target {
-    /// The target as `--arch` names it (`sm_100f`).
-    pub fn name(&self) -> String {
-        arch_name("sm", self.sm, self.suffix)
-    }
-
-    /// The arch PTX is compiled for at link time: a family target compiles
-    /// for its plain arch (nvlink runs its ptxas with `-arch sm_100` for
-    /// `--arch=sm_100f`).
-    pub fn jit_arch(&self) -> String {
-        match self.suffix {
-            Some('f') => arch_name("sm", self.sm, None),
-            _ => self.name(),
-        }
-    }
-
-    /// Whether SASS built for `sm` with `suffix` is linked as is for this
-    /// target (same SM number). Only the pairings compared against nvlink are
-    /// listed; any other reuse is left to the real nvlink.
-    fn takes_sass(&self, sm: u32, suffix: Option<char>) -> bool {
-        match suffix {
-            None => sm == self.sm,
-            Some('a') => sm == self.sm && self.suffix == Some('a'),
-            // Family SASS runs on every later arch of its family.
-            Some('f') => sm / 10 == self.sm / 10 && sm <= self.sm,
-            Some(_) => false,
-        }
-    }
-}
-
 /// What the loader needs to know about the link.
 pub struct LoadContext<'a> {
     pub fs: &'a dyn InputFs,
@@ -190,10 +144,6 @@ pub struct Loaded<T> {
 fn extension(path: &str) -> Option<&str> {
     let file = path.rsplit('/').next().unwrap_or(path);
     file.rfind('.').map(|i| &file[i + 1..])
-}
-
-fn u16_at(d: &[u8], o: usize) -> Option<u16> {
-    d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
 }
 
 const PROBE: usize = 56;
@@ -275,8 +225,8 @@ impl LoadContext<'_> {
                 Ok(Loaded { item: InputItem::Library(self.archive(given, data)?), warnings: Vec::new() })
             }
             "so" => nothing(),
-            _ if u16_at(&data, 16) != Some(1) => nothing(),
-            "o" if is_elf(&data) && u16_at(&data, 18) == Some(EM_CUDA) => self.cubin_file(given, data),
+            _ if header_type(&data) != Some(ET_REL) => nothing(),
+            "o" if is_cuda_elf(&data) => self.cubin_file(given, data),
             _ => match self.host_object(given, &data, false)? {
                 Some(loaded) => Ok(Loaded { item: InputItem::Unit(loaded.item), warnings: loaded.warnings }),
                 None => nothing(),
@@ -320,7 +270,7 @@ impl LoadContext<'_> {
             let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
             let member_name = format!("{shown}:{}", m.name);
             // Only host relocatable objects contribute; everything else is ignored.
-            if classify(bytes) != Content::HostElf || u16_at(bytes, 16) != Some(1) {
+            if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
                 if is_elf(bytes) && bytes.len() < 64 {
                     return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
                 }
@@ -354,7 +304,7 @@ impl LoadContext<'_> {
         if !is_elf(&data) {
             return fatal("cubin not an elf?");
         }
-        if u16_at(&data, 18) != Some(EM_CUDA) {
+        if header_machine(&data) != Some(EM_CUDA) {
             return fatal("cubin not a device elf?");
         }
         let Ok(elf) = Elf::parse(&data) else {
@@ -626,29 +576,4 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         chosen.push(u);
     }
     chosen
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Target;
-
-    #[test]
-    fn suffixed_targets_pick_their_sass_and_jit_arch() {
-        let t = |sm, suffix| Target { sm, suffix };
-        // Plain SASS serves its own SM number, suffixed or not.
-        assert!(t(100, None).takes_sass(100, None));
-        assert!(t(100, Some('a')).takes_sass(100, None));
-        assert!(!t(103, None).takes_sass(100, None));
-        // Arch-specific SASS only its exact arch-specific target.
-        assert!(t(100, Some('a')).takes_sass(100, Some('a')));
-        assert!(!t(100, None).takes_sass(100, Some('a')));
-        assert!(!t(100, Some('f')).takes_sass(100, Some('a')));
-        // Family SASS every later member of its family.
-        assert!(t(103, None).takes_sass(100, Some('f')));
-        assert!(!t(110, None).takes_sass(100, Some('f')));
-        assert!(!t(100, None).takes_sass(103, Some('f')));
-        assert_eq!(t(120, Some('f')).name(), "sm_120f");
-        assert_eq!(t(120, Some('f')).jit_arch(), "sm_120");
-        assert_eq!(t(90, Some('a')).jit_arch(), "sm_90a");
-    }
 }

@@ -376,3 +376,51 @@ fn nvvm(cx: &Context<'_>, objects: &[JitInput<'_>], options: &[String]) -> Resul
         out.ptx.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no PTX"))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The `-kernels-used` cover: the shortest prefixes that select exactly
+    /// the live kernels (nvJitLink keeps every kernel containing a string).
+    #[test]
+    fn kernels_used_cover_rules() {
+        // (live kernels, dead kernels, the cover or None when there is none)
+        type Row = (&'static [&'static str], &'static [&'static str], Option<&'static [&'static str]>);
+        let rows: &[Row] = &[
+            // Nothing dead: one letter per first letter.
+            (&["_Z3addPf", "_Z5scalePf"], &[], Some(&["_"])),
+            // A dead kernel sharing a prefix: the prefix grows until it differs.
+            (&["_Z3addPf"], &["_Z5scalePf"], Some(&["_Z3"])),
+            // One prefix covers a family.
+            (&["cdp_a", "cdp_b", "k"], &["x"], Some(&["c", "k"])),
+            // A live name contained in a dead one cannot be selected alone.
+            (&["add"], &["_Z3addPf"], None),
+            // Nothing live: nothing to say.
+            (&[], &["a"], Some(&[])),
+        ];
+        for (live, dead, want) in rows {
+            let got = kernels_used_cover(&set(live), &set(dead));
+            match want {
+                Some(w) => assert_eq!(got.unwrap(), w.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "{live:?}"),
+                None => assert_eq!(got.unwrap_err().reason, Reason::KernelsUsed, "{live:?}"),
+            }
+        }
+    }
+
+    /// Whatever the cover, it keeps exactly the live kernels.
+    #[test]
+    fn kernels_used_cover_selects_exactly_the_live_kernels() {
+        let live = set(&["_Z4gemmILi1EEvPf", "_Z4gemmILi2EEvPf", "_Z6reduceIfEvPf", "cdp_launch"]);
+        let dead = set(&["_Z4gemmILi3EEvPf", "_Z6reduceIdEvPd", "cdp"]);
+        let cover = kernels_used_cover(&live, &dead).unwrap();
+        for k in live.iter().chain(&dead) {
+            let kept = cover.iter().any(|c| k.contains(c.as_str()));
+            assert_eq!(kept, live.contains(k), "{k} with cover {cover:?}");
+        }
+    }
+}

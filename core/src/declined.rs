@@ -140,7 +140,7 @@ impl std::error::Error for Declined {}
 pub struct ReasonCounts([std::sync::atomic::AtomicU64; Reason::ALL.len()]);
 
 impl ReasonCounts {
-    pub fn bump(&self, r: Reason) {
+    pub(crate) fn bump(&self, r: Reason) {
         self.0[r.index()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -149,7 +149,7 @@ impl ReasonCounts {
     }
 
     /// A JSON object of the reasons counted at least once: `{"arch":2,…}`.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let fields: Vec<String> = Reason::ALL
             .iter()
             .filter(|r| self.get(**r) > 0)

@@ -57,13 +57,13 @@ pub struct Section {
 pub const CUDA_NOBITS_TYPES: [u32; 3] = [0x7000_0007, 0x7000_000a, 0x7000_0015];
 
 /// Whether a section of this type has bytes in the file.
-pub fn occupies_file(sh_type: u32) -> bool {
+pub(crate) fn occupies_file(sh_type: u32) -> bool {
     sh_type != SHT_NOBITS && !CUDA_NOBITS_TYPES.contains(&sh_type)
 }
 
 impl Section {
     /// Bytes this section occupies in the file (NOBITS-like: none).
-    pub fn file_size(&self) -> u64 {
+    pub(crate) fn file_size(&self) -> u64 {
         if occupies_file(self.sh_type) {
             self.size
         } else {
@@ -85,22 +85,22 @@ pub struct Symbol {
 }
 
 impl Symbol {
-    pub fn binding(&self) -> u8 {
+    pub(crate) fn binding(&self) -> u8 {
         self.info >> 4
     }
     pub fn kind(&self) -> u8 {
         self.info & 0xf
     }
-    pub fn is_defined(&self) -> bool {
+    pub(crate) fn is_defined(&self) -> bool {
         self.shndx != elf::SHN_UNDEF.0
     }
-    pub fn is_global(&self) -> bool {
+    pub(crate) fn is_global(&self) -> bool {
         self.binding() == elf::STB_GLOBAL.0 || self.binding() == elf::STB_WEAK.0
     }
-    pub fn is_weak(&self) -> bool {
+    pub(crate) fn is_weak(&self) -> bool {
         self.binding() == elf::STB_WEAK.0
     }
-    pub fn is_entry(&self) -> bool {
+    pub(crate) fn is_entry(&self) -> bool {
         self.other & STO_CUDA_ENTRY != 0
     }
 }
@@ -133,7 +133,7 @@ pub struct Elf<'a> {
 }
 
 /// True when `data` starts like any ELF file.
-pub fn is_elf(data: &[u8]) -> bool {
+pub(crate) fn is_elf(data: &[u8]) -> bool {
     data.starts_with(&elf::ELFMAG)
 }
 
@@ -145,18 +145,18 @@ fn header_u16(data: &[u8], offset: usize) -> Option<u16> {
 }
 
 /// `e_type` of the file header (`ET_REL`, …), from the bytes alone.
-pub fn header_type(data: &[u8]) -> Option<u16> {
+pub(crate) fn header_type(data: &[u8]) -> Option<u16> {
     header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_type))
 }
 
 /// `e_machine` of the file header (`EM_CUDA`, …), from the bytes alone.
-pub fn header_machine(data: &[u8]) -> Option<u16> {
+pub(crate) fn header_machine(data: &[u8]) -> Option<u16> {
     header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_machine))
 }
 
 /// A device ELF by its header: the ELF magic and `e_machine == EM_CUDA`
 /// (whether or not the rest parses).
-pub fn is_cuda_elf(data: &[u8]) -> bool {
+pub(crate) fn is_cuda_elf(data: &[u8]) -> bool {
     is_elf(data) && header_machine(data) == Some(EM_CUDA)
 }
 
@@ -242,7 +242,7 @@ impl<'a> Elf<'a> {
         &self.data[start..start + s.file_size() as usize]
     }
 
-    pub fn section_data_by_name(&self, name: &str) -> Option<&'a [u8]> {
+    pub(crate) fn section_data_by_name(&self, name: &str) -> Option<&'a [u8]> {
         self.section(name).map(|(_, s)| self.section_data(s))
     }
 
@@ -279,7 +279,7 @@ impl<'a> Elf<'a> {
 }
 
 /// The NUL-terminated string at `offset` in a string table.
-pub fn c_str_at(table: &[u8], offset: usize) -> Option<&str> {
+pub(crate) fn c_str_at(table: &[u8], offset: usize) -> Option<&str> {
     let rest = table.get(offset..)?;
     let end = rest.iter().position(|&b| b == 0)?;
     std::str::from_utf8(&rest[..end]).ok()

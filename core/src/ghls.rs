@@ -18,7 +18,7 @@ use crate::diag::{Diagnostic, Report};
 pub const SECTIONS_BLOCK: &str = "SECTIONS\n{\n\t.nvFatBinSegment : { *(.nvFatBinSegment) }\n\t__nv_relfatbin : { *(__nv_relfatbin) } \n\t.nv_fatbin : { *(.nv_fatbin) }\n}\n";
 
 /// The `ld --verbose` pipeline for `lcs-abs`, writing to `dest`.
-pub fn extract_command(spec: &Spec, dest: &str) -> String {
+pub(crate) fn extract_command(spec: &Spec, dest: &str) -> String {
     let cc = spec.host_ccbin.as_deref().unwrap_or("gcc");
     let kind = if spec.shared {
         " -shared "
@@ -33,7 +33,7 @@ pub fn extract_command(spec: &Spec, dest: &str) -> String {
 }
 
 /// The validation command for a script at `path`.
-pub fn validate_command(path: &str) -> String {
+pub(crate) fn validate_command(path: &str) -> String {
     format!("ld -T {path} 2>&1 | grep 'no input files' > /dev/null")
 }
 
@@ -59,7 +59,7 @@ fn sh(cmd: &str, cwd: &Path) -> Result<bool, Declined> {
 }
 
 /// Produce the script; messages and stdout go to `report`.
-pub fn generate(
+pub(crate) fn generate(
     spec: &Spec,
     kind: HostScript,
     cwd: &Path,
@@ -104,6 +104,6 @@ pub fn generate(
 }
 
 /// `-ghls` with inputs is rejected before anything runs.
-pub fn inputs_not_allowed() -> Diagnostic {
+pub(crate) fn inputs_not_allowed() -> Diagnostic {
     Diagnostic::fatal("Input files are not allowed with -ghls option; use --help for more information")
 }

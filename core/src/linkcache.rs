@@ -78,7 +78,7 @@ impl<'a> MemoFs<'a> {
     }
 
     /// Whether every file was seen as one version throughout the link (so far).
-    pub fn consistent(&self) -> bool {
+    pub(crate) fn consistent(&self) -> bool {
         self.consistent.load(Ordering::SeqCst)
     }
 
@@ -96,7 +96,7 @@ impl<'a> MemoFs<'a> {
     /// file this view read, stat'ed or identified is still as the key saw it
     /// (same identity, or still absent), and no identity was too fresh to tell
     /// versions apart. Any doubt is `false`.
-    pub fn unchanged_on_disk(&self) -> bool {
+    pub(crate) fn unchanged_on_disk(&self) -> bool {
         if !self.consistent() {
             return false;
         }
@@ -259,7 +259,7 @@ pub fn keys(
 }
 
 /// The outputs of an outcome, by role.
-pub fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, Vec<u8>)>> {
+pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, Vec<u8>)>> {
     let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
     let reg = spec.register_link_binaries.as_deref().map(|r| absolute(&req.cwd, r));
     outputs
@@ -279,7 +279,7 @@ pub fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option
 }
 
 /// The outputs of a stored entry, for this request's paths.
-pub fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<OutputFile>> {
+pub(crate) fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<OutputFile>> {
     entry
         .files
         .iter()
@@ -295,7 +295,7 @@ pub fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<O
 }
 
 /// Whether a result names inputs or outputs (so that it only fits the same names).
-pub fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_registered: bool) -> bool {
+pub(crate) fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_registered: bool) -> bool {
     !stdout.is_empty()
         || !stderr.is_empty()
         || render::verbose_mode(&spec.parsed)

@@ -17,12 +17,12 @@ use crate::request::OutputFile;
 
 /// The module id nvlink makes up for an input without host code:
 /// its absolute path with every character outside `[A-Za-z0-9]` replaced by `_`.
-pub fn synthetic_module_id(absolute: &Path) -> String {
+pub(crate) fn synthetic_module_id(absolute: &Path) -> String {
     absolute.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 /// The file's contents for these module ids, in link order.
-pub fn render(ids: &[String]) -> String {
+pub(crate) fn render(ids: &[String]) -> String {
     let mut out = format!("#define NUM_PRELINKED_OBJECTS {}\n", ids.len());
     for id in ids {
         out.push_str(&format!("DEFINE_REGISTER_FUNC({id})\n"));

@@ -29,7 +29,7 @@ impl Target {
     /// The arch PTX is compiled for at link time: a family target compiles
     /// for its plain arch (nvlink runs its ptxas with `-arch sm_100` for
     /// `--arch=sm_100f`).
-    pub fn jit_arch(&self) -> String {
+    pub(crate) fn jit_arch(&self) -> String {
         match self.suffix {
             Some('f') => arch_name("sm", self.sm, None),
             _ => self.name(),
@@ -52,14 +52,14 @@ impl Target {
 
 impl Target {
     /// The device target of `--arch sm_*` (None for `compute_*`/`lto_*`).
-    pub fn of_arch(arch: &str) -> Option<Target> {
+    pub(crate) fn of_arch(arch: &str) -> Option<Target> {
         let rest = arch.strip_prefix("sm_")?;
         Some(Target { sm: arch_number(arch)?, suffix: rest.chars().last().filter(char::is_ascii_alphabetic) })
     }
 }
 
 /// `sm_90a` / `compute_90` / `lto_100f` → 90 / 90 / 100.
-pub fn arch_number(arch: &str) -> Option<u32> {
+pub(crate) fn arch_number(arch: &str) -> Option<u32> {
     let digits = arch.split('_').nth(1)?;
     let n: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
     n.parse().ok()

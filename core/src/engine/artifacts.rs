@@ -61,7 +61,7 @@ impl Artifacts<'_> {
     }
 
     /// The artifact for `key`, computing and storing it on a miss.
-    pub fn get_or_compute(
+    pub(crate) fn get_or_compute(
         &self,
         level: Level,
         key: Key,

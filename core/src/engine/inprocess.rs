@@ -77,7 +77,7 @@ impl Context<'_> {
 }
 
 /// Options whose effect the in-process engine does not reproduce (yet).
-pub fn check_options(spec: &Spec) -> Result<(), Declined> {
+pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
         (!spec.kernels_used.is_empty(), "--kernels-used"),
         (!spec.variables_used.is_empty(), "--variables-used"),
@@ -223,7 +223,7 @@ fn check_duplicates(plan: &Plan) -> Result<(), Declined> {
 /// takes about 2 ms per string; so each live kernel not yet covered adds the
 /// shortest prefix of its name that no dead kernel contains (one prefix usually
 /// covers a whole family, e.g. libcudadevrt's kernels).
-pub fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> Result<Vec<String>, Declined> {
+pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> Result<Vec<String>, Declined> {
     let mut cover: Vec<String> = Vec::new();
     for k in live {
         if cover.iter().any(|c| k.contains(c.as_str())) {

@@ -27,7 +27,7 @@ pub enum Content {
     Unknown,
 }
 
-pub fn classify(data: &[u8]) -> Content {
+pub(crate) fn classify(data: &[u8]) -> Content {
     if data.is_empty() {
         return Content::Empty;
     }
@@ -54,7 +54,7 @@ pub fn classify(data: &[u8]) -> Content {
 }
 
 /// PTX: `.version` after whitespace and `//` or `/* */` comments.
-pub fn is_ptx(data: &[u8]) -> bool {
+pub(crate) fn is_ptx(data: &[u8]) -> bool {
     let mut i = 0;
     loop {
         while i < data.len() && data[i].is_ascii_whitespace() {

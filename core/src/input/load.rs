@@ -121,7 +121,7 @@ pub struct Library {
 
 impl Library {
     /// A path containing `cudadevrt` is a "system library" nvlink trims.
-    pub fn is_system(&self) -> bool {
+    pub(crate) fn is_system(&self) -> bool {
         self.name.contains("cudadevrt")
     }
 }
@@ -546,7 +546,7 @@ impl LoadContext<'_> {
 
 /// libcudadevrt semantics: take the members that define a symbol still
 /// undefined, until nothing changes.
-pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
+pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
     use std::collections::HashSet;
     let note = |u: &Unit, defined: &mut HashSet<String>, undefined: &mut HashSet<String>| {
         for m in &u.modules {

@@ -108,7 +108,7 @@ impl Report {
     }
 
     /// Text nvlink writes to stderr verbatim (`-v` command echoes).
-    pub fn emit_raw(&mut self, text: &str) {
+    pub(crate) fn emit_raw(&mut self, text: &str) {
         self.stderr.extend_from_slice(text.as_bytes());
     }
 

@@ -14,7 +14,9 @@ use object::read::elf::{FileHeader, SectionHeader as _, Sym as _};
 use object::LittleEndian as LE;
 
 /// `e_machine` of device code.
-pub const EM_CUDA: u16 = 190;
+pub const EM_CUDA: u16 = elf::EM_CUDA.0;
+/// `e_type` of a relocatable object.
+pub const ET_REL: u16 = elf::ET_REL.0;
 /// `st_other` bit that marks a kernel (an entry function) in a cubin.
 pub const STO_CUDA_ENTRY: u8 = 0x10;
 /// `sh_type` of NOBITS sections: they take no space in the file.
@@ -55,13 +57,13 @@ pub struct Section {
 pub const CUDA_NOBITS_TYPES: [u32; 3] = [0x7000_0007, 0x7000_000a, 0x7000_0015];
 
 /// Whether a section of this type has bytes in the file.
-pub fn occupies_file(sh_type: u32) -> bool {
+pub(crate) fn occupies_file(sh_type: u32) -> bool {
     sh_type != SHT_NOBITS && !CUDA_NOBITS_TYPES.contains(&sh_type)
 }
 
 impl Section {
     /// Bytes this section occupies in the file (NOBITS-like: none).
-    pub fn file_size(&self) -> u64 {
+    pub(crate) fn file_size(&self) -> u64 {
         if occupies_file(self.sh_type) {
             self.size
         } else {
@@ -83,22 +85,22 @@ pub struct Symbol {
 }
 
 impl Symbol {
-    pub fn binding(&self) -> u8 {
+    pub(crate) fn binding(&self) -> u8 {
         self.info >> 4
     }
     pub fn kind(&self) -> u8 {
         self.info & 0xf
     }
-    pub fn is_defined(&self) -> bool {
+    pub(crate) fn is_defined(&self) -> bool {
         self.shndx != elf::SHN_UNDEF.0
     }
-    pub fn is_global(&self) -> bool {
+    pub(crate) fn is_global(&self) -> bool {
         self.binding() == elf::STB_GLOBAL.0 || self.binding() == elf::STB_WEAK.0
     }
-    pub fn is_weak(&self) -> bool {
+    pub(crate) fn is_weak(&self) -> bool {
         self.binding() == elf::STB_WEAK.0
     }
-    pub fn is_entry(&self) -> bool {
+    pub(crate) fn is_entry(&self) -> bool {
         self.other & STO_CUDA_ENTRY != 0
     }
 }
@@ -131,8 +133,31 @@ pub struct Elf<'a> {
 }
 
 /// True when `data` starts like any ELF file.
-pub fn is_elf(data: &[u8]) -> bool {
+pub(crate) fn is_elf(data: &[u8]) -> bool {
     data.starts_with(&elf::ELFMAG)
+}
+
+/// A 16-bit field of a 64-bit little-endian file header, read from the bytes
+/// alone (nvlink looks at these before, and whether or not, the rest parses);
+/// `None` when `data` is too short to hold it.
+fn header_u16(data: &[u8], offset: usize) -> Option<u16> {
+    data.get(offset..offset + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// `e_type` of the file header (`ET_REL`, …), from the bytes alone.
+pub(crate) fn header_type(data: &[u8]) -> Option<u16> {
+    header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_type))
+}
+
+/// `e_machine` of the file header (`EM_CUDA`, …), from the bytes alone.
+pub(crate) fn header_machine(data: &[u8]) -> Option<u16> {
+    header_u16(data, std::mem::offset_of!(elf::FileHeader64<LE>, e_machine))
+}
+
+/// A device ELF by its header: the ELF magic and `e_machine == EM_CUDA`
+/// (whether or not the rest parses).
+pub(crate) fn is_cuda_elf(data: &[u8]) -> bool {
+    is_elf(data) && header_machine(data) == Some(EM_CUDA)
 }
 
 impl<'a> Elf<'a> {
@@ -217,7 +242,7 @@ impl<'a> Elf<'a> {
         &self.data[start..start + s.file_size() as usize]
     }
 
-    pub fn section_data_by_name(&self, name: &str) -> Option<&'a [u8]> {
+    pub(crate) fn section_data_by_name(&self, name: &str) -> Option<&'a [u8]> {
         self.section(name).map(|(_, s)| self.section_data(s))
     }
 
@@ -254,7 +279,7 @@ impl<'a> Elf<'a> {
 }
 
 /// The NUL-terminated string at `offset` in a string table.
-pub fn c_str_at(table: &[u8], offset: usize) -> Option<&str> {
+pub(crate) fn c_str_at(table: &[u8], offset: usize) -> Option<&str> {
     let rest = table.get(offset..)?;
     let end = rest.iter().position(|&b| b == 0)?;
     std::str::from_utf8(&rest[..end]).ok()
@@ -269,11 +294,28 @@ mod tests {
         assert_eq!(Elf::parse(b"hello").unwrap_err(), ElfError::NotElf);
         let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
         assert!(Elf::parse(&bytes).is_err());
+        // A bare header: its string-table index names no section.
         bytes.resize(64, 0);
-        assert!(Elf::parse(&bytes).is_err() || Elf::parse(&bytes).is_ok());
+        assert_eq!(Elf::parse(&bytes).unwrap_err(), ElfError::Malformed("shstrndx"));
         for len in 0..64 {
             let _ = Elf::parse(&bytes[..len]);
         }
+    }
+
+    #[test]
+    fn header_fields_are_read_at_nvlinks_offsets() {
+        let mut h = b"\x7fELF\x02\x01\x01".to_vec();
+        h.resize(20, 0);
+        h[16..18].copy_from_slice(&ET_REL.to_le_bytes());
+        h[18..20].copy_from_slice(&190u16.to_le_bytes());
+        assert_eq!(header_type(&h), Some(1));
+        assert_eq!(header_machine(&h), Some(190));
+        assert!(is_cuda_elf(&h));
+        assert_eq!(header_machine(&h[..19]), None);
+        assert!(!is_cuda_elf(&h[..19]));
+        h[18] = 62; // EM_X86_64
+        assert!(!is_cuda_elf(&h));
+        assert!(!is_cuda_elf(b"!<arch>\n                    "));
     }
 
     #[test]

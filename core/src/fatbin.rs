@@ -70,7 +70,7 @@ pub struct Member<'a> {
 impl<'a> Member<'a> {
     /// The arch suffix the member was built for: `a` (arch-specific), `f`
     /// (family), or none.
-    pub fn suffix(&self) -> Option<char> {
+    pub(crate) fn suffix(&self) -> Option<char> {
         if self.flags & FLAG_ARCH_SPECIFIC != 0 {
             Some('a')
         } else if self.flags & FLAG_FAMILY != 0 {
@@ -80,12 +80,12 @@ impl<'a> Member<'a> {
         }
     }
 
-    pub fn is_compressed(&self) -> bool {
+    pub(crate) fn is_compressed(&self) -> bool {
         self.flags & FLAG_COMPRESSED != 0 && self.payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
     }
 
     /// BLAKE3 of the member as stored: its flags, declared size and payload.
-    pub fn fingerprint(&self) -> [u8; 32] {
+    pub(crate) fn fingerprint(&self) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         h.update(&self.flags.to_le_bytes());
         h.update(&self.uncompressed_size.to_le_bytes());
@@ -132,14 +132,14 @@ fn u64_at(d: &[u8], o: usize) -> Option<u64> {
 }
 
 /// True when `data` starts with the fatbin magic.
-pub fn is_fatbin(data: &[u8]) -> bool {
+pub(crate) fn is_fatbin(data: &[u8]) -> bool {
     u32_at(data, 0) == Some(FATBIN_MAGIC)
 }
 
 /// The members of the first container only: what nvlink reads from a host
 /// object's `__nv_relfatbin` (an `ld -r` of two objects holds two containers,
 /// and nvlink links only the first).
-pub fn parse_first(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {
+pub(crate) fn parse_first(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {
     if u32_at(data, 0) != Some(FATBIN_MAGIC) {
         return Err(FatbinError::BadMagic);
     }

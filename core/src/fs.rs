@@ -139,7 +139,7 @@ impl Default for HashMemo {
 
 impl HashMemo {
     /// A memo that remembers files unchanged for `settle` (tests use zero).
-    pub fn with_settle(settle: std::time::Duration) -> Self {
+    pub(crate) fn with_settle(settle: std::time::Duration) -> Self {
         HashMemo { hashes: dashmap::DashMap::new(), settle }
     }
 
@@ -172,7 +172,7 @@ impl HashMemo {
 
 impl FileIdentity {
     /// The status change time, in nanoseconds since the epoch.
-    pub fn ctime_ns(&self) -> i128 {
+    pub(crate) fn ctime_ns(&self) -> i128 {
         self.ctime_ns
     }
 }
@@ -210,7 +210,7 @@ impl InputFs for LocalFs {
 }
 
 /// `path` made absolute against `cwd` (lexically: nvlink does not resolve symlinks).
-pub fn absolute(cwd: &Path, path: &str) -> PathBuf {
+pub(crate) fn absolute(cwd: &Path, path: &str) -> PathBuf {
     let p = Path::new(path);
     if p.is_absolute() {
         p.to_owned()

@@ -7,12 +7,13 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::cli::target::Target;
 use crate::cli::{parse, render, spec::Spec};
 use crate::elf::Elf;
 use crate::fatbin;
 use crate::finalize::{image::CubinImage, strtab::StrTab, tkinfo};
 use crate::fs::{FileStat, InputFs, LocalFs};
-use crate::input::load::{LoadContext, Target};
+use crate::input::load::LoadContext;
 use crate::input::{archive, classify, cubin, host::HostObject, ptx};
 
 /// The command line: NUL-separated arguments.

@@ -11,13 +11,14 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::cli::spec::{HostScript, Spec};
+use crate::declined::{Declined, Reason};
 use crate::diag::{Diagnostic, Report};
 
 /// The block nvlink appends (the trailing space after `__nv_relfatbin`'s braces is nvlink's).
 pub const SECTIONS_BLOCK: &str = "SECTIONS\n{\n\t.nvFatBinSegment : { *(.nvFatBinSegment) }\n\t__nv_relfatbin : { *(__nv_relfatbin) } \n\t.nv_fatbin : { *(.nv_fatbin) }\n}\n";
 
 /// The `ld --verbose` pipeline for `lcs-abs`, writing to `dest`.
-pub fn extract_command(spec: &Spec, dest: &str) -> String {
+pub(crate) fn extract_command(spec: &Spec, dest: &str) -> String {
     let cc = spec.host_ccbin.as_deref().unwrap_or("gcc");
     let kind = if spec.shared {
         " -shared "
@@ -32,7 +33,7 @@ pub fn extract_command(spec: &Spec, dest: &str) -> String {
 }
 
 /// The validation command for a script at `path`.
-pub fn validate_command(path: &str) -> String {
+pub(crate) fn validate_command(path: &str) -> String {
     format!("ld -T {path} 2>&1 | grep 'no input files' > /dev/null")
 }
 
@@ -42,30 +43,29 @@ pub struct Script {
     pub file: Option<Vec<u8>>,
 }
 
-#[derive(Debug)]
-pub enum GhlsError {
-    /// The shell pipeline could not run or validation failed: let nvlink say it.
-    Unsupported(String),
+/// The shell pipeline could not run or validation failed: let nvlink say it.
+fn host_script(why: impl Into<String>) -> Declined {
+    Declined::new(Reason::HostScript, why)
 }
 
-fn sh(cmd: &str, cwd: &Path) -> Result<bool, GhlsError> {
+fn sh(cmd: &str, cwd: &Path) -> Result<bool, Declined> {
     Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .current_dir(cwd)
         .status()
         .map(|s| s.success())
-        .map_err(|e| GhlsError::Unsupported(format!("cannot run sh: {e}")))
+        .map_err(|e| host_script(format!("cannot run sh: {e}")))
 }
 
 /// Produce the script; messages and stdout go to `report`.
-pub fn generate(
+pub(crate) fn generate(
     spec: &Spec,
     kind: HostScript,
     cwd: &Path,
     scratch: &Path,
     report: &mut Report,
-) -> Result<Script, GhlsError> {
+) -> Result<Script, Declined> {
     let out = spec.output.as_deref();
     match kind {
         HostScript::Aug => match out {
@@ -83,20 +83,20 @@ pub fn generate(
                 report.emit_raw(&format!("#$ {}\n", extract_command(spec, shown)));
             }
             if !sh(&extract_command(spec, &tmp_s), cwd)? {
-                return Err(GhlsError::Unsupported("host linker script extraction failed".into()));
+                return Err(host_script("host linker script extraction failed"));
             }
-            let mut script = std::fs::read(&tmp).map_err(|e| GhlsError::Unsupported(e.to_string()))?;
+            let mut script = std::fs::read(&tmp).map_err(|e| host_script(e.to_string()))?;
             script.extend_from_slice(SECTIONS_BLOCK.as_bytes());
             if out.is_none() {
                 report.print(&String::from_utf8_lossy(&script));
                 return Ok(Script { file: None });
             }
-            std::fs::write(&tmp, &script).map_err(|e| GhlsError::Unsupported(e.to_string()))?;
+            std::fs::write(&tmp, &script).map_err(|e| host_script(e.to_string()))?;
             if spec.verbose {
                 report.emit_raw(&format!("#$ {}\n", validate_command(shown)));
             }
             if !sh(&validate_command(&tmp_s), cwd)? {
-                return Err(GhlsError::Unsupported("ld rejected the host linker script".into()));
+                return Err(host_script("ld rejected the host linker script"));
             }
             Ok(Script { file: Some(script) })
         }
@@ -104,6 +104,6 @@ pub fn generate(
 }
 
 /// `-ghls` with inputs is rejected before anything runs.
-pub fn inputs_not_allowed() -> Diagnostic {
+pub(crate) fn inputs_not_allowed() -> Diagnostic {
     Diagnostic::fatal("Input files are not allowed with -ghls option; use --help for more information")
 }

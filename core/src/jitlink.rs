@@ -77,10 +77,9 @@ pub struct JitLink {
     _lib: libloading::Library,
 }
 
-// The entry points are plain C functions without shared mutable state across
-// handles; every handle is used by one thread at a time.
-unsafe impl Send for JitLink {}
-unsafe impl Sync for JitLink {}
+// Send and Sync hold on their own: the entry points are plain function
+// pointers and `libloading::Library` is both. The C functions share no mutable
+// state across handles, and every handle is used by one thread at a time.
 
 impl JitLink {
     /// Load `path` and resolve the entry points of release `major.minor`.

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod declined;
 pub mod diag;
 pub mod elf;
 pub mod engine;

@@ -78,7 +78,7 @@ impl<'a> MemoFs<'a> {
     }
 
     /// Whether every file was seen as one version throughout the link (so far).
-    pub fn consistent(&self) -> bool {
+    pub(crate) fn consistent(&self) -> bool {
         self.consistent.load(Ordering::SeqCst)
     }
 
@@ -96,7 +96,7 @@ impl<'a> MemoFs<'a> {
     /// file this view read, stat'ed or identified is still as the key saw it
     /// (same identity, or still absent), and no identity was too fresh to tell
     /// versions apart. Any doubt is `false`.
-    pub fn unchanged_on_disk(&self) -> bool {
+    pub(crate) fn unchanged_on_disk(&self) -> bool {
         if !self.consistent() {
             return false;
         }
@@ -259,7 +259,7 @@ pub fn keys(
 }
 
 /// The outputs of an outcome, by role.
-pub fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, Vec<u8>)>> {
+pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, Vec<u8>)>> {
     let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
     let reg = spec.register_link_binaries.as_deref().map(|r| absolute(&req.cwd, r));
     outputs
@@ -279,7 +279,7 @@ pub fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option
 }
 
 /// The outputs of a stored entry, for this request's paths.
-pub fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<OutputFile>> {
+pub(crate) fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<OutputFile>> {
     entry
         .files
         .iter()
@@ -295,7 +295,7 @@ pub fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<O
 }
 
 /// Whether a result names inputs or outputs (so that it only fits the same names).
-pub fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_registered: bool) -> bool {
+pub(crate) fn name_sensitive(spec: &Spec, stdout: &[u8], stderr: &[u8], device_only_registered: bool) -> bool {
     !stdout.is_empty()
         || !stderr.is_empty()
         || render::verbose_mode(&spec.parsed)
@@ -313,6 +313,50 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    /// The keys of `args` run in `cwd` (a fresh view and hash memo each time).
+    fn keys_of(cwd: &Path, args: &str) -> Option<LinkKeys> {
+        let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+        let req = Request { args, cwd: cwd.to_owned(), ..Default::default() };
+        let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &LocalFs, cwd).unwrap()).unwrap();
+        let mode = spec.mode().unwrap();
+        keys(&[7; 32], &req, &spec, mode, &MemoFs::new(&LocalFs), &HashMemo::default())
+    }
+
+    /// What the whole-link key covers, one rule per row: the content key
+    /// ignores names and spellings, the named key does not.
+    #[test]
+    fn link_key_rules() {
+        let d = temp("keys");
+        std::fs::write(d.join("a.o"), b"device code A").unwrap();
+        std::fs::write(d.join("copy.o"), b"device code A").unwrap();
+        std::fs::write(d.join("b.o"), b"device code B").unwrap();
+        let base = "-arch=sm_90 -o out.cubin a.o";
+        // (other command line, same content key, same named key)
+        let rows: &[(&str, bool, bool)] = &[
+            ("-arch=sm_90 -o out.cubin a.o", true, true),
+            ("-arch sm_90 -o out.cubin a.o", true, false),
+            ("-o out.cubin -arch=sm_90 a.o", true, false),
+            ("-arch=sm_90 -o other.cubin a.o", true, false),
+            ("-arch=sm_90 -o out.cubin copy.o", true, false),
+            ("-arch=sm_90 -o out.cubin b.o", false, false),
+            ("-arch=sm_80 -o out.cubin a.o", false, false),
+            ("-arch=sm_90 -o out.cubin -r a.o", false, false),
+            ("-arch=sm_90 -o out.cubin a.o b.o", false, false),
+            ("-arch=sm_90 -o out.cubin b.o a.o", false, false),
+            ("-arch=sm_90 -o out.cubin --register-link-binaries r.h a.o", false, false),
+        ];
+        let k0 = keys_of(&d, base).expect("cacheable");
+        for (args, content, named) in rows {
+            let k = keys_of(&d, args).expect("cacheable");
+            assert_eq!(k.content == k0.content, *content, "content key of {args}");
+            assert_eq!(k.named == k0.named, *named, "named key of {args}");
+        }
+        // Not cacheable: -time, an input that cannot be read.
+        assert!(keys_of(&d, "-arch=sm_90 -o out.cubin -time t.csv a.o").is_none());
+        assert!(keys_of(&d, "-arch=sm_90 -o out.cubin missing.o").is_none());
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -11,18 +11,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, info_span, warn, Span};
 
 use crate::cache::flight::Flights;
 use crate::cache::{LinkEntry, Store};
 use crate::cli::parse::parse;
 use crate::cli::spec::{HostScript, Mode, Spec};
+use crate::declined::{Declined, Reason, ReasonCounts};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
+use crate::elf::{header_machine, EM_CUDA};
 use crate::engine::artifacts::Artifacts;
-use crate::engine::inprocess::{self, Unsupported};
+use crate::engine::inprocess;
 use crate::engine::process;
 use crate::fs::{absolute, HashMemo, InputFs};
-use crate::ghls::{self, GhlsError};
+use crate::ghls;
 use crate::input::load::{LoadContext, LoadError};
 use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
@@ -62,7 +64,13 @@ pub struct Linker {
     config: LinkerConfig,
     toolkits: Arc<Toolkits>,
     pub stats: Stats,
+    /// Links the in-process engine passed to the real nvlink, per reason.
+    routed: ReasonCounts,
+    /// Links answered "fall back", per reason.
+    fallback_reasons: ReasonCounts,
     in_flight: std::sync::atomic::AtomicU64,
+    /// The last link id given out (see [`Linker::link_span`]).
+    last_link_id: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
     /// Workers for parallel compile steps (`--jobs`).
     pool: rayon::ThreadPool,
@@ -177,7 +185,10 @@ impl Linker {
         Linker {
             toolkits,
             stats: Stats::default(),
+            routed: ReasonCounts::default(),
+            fallback_reasons: ReasonCounts::default(),
             in_flight: Default::default(),
+            last_link_id: Default::default(),
             cache,
             pool,
             no_cache_flights: Flights::default(),
@@ -201,7 +212,7 @@ impl Linker {
             }
             None => (0, 0, 0, 0, false),
         };
-        self.stats.to_json(&[
+        let mut json = self.stats.to_json(&[
             ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
             ("cache_mem_bytes", mem),
             ("cache_disk_bytes", disk),
@@ -214,7 +225,29 @@ impl Linker {
                 self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
             ),
             ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
-        ])
+        ]);
+        // Two objects, reason → count, after the flat counters.
+        json.pop();
+        json.push_str(&format!(
+            ",\"routed\":{},\"fallback_reasons\":{}}}",
+            self.routed.to_json(),
+            self.fallback_reasons.to_json()
+        ));
+        json
+    }
+
+    /// "Run the real nvlink yourself": counted, with its reason.
+    fn fall_back(&self, why: Declined) -> Outcome {
+        bump(&self.stats.fallbacks);
+        self.fallback_reasons.bump(why.reason);
+        Outcome::fallback(why)
+    }
+
+    /// The in-process engine declined: the real nvlink serves the link.
+    fn route(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel, why: Declined) -> Outcome {
+        debug!(reason = %why.reason, why = %why.detail, "routed to nvlink");
+        self.routed.bump(why.reason);
+        self.run_nvlink(tk, req, spec, cancel).routed(why)
     }
 
     /// Count a link as in flight until the guard drops (from the moment the
@@ -250,8 +283,22 @@ impl Linker {
         process::scratch_parents(&self.scratch_dir())
     }
 
+    /// Link one request, inside its own [`Linker::link_span`].
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
+        let span = self.link_span(req);
+        let _entered = span.enter();
         self.link_cancellable(req, fs, &Cancel::new())
+    }
+
+    /// The span of one link: a link id (unique in this linker) and a summary
+    /// of its arguments, so that the lines of concurrent links can be told
+    /// apart. Every phase of the link is a span inside it (`keys`, `plan`,
+    /// `jit`, `jitlink`, `nvvm`, `ptxas`, `finalize`, `nvlink`, `store`),
+    /// entered again on the `--jobs` pool for parallel work. The daemon enters
+    /// it around the whole link, its own lines included.
+    pub fn link_span(&self, req: &Request) -> Span {
+        let id = self.last_link_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        info_span!("link", id, args = %args_summary(&req.args))
     }
 
     /// [`Linker::link`], with a handle that cancels the link: the worker
@@ -264,10 +311,7 @@ impl Linker {
         let fs = &memo;
         let tk = match self.toolkit(req) {
             Ok(tk) => tk,
-            Err(reason) => {
-                bump(&self.stats.fallbacks);
-                return Outcome::fallback(reason);
-            }
+            Err(reason) => return self.fall_back(Declined::new(Reason::NotHere, reason)),
         };
         let spec = match parse(&req.args, fs, &req.cwd).and_then(Spec::from_parsed) {
             Ok(s) => s,
@@ -276,7 +320,13 @@ impl Linker {
         let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
-            return self.run_nvlink(&tk, req, &spec, cancel).routed("-report-arch without --arch".into());
+            return self.route(
+                &tk,
+                req,
+                &spec,
+                cancel,
+                Declined::new(Reason::NvlinkCrash, "-report-arch without --arch"),
+            );
         }
         let mode = match spec.mode() {
             Ok(m) => m,
@@ -308,8 +358,8 @@ impl Linker {
         cancel: &Cancel,
     ) -> Outcome {
         if !req.shared_fs {
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback("host linker scripts come from the caller's host tools");
+            return self
+                .fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"));
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
@@ -327,18 +377,12 @@ impl Linker {
                     (Some(data), Some(path)) => vec![OutputFile { path, data, append: false }],
                     _ => Vec::new(),
                 };
-                Outcome {
-                    exit_code: 0,
-                    stdout: report.stdout,
-                    stderr: report.stderr,
-                    outputs,
-                    fallback: None,
-                    engine: EngineKind::Frontend,
-                    routed: None,
-                }
+                Outcome::answer(EngineKind::Frontend, 0, report.stdout, report.stderr, outputs)
             }
-            Err(GhlsError::Unsupported(why)) => {
-                debug!(%why, "host linker script left to nvlink");
+            Err(why) => {
+                // Not marked as routed: nvlink makes the script as the front end would.
+                debug!(reason = %why.reason, why = %why.detail, "host linker script left to nvlink");
+                self.routed.bump(why.reason);
                 self.run_nvlink(tk, req, spec, cancel)
             }
         }
@@ -356,11 +400,11 @@ impl Linker {
         cancel: &Cancel,
     ) -> Outcome {
         let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode, cancel) };
-        let t_keys = std::time::Instant::now();
-        let Some(keys) = linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes) else {
+        let keys =
+            debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
+        let Some(keys) = keys else {
             return self.compute_link(tk, req, memo, spec, mode, cancel);
         };
-        debug!(keys_ms = t_keys.elapsed().as_secs_f64() * 1e3, "link keys");
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
             bump(&self.stats.cache_hits);
             return o;
@@ -370,11 +414,11 @@ impl Linker {
             std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
         }
         let mine = std::cell::RefCell::new(None);
-        let (entry, leader) = cache.flights.run(keys.content, || {
+        let entry = cache.flights.run(keys.content, || {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if let Some(e) = &entry {
-                let t_put = std::time::Instant::now();
+                let _store = debug_span!("store").entered();
                 let bytes: Arc<[u8]> = e.encode().into();
                 // The named entry is read only when the content entry says the
                 // result depends on names.
@@ -382,7 +426,6 @@ impl Linker {
                     cache.store.put(&keys.named, bytes.clone());
                 }
                 cache.store.put(&keys.content, bytes);
-                debug!(put_ms = t_put.elapsed().as_secs_f64() * 1e3, "link stored");
             }
             *mine.borrow_mut() = Some(outcome);
             entry
@@ -392,8 +435,8 @@ impl Linker {
         }
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
-            Some(o) if !leader => o,
-            _ => self.compute_link(tk, req, memo, spec, mode, cancel),
+            Some(o) => o,
+            None => self.compute_link(tk, req, memo, spec, mode, cancel),
         }
     }
 
@@ -404,15 +447,8 @@ impl Linker {
     }
 
     fn outcome_of(&self, e: &LinkEntry, req: &Request, spec: &Spec) -> Option<Outcome> {
-        Some(Outcome {
-            exit_code: e.exit_code,
-            stdout: e.stdout.clone(),
-            stderr: e.stderr.clone(),
-            outputs: linkcache::outputs_of(e, req, spec)?,
-            fallback: None,
-            engine: EngineKind::Cache,
-            routed: None,
-        })
+        let outputs = linkcache::outputs_of(e, req, spec)?;
+        Some(Outcome::answer(EngineKind::Cache, e.exit_code, e.stdout.clone(), e.stderr.clone(), outputs))
     }
 
     /// The stored form of an outcome, when it can be stored: only a result
@@ -443,7 +479,7 @@ impl Linker {
         let device_only_registered = spec.register_link_binaries.is_some()
             && spec.inputs.iter().any(|i| {
                 matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
-                    || fs.read(&absolute(&req.cwd, i)).map(|d| d.get(18..20) == Some(&[190, 0][..])).unwrap_or(true)
+                    || fs.read(&absolute(&req.cwd, i)).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
             });
         Some(LinkEntry {
             exit_code: o.exit_code,
@@ -464,9 +500,34 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
-        let t0 = std::time::Instant::now();
+        let mut plan = match self.plan_link(tk, req, fs, spec, cancel) {
+            Ok(plan) => plan,
+            Err(answered) => return *answered,
+        };
+        let output = match self.link_in_process(tk, spec, mode, &mut plan, cancel) {
+            Ok(bytes) => bytes,
+            Err(NotLinked::Fault(why)) => return self.fall_back(why),
+            Err(NotLinked::Declined(why)) => return self.route(tk, req, spec, cancel, why),
+        };
+        bump(&self.stats.in_process);
+        debug!("linked in process");
+        self.in_process_outcome(req, fs, spec, mode, &plan, output)
+    }
+
+    /// The link plan, or the answer when there is none: nvlink's fatal
+    /// messages, the real nvlink (a plan not reproduced in process, `-Werror`
+    /// with input warnings) or a fallback (an input only nvlink may read).
+    fn plan_link(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        cancel: &Cancel,
+    ) -> Result<plan::Plan, Box<Outcome>> {
         let Some(target) = spec.target() else {
-            return self.run_nvlink(tk, req, spec, cancel).routed(format!("--arch {:?}", spec.arch));
+            let why = Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch));
+            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         };
         let ctx = LoadContext {
             fs,
@@ -476,25 +537,41 @@ impl Linker {
             suppress_arch_warning: spec.suppress_arch_warning,
             memo: Some(&self.decode_memo),
         };
-        fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-        let mut plan = match plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str)) {
+        let planned = debug_span!("plan").in_scope(|| {
+            fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
+            plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str))
+        });
+        let plan = match planned {
             Ok(p) => p,
-            Err(LoadError::Fatal(ds)) => return self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect()),
-            Err(LoadError::Unsupported(why)) => {
-                debug!(%why, "plan not reproduced in process");
+            Err(LoadError::Fatal(ds)) => {
+                return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
+            }
+            Err(LoadError::Declined(why)) => {
                 // An input only nvlink itself may read (a FIFO, a device): not
                 // even the real-nvlink engine runs it here.
                 if let Some(declined) = fs.declined() {
-                    bump(&self.stats.fallbacks);
-                    return Outcome::fallback(declined);
+                    debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
+                    return Err(Box::new(self.fall_back(Declined::new(Reason::InputDeclined, declined))));
                 }
-                return self.run_nvlink(tk, req, spec, cancel).routed(why);
+                return Err(Box::new(self.route(tk, req, spec, cancel, why)));
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            return self.run_nvlink(tk, req, spec, cancel).routed("-Werror with input warnings".into());
+            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings");
+            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         }
-        let t_plan = t0.elapsed();
+        Ok(plan)
+    }
+
+    /// The in-process engine on the `--jobs` pool: the output file's bytes.
+    fn link_in_process(
+        &self,
+        tk: &Toolkit,
+        spec: &Spec,
+        mode: Mode,
+        plan: &mut plan::Plan,
+        cancel: &Cancel,
+    ) -> Result<Vec<u8>, NotLinked> {
         let artifacts = Artifacts {
             store: self.cache.as_ref().map(|c| &c.store),
             flights: self.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&self.no_cache_flights),
@@ -512,23 +589,29 @@ impl Linker {
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             fault: &fault,
         };
-        let linked = self.pool.install(|| inprocess::link(&cx, spec, mode, &mut plan));
+        // The pool's threads work inside this link's span.
+        let span = Span::current();
+        let linked = self.pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, plan)));
         let cancelled = cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback(why);
+            return Err(NotLinked::Fault(Declined::new(Reason::Worker, why)));
         }
-        let output = match linked {
-            Ok(bytes) => bytes,
-            Err(Unsupported(why)) => {
-                debug!(%why, "link not reproduced in process");
-                return self.run_nvlink(tk, req, spec, cancel).routed(why);
-            }
-        };
-        bump(&self.stats.in_process);
-        debug!(plan_ms = t_plan.as_secs_f64() * 1e3, total_ms = t0.elapsed().as_secs_f64() * 1e3, "in-process link");
+        linked.map_err(NotLinked::Declined)
+    }
+
+    /// The answer of a link made in process: the plan's messages as nvlink
+    /// prints them, the output file and the `--register-link-binaries` file.
+    fn in_process_outcome(
+        &self,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        mode: Mode,
+        plan: &plan::Plan,
+        output: Vec<u8>,
+    ) -> Outcome {
         let mut report = Report::new(Filters {
             no_warnings: spec.disable_warnings,
             warnings_as_errors: spec.warning_as_error,
@@ -542,41 +625,14 @@ impl Linker {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            let path = absolute(&req.cwd, r);
-            let mut ids = plan.module_ids();
-            // Whole-program LTO registers in reverse load order; under -dlto an
-            // existing file is left as it is when there is anything to list;
-            // --emit-ptx writes none.
-            if mode == Mode::LtoWhole {
-                ids.reverse();
-            }
-            let keep_existing = spec.lto && !ids.is_empty() && fs.stat(&path).is_ok();
-            if mode != Mode::LtoEmitPtx && !keep_existing {
-                outputs.push(OutputFile { path, data: regbin::render(&ids).into_bytes(), append: false });
-            }
+            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, mode, plan.module_ids(), fs));
         }
-        Outcome {
-            exit_code: 0,
-            stdout: report.stdout,
-            stderr: report.stderr,
-            outputs,
-            fallback: None,
-            engine: EngineKind::InProcess,
-            routed: None,
-        }
+        Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
     }
 
     fn frontend(&self, exit_code: i32, stdout: Vec<u8>, stderr: Vec<u8>) -> Outcome {
         bump(&self.stats.frontend);
-        Outcome {
-            exit_code,
-            stdout,
-            stderr,
-            outputs: Vec::new(),
-            fallback: None,
-            engine: EngineKind::Frontend,
-            routed: None,
-        }
+        Outcome::answer(EngineKind::Frontend, exit_code, stdout, stderr, Vec::new())
     }
 
     /// Fatal messages of the input stage (printed in order, exit status 1).
@@ -592,38 +648,58 @@ impl Linker {
     /// The real nvlink as the engine (same filesystem only).
     fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel) -> Outcome {
         if !req.shared_fs {
-            bump(&self.stats.fallbacks);
-            return Outcome::fallback(
+            return self.fall_back(Declined::new(
+                Reason::NotHere,
                 "this link needs the real nvlink and the daemon does not share the caller's files",
-            );
+            ));
         }
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
+        let _phase = debug_span!("nvlink").entered();
         match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
             Ok(r) => {
                 bump(&self.stats.nvlink_process);
-                Outcome {
-                    exit_code: r.exit_code,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    outputs: r.outputs,
-                    fallback: None,
-                    engine: EngineKind::NvlinkProcess,
-                    routed: None,
-                }
+                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, r.stdout, r.stderr, r.outputs)
             }
             Err(e) => {
                 // Not an answer of nvlink for these inputs (a fault of the
                 // daemon's environment, or nvlink killed): the shim runs nvlink
                 // itself, and nothing is cached.
                 warn!("no answer from the nvlink engine: {e}");
-                bump(&self.stats.fallbacks);
-                if matches!(e, process::RunError::Environment(_)) {
-                    bump(&self.stats.environment_faults);
-                }
-                Outcome::fallback(format!("{}: {e}", Path::new(&tk.nvlink()).display()))
+                let reason = match e {
+                    process::RunError::Environment(_) => {
+                        bump(&self.stats.environment_faults);
+                        Reason::Environment
+                    }
+                    process::RunError::Signal(_) => Reason::Environment,
+                    process::RunError::Unsupported(_) => Reason::NotHere,
+                };
+                self.fall_back(Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display())))
             }
         }
     }
+}
+
+/// Why the in-process engine gave no output.
+enum NotLinked {
+    /// A fault of the daemon's side (a worker died, was killed or cancelled):
+    /// no answer at all, the shim runs nvlink.
+    Fault(Declined),
+    /// Not reproduced in process: the real nvlink serves the link.
+    Declined(Declined),
+}
+
+/// The arguments of a link as its span shows them: joined, at most 160 bytes.
+fn args_summary(args: &[String]) -> String {
+    let mut s = args.join(" ");
+    if s.len() > 160 {
+        let mut cut = 157;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
 }
 
 /// `-report-arch`: every message nvlink prints once its options are read (not

@@ -45,7 +45,7 @@ pub struct Plan {
 
 impl Plan {
     /// Module ids for `--register-link-binaries`, in load order.
-    pub fn module_ids(&self) -> Vec<String> {
+    pub(crate) fn module_ids(&self) -> Vec<String> {
         self.units.iter().flat_map(|u| u.module_ids.iter().cloned()).collect()
     }
 
@@ -65,7 +65,10 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
         if !spec.libraries.is_empty() {
             return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
         }
-        return Err(LoadError::Unsupported("no input files".into()));
+        return Err(LoadError::Declined(crate::declined::Declined::new(
+            crate::declined::Reason::Diagnostics,
+            "no input files",
+        )));
     }
     let mut units = Vec::new();
     let mut warnings = Vec::new();
@@ -126,7 +129,7 @@ impl Plan {
     /// `-dlto` to tell NVVM what the host uses): without `--ignore-host-info`,
     /// if every unit outside libcudadevrt carries host-reference sections —
     /// code-less host objects included, named or in an archive.
-    pub fn uses_host_info(&self, spec: &Spec) -> bool {
+    pub(crate) fn uses_host_info(&self, spec: &Spec) -> bool {
         // A debug link (-g) keeps every kernel, as nvlink does.
         !spec.debug
             && !spec.ignore_host_info
@@ -142,7 +145,7 @@ impl Plan {
 
     /// Decide what pruning keeps; every module must be a cubin by now (PTX
     /// compiled), since liveness follows the cubins' relocations.
-    pub fn prune(&mut self, spec: &Spec, mode: Mode) {
+    pub(crate) fn prune(&mut self, spec: &Spec, mode: Mode) {
         self.pruning = self.prunes(spec, mode).then(|| {
             let patterns: Vec<&str> =
                 self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
@@ -163,7 +166,7 @@ pub struct Pruning {
 }
 
 impl Pruning {
-    pub fn removes_anything(&self) -> bool {
+    pub(crate) fn removes_anything(&self) -> bool {
         self.dead_functions > 0
     }
 }

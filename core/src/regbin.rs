@@ -9,21 +9,40 @@
 //! Host objects name their module in `__nv_module_id`; device-only inputs
 //! (cubins, PTX) get an id made from their absolute path.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::cli::spec::{Mode, Spec};
+use crate::fs::InputFs;
+use crate::request::OutputFile;
 
 /// The module id nvlink makes up for an input without host code:
 /// its absolute path with every character outside `[A-Za-z0-9]` replaced by `_`.
-pub fn synthetic_module_id(absolute: &Path) -> String {
+pub(crate) fn synthetic_module_id(absolute: &Path) -> String {
     absolute.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 /// The file's contents for these module ids, in link order.
-pub fn render(ids: &[String]) -> String {
+pub(crate) fn render(ids: &[String]) -> String {
     let mut out = format!("#define NUM_PRELINKED_OBJECTS {}\n", ids.len());
     for id in ids {
         out.push_str(&format!("DEFINE_REGISTER_FUNC({id})\n"));
     }
     out
+}
+
+/// The file an in-process link writes at `path` for these module ids (in
+/// load order), as nvlink does: whole-program LTO registers in reverse load
+/// order; under `-dlto` an existing file is left as it is when there is
+/// anything to list; `--emit-ptx` writes none.
+pub fn output(path: &Path, spec: &Spec, mode: Mode, mut ids: Vec<String>, fs: &dyn InputFs) -> Option<OutputFile> {
+    if mode == Mode::LtoWhole {
+        ids.reverse();
+    }
+    let keep_existing = spec.lto && !ids.is_empty() && fs.stat(path).is_ok();
+    if mode == Mode::LtoEmitPtx || keep_existing {
+        return None;
+    }
+    Some(OutputFile { path: PathBuf::from(path), data: render(&ids).into_bytes(), append: false })
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::declined::Declined;
+
 /// Environment variables that change what nvlink does; only these travel.
 pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
 
@@ -53,28 +55,30 @@ pub struct Outcome {
     /// Files to write, in order, only when they were produced.
     pub outputs: Vec<OutputFile>,
     /// Set when this process cannot serve the link and the caller should run
-    /// the real nvlink itself (with the reason, for logs).
-    pub fallback: Option<String>,
+    /// the real nvlink itself (with the reason; its detail is shown to the shim).
+    pub fallback: Option<Declined>,
     pub engine: EngineKind,
     /// Why the in-process engine did not serve the link, when it did not.
-    pub routed: Option<String>,
+    pub routed: Option<Declined>,
 }
 
 impl Outcome {
-    pub fn fallback(reason: impl Into<String>) -> Self {
-        Outcome {
-            exit_code: 0,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            outputs: Vec::new(),
-            fallback: Some(reason.into()),
-            engine: EngineKind::Frontend,
-            routed: None,
-        }
+    /// An answer of `engine`: exit status, messages and the files to write.
+    pub fn answer(
+        engine: EngineKind,
+        exit_code: i32,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        outputs: Vec<OutputFile>,
+    ) -> Self {
+        Outcome { exit_code, stdout, stderr, outputs, fallback: None, engine, routed: None }
     }
-}
 
-impl Outcome {
+    /// "Run the real nvlink yourself", and why.
+    pub fn fallback(why: Declined) -> Self {
+        Outcome { fallback: Some(why), ..Outcome::answer(EngineKind::Frontend, 0, Vec::new(), Vec::new(), Vec::new()) }
+    }
+
     /// Put `stderr` text printed earlier (parse warnings) in front of this outcome's.
     pub fn after(mut self, stderr: Vec<u8>) -> Self {
         if !stderr.is_empty() {
@@ -86,7 +90,7 @@ impl Outcome {
     }
 
     /// Record why the in-process engine passed this link on.
-    pub fn routed(mut self, why: String) -> Self {
+    pub fn routed(mut self, why: Declined) -> Self {
         self.routed = Some(why);
         self
     }

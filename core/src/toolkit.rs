@@ -40,7 +40,7 @@ pub struct Release {
 
 impl Release {
     /// Parse the `nvlink --version` banner.
-    pub fn from_banner(banner: &str) -> Option<Self> {
+    pub(crate) fn from_banner(banner: &str) -> Option<Self> {
         let tools_line = banner.lines().find(|l| l.starts_with("Cuda compilation tools, release "))?.to_owned();
         let build_line = banner.lines().find(|l| l.starts_with("Build "))?.to_owned();
         let rel = tools_line.strip_prefix("Cuda compilation tools, release ")?;
@@ -119,7 +119,7 @@ impl Toolkit {
     }
 
     /// `nvlink --help` of this toolkit, read once.
-    pub fn help_text(&self) -> String {
+    pub(crate) fn help_text(&self) -> String {
         self.help
             .get_or_init(|| {
                 Command::new(self.nvlink())
@@ -132,7 +132,7 @@ impl Toolkit {
     }
 
     /// libnvJitLink of this toolkit (`lib64/` or `lib/`).
-    pub fn jitlink_path(&self) -> PathBuf {
+    pub(crate) fn jitlink_path(&self) -> PathBuf {
         let major = self.release.major;
         for dir in ["lib64", "lib", "targets/x86_64-linux/lib"] {
             let p = self.root.join(dir).join(format!("libnvJitLink.so.{major}"));

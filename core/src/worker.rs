@@ -61,7 +61,7 @@ impl WorkerError {
     /// A failure of the environment (not an answer nvlink would give).
     /// A worker that cannot start is not one: the link then goes to the real
     /// nvlink, whose answer is nvlink's.
-    pub fn is_fault(&self) -> bool {
+    pub(crate) fn is_fault(&self) -> bool {
         !matches!(self, WorkerError::JitLink(_) | WorkerError::Spawn(_))
     }
 }
@@ -340,7 +340,7 @@ impl Cancel {
         self.stop(CANCELLED);
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.0.state.load(Ordering::Acquire) != LIVE
     }
 
@@ -355,7 +355,7 @@ impl Cancel {
 
     /// Wait for `child` (a process run for this link: the real nvlink) and
     /// collect its output; [`Cancel::cancel`] kills it, and so does `limit`.
-    pub fn supervise(&self, mut child: Child, limit: Duration) -> std::io::Result<std::process::Output> {
+    pub(crate) fn supervise(&self, mut child: Child, limit: Duration) -> std::io::Result<std::process::Output> {
         if !self.attach(child.id()) {
             let _ = child.kill();
             let _ = child.wait();
@@ -483,7 +483,7 @@ impl WorkerPool {
     }
 
     /// Start a worker for `lib` ahead of the first link, if there is room.
-    pub fn prewarm(&self, lib: &LibSpec) {
+    pub(crate) fn prewarm(&self, lib: &LibSpec) {
         {
             let mut st = self.lock();
             if st.live >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {

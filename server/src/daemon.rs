@@ -26,6 +26,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::{error, info, warn};
+use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::service::{Activity, Limits, Service};
 
@@ -63,7 +64,16 @@ pub fn init_logging(cache_dir: &Path) -> Option<tracing_appender::non_blocking::
             (w, g, Some(e))
         }
     };
-    let installed = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).try_init();
+    // At debug level each span's end is logged with its duration: a link's
+    // phases (see `Linker::link_span`) are its timings.
+    let timed = filter.max_level_hint().is_some_and(|l| l >= tracing_subscriber::filter::LevelFilter::DEBUG);
+    let span_events = if timed { FmtSpan::CLOSE } else { FmtSpan::NONE };
+    let installed = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_span_events(span_events)
+        .with_writer(writer)
+        .with_ansi(false)
+        .try_init();
     if let Some(e) = failed {
         tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
     }

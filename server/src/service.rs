@@ -163,6 +163,9 @@ impl Service {
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
             let _active = active;
+            // Every line of this link, the daemon's own included, carries its id.
+            let span = linker.link_span(&req);
+            let _entered = span.enter();
             let _in_flight = linker.in_flight_guard();
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
@@ -183,8 +186,9 @@ impl Service {
                         args = %args,
                         exit = o.exit_code,
                         engine = ?o.engine,
-                        fallback = ?o.fallback,
-                        routed = ?o.routed,
+                        fallback = ?o.fallback.as_ref().map(|d| &d.detail),
+                        routed = ?o.routed.as_ref().map(|d| &d.detail),
+                        reason = o.fallback.as_ref().or(o.routed.as_ref()).map_or("-", |d| d.reason.name()),
                         ms = t_link.elapsed().as_secs_f64() * 1e3,
                         "link done"
                     );
@@ -206,7 +210,7 @@ impl Service {
                                 })
                                 .collect(),
                             fallback: o.fallback.is_some(),
-                            fallback_reason: o.fallback.unwrap_or_default(),
+                            fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
                         },
                     }
                 }

@@ -135,6 +135,21 @@ impl Daemon {
         json[at + key.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().expect("integer")
     }
 
+    /// A count of one of the per-reason objects of `nvlinkd stats --json`
+    /// (`routed`, `fallback_reasons`; reasons as in `nvlinkd_core::declined`),
+    /// 0 when the reason was never counted.
+    pub fn reason_count(&self, object: &str, reason: &str) -> u64 {
+        let (_, json) = self.control("stats").expect("stats");
+        let key = format!("\"{object}\":{{");
+        let at = json.find(&key).unwrap_or_else(|| panic!("no {object} in {json}")) + key.len();
+        let inner = &json[at..at + json[at..].find('}').expect("end of object")];
+        inner
+            .split(',')
+            .filter_map(|kv| kv.split_once(':'))
+            .find(|(k, _)| k.trim_matches('"') == reason)
+            .map_or(0, |(_, v)| v.parse().expect("integer"))
+    }
+
     /// Environment for the shim to use this daemon and never fall back.
     pub fn shim_env(&self) -> Vec<(String, String)> {
         vec![

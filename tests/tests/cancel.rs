@@ -152,7 +152,7 @@ fn ptxas_runs_are_cancellable_and_time_limited() {
     assert!(ptxas::compile(&tk, &ptx, &args, scratch.path(), &cancelled, Duration::from_secs(600)).is_err());
     let killed = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::ZERO);
     let err = killed.expect_err("ptxas was not stopped at its time limit");
-    assert!(err.0.contains("killed"), "{}", err.0);
+    assert!(err.detail.contains("killed"), "{}", err.detail);
     // Bound on a hang, not a speed claim: neither run compiled anything.
     assert!(t.elapsed() < Duration::from_secs(60));
 }

@@ -332,8 +332,21 @@ fn engine_of(log: &str, args: &str) -> &'static str {
     }
 }
 
+/// The cases to run: every case, or those named in `NVLINKD_PARITY_CASES`
+/// (comma-separated), e.g. `NVLINKD_PARITY_CASES=cdp cargo test -p
+/// nvlinkd-tests --test parity -- --nocapture`.
+fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
+    let only = std::env::var("NVLINKD_PARITY_CASES").unwrap_or_default();
+    let names: Vec<&str> = only.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    if let Some(unknown) = names.iter().find(|n| !CASES.iter().any(|c| c.0 == **n)) {
+        panic!("NVLINKD_PARITY_CASES names no parity case {unknown:?}");
+    }
+    CASES.iter().copied().filter(|c| names.is_empty() || names.contains(&c.0)).collect()
+}
+
 #[test]
 fn parity_with_nvlink() {
+    let cases = cases();
     let corpus = corpus::dir();
     let daemon = Daemon::start();
     let work = TempDir::new("parity");
@@ -343,7 +356,7 @@ fn parity_with_nvlink() {
         for _ in 0..4 {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&(name, args, env)) = CASES.get(i) else { break };
+                let Some(&(name, args, env)) = cases.get(i) else { break };
                 let out = work.path().join(name);
                 let out_s = out.display().to_string();
                 let inv = Invocation {
@@ -408,10 +421,11 @@ fn parity_with_nvlink() {
     let routed: Vec<&str> = IN_PROCESS
         .iter()
         .copied()
+        .filter(|name| cases.iter().any(|c| c.0 == *name))
         .filter(|name| rows.iter().find(|r| r.name == *name).map(|r| engine_of(&log, &r.args)) != Some("in-process"))
         .collect();
     assert!(routed.is_empty(), "cases no longer linked in process: {routed:?}");
-    assert!(requests >= 2 * CASES.len() as u64, "links did not go through the daemon");
+    assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");
     println!("daemon: {requests} requests, {hits} served from the cache");
     assert!(hits > 0, "the second pass never hit the cache");
     assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());

@@ -143,6 +143,7 @@ fn killed_worker_fails_only_its_link_and_is_replaced() {
     assert!(d.answers(), "the daemon died with its worker");
     assert_eq!(d.stat("worker_crashes"), 1);
     assert_eq!(d.stat("in_process"), 0, "the killed link was counted as linked");
+    assert_eq!(d.reason_count("fallback_reasons", "worker"), 1, "the fallback was not put down to the worker");
 
     // The next link: a fresh worker, in process, nvlink's bytes (nothing was cached).
     let out = TempDir::new("kill9-next");
@@ -193,4 +194,7 @@ fn nvlink_engine_killed_by_a_signal_is_no_result() {
     assert_eq!(d.stat("cache_hits"), 0, "a crash of the nvlink engine was cached");
     assert_eq!(d.stat("nvlink_process"), 0, "a crash of the nvlink engine was counted as its result");
     assert_eq!(d.stat("fallbacks"), 2);
+    // Declined by the cubin reader, then no answer from the nvlink engine.
+    assert_eq!(d.reason_count("routed", "input"), 2);
+    assert_eq!(d.reason_count("fallback_reasons", "environment"), 2);
 }

@@ -43,9 +43,8 @@ impl<T: Clone> Drop for Leader<'_, T> {
 
 impl<T: Clone> Flights<T> {
     /// Run `compute` for `key` unless another caller is already running it, in
-    /// which case wait for that result. Returns the value and whether this call
-    /// computed it.
-    pub fn run(&self, key: Key, compute: impl FnOnce() -> Option<T>) -> (Option<T>, bool) {
+    /// which case wait for that result (computed by whichever call ran it).
+    pub fn run(&self, key: Key, compute: impl FnOnce() -> Option<T>) -> Option<T> {
         let mut compute = Some(compute);
         loop {
             let (slot, leader) = match self.inflight.entry(key) {
@@ -60,23 +59,21 @@ impl<T: Clone> Flights<T> {
                 let mut guard = Leader { flights: self, key, slot, result: None };
                 let value = compute.take().and_then(|f| f());
                 guard.result = Some(value.clone());
-                return (value, true);
+                return value;
             }
             let (lock, cv) = &*slot;
-            let Ok(mut r) = lock.lock() else { return (None, false) };
+            let Ok(mut r) = lock.lock() else { return None };
             while r.is_none() {
                 r = match cv.wait(r) {
                     Ok(r) => r,
-                    Err(_) => return (None, false),
+                    Err(_) => return None,
                 };
             }
             if let Some(Some(v)) = r.clone() {
-                return (Some(v), false);
+                return Some(v);
             }
             // The leader produced nothing: try again, possibly as the leader.
-            if compute.is_none() {
-                return (None, false);
-            }
+            compute.as_ref()?;
         }
     }
 }
@@ -93,7 +90,7 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
-                    let (v, _) = f.run([7; 32], || {
+                    let v = f.run([7; 32], || {
                         runs.fetch_add(1, Ordering::SeqCst);
                         std::thread::sleep(std::time::Duration::from_millis(100));
                         Some(42)

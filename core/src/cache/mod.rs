@@ -74,7 +74,7 @@ fn take<'a>(data: &mut &'a [u8]) -> Option<&'a [u8]> {
 }
 
 impl LinkEntry {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&ENTRY_VERSION.to_le_bytes());
         out.extend_from_slice(&self.exit_code.to_le_bytes());
@@ -89,7 +89,7 @@ impl LinkEntry {
         out
     }
 
-    pub fn decode(mut data: &[u8]) -> Option<LinkEntry> {
+    pub(crate) fn decode(mut data: &[u8]) -> Option<LinkEntry> {
         if u32::from_le_bytes(data.get(..4)?.try_into().ok()?) != ENTRY_VERSION {
             return None;
         }

@@ -40,7 +40,7 @@ const HEADER: usize = 8 + 32 + 32 + 8;
 /// The directory of this entry format under the cache directory.
 const FORMAT_DIR: &str = "v2";
 
-pub fn hex(key: &Key) -> String {
+pub(crate) fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -103,7 +103,7 @@ impl Store {
     }
 
     /// Whether entries go to disk.
-    pub fn has_disk(&self) -> bool {
+    pub(crate) fn has_disk(&self) -> bool {
         self.dir.is_some()
     }
 
@@ -113,7 +113,7 @@ impl Store {
     }
 
     /// Bytes held in memory and on disk.
-    pub fn sizes(&self) -> (u64, u64) {
+    pub(crate) fn sizes(&self) -> (u64, u64) {
         let mem = self.mem.lock().map(|m| m.bytes).unwrap_or(0);
         let disk = self.disk.lock().map(|d| d.bytes).unwrap_or(0);
         (mem, disk)

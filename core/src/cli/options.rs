@@ -316,15 +316,15 @@ pub static OPTIONS: &[OptionDef] = &[
     )),
 ];
 
-pub fn by_long(name: &str) -> Option<&'static OptionDef> {
+pub(crate) fn by_long(name: &str) -> Option<&'static OptionDef> {
     OPTIONS.iter().find(|d| d.long == name)
 }
 
-pub fn by_short(name: &str) -> Option<&'static OptionDef> {
+pub(crate) fn by_short(name: &str) -> Option<&'static OptionDef> {
     OPTIONS.iter().find(|d| !d.short.is_empty() && d.short == name)
 }
 
-pub fn def_of(id: Opt) -> &'static OptionDef {
+pub(crate) fn def_of(id: Opt) -> &'static OptionDef {
     // Every Opt has exactly one entry (checked by a test).
     OPTIONS.iter().find(|d| d.id == id).unwrap_or(&OPTIONS[0])
 }

@@ -190,12 +190,12 @@ fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
 
 /// A number as nvlink reads option values (C `strtol(v, 0)`: decimal, `0x` hex,
 /// leading-`0` octal, optional sign), the whole value consumed.
-pub fn parse_number(v: &str) -> Result<i64, Diagnostic> {
+pub(crate) fn parse_number(v: &str) -> Result<i64, Diagnostic> {
     parse_c_long(v).ok_or_else(|| Diagnostic::fatal(format!("'{v}': expected a number")))
 }
 
 /// `strtol(v, &end, 0)` with `*end == 0` required.
-pub fn parse_c_long(v: &str) -> Option<i64> {
+pub(crate) fn parse_c_long(v: &str) -> Option<i64> {
     let t = v.trim_start();
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -217,7 +217,7 @@ pub fn parse_c_long(v: &str) -> Option<i64> {
 }
 
 /// Split an options file into words: whitespace separates, quotes group.
-pub fn split_words(text: &str) -> Vec<String> {
+pub(crate) fn split_words(text: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut cur = String::new();
     let mut in_word = false;

@@ -19,7 +19,7 @@ fn basename(p: &str) -> &str {
 }
 
 /// Whether nvlink renders file options (`-g` switches it on, `--verbose-tkinfo` overrides).
-pub fn verbose_mode(parsed: &Parsed) -> bool {
+pub(crate) fn verbose_mode(parsed: &Parsed) -> bool {
     let mut on = false;
     for o in &parsed.options {
         match o.id {
@@ -32,7 +32,7 @@ pub fn verbose_mode(parsed: &Parsed) -> bool {
 }
 
 /// The options string of nvlink's own entry.
-pub fn options_string(parsed: &Parsed) -> String {
+pub(crate) fn options_string(parsed: &Parsed) -> String {
     let verbose = verbose_mode(parsed);
     let mut out = String::new();
     if verbose && !parsed.inputs.is_empty() {
@@ -79,7 +79,7 @@ pub fn options_string(parsed: &Parsed) -> String {
 }
 
 /// nvlink's own tkinfo entry for a link with these options.
-pub fn linker_entry(parsed: &Parsed, release: &Release) -> Entry {
+pub(crate) fn linker_entry(parsed: &Parsed, release: &Release) -> Entry {
     let verbose = verbose_mode(parsed);
     let output = parsed.options.iter().rev().find(|o| o.id == Opt::OutputFile).and_then(|o| o.value.as_deref());
     let tool = parsed

@@ -3,12 +3,14 @@
 //! nvlink has no single mode switch: `-ghls` selects a host-linker-script mode
 //! (H: `lcs-aug`, I: `lcs-abs`) that skips device linking entirely; otherwise the
 //! device link runs, shaped by `-r` (B), `-dlto` (C), `-dlto -r` or
-//! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A). See
-//! `reference/nvlink-mode-dispatch.md`. [`Spec::from_parsed`] applies the
-//! option-level checks in nvlink's order and with its messages.
+//! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A); see
+//! ARCHITECTURE.md ("A request, step by step", 3). [`Spec::from_parsed`]
+//! types the options and [`Spec::mode`] applies nvlink's option-level checks
+//! in its order and with its messages.
 
 use super::options::Opt;
 use super::parse::{parse_number, Parsed};
+use super::target::{arch_number, Target};
 use crate::diag::Diagnostic;
 
 /// The host linker script flavour of `-ghls`.
@@ -222,13 +224,8 @@ impl Spec {
     }
 
     /// The device target of `--arch sm_*` (None for `compute_*`/`lto_*`).
-    pub fn target(&self) -> Option<crate::input::load::Target> {
-        let arch = self.arch.as_deref()?;
-        let rest = arch.strip_prefix("sm_")?;
-        Some(crate::input::load::Target {
-            sm: arch_number(arch)?,
-            suffix: rest.chars().last().filter(char::is_ascii_alphabetic),
-        })
+    pub fn target(&self) -> Option<Target> {
+        Target::of_arch(self.arch.as_deref()?)
     }
 
     /// The SM number of `--arch` (`sm_90a` → 90).
@@ -237,9 +234,78 @@ impl Spec {
     }
 }
 
-/// `sm_90a` / `compute_90` / `lto_100f` → 90 / 90 / 100.
-pub fn arch_number(arch: &str) -> Option<u32> {
-    let digits = arch.split('_').nth(1)?;
-    let n: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
-    n.parse().ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::parse::parse;
+    use crate::fs::LocalFs;
+
+    fn mode(args: &str) -> Result<Mode, String> {
+        let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+        let parsed = parse(&args, &LocalFs, std::path::Path::new("/")).map_err(|d| d.message)?;
+        Spec::from_parsed(parsed).map_err(|d| d.message)?.mode().map_err(|d| d.message)
+    }
+
+    /// nvlink's option-level checks, in its order: each row is one rule.
+    #[test]
+    fn mode_rules() {
+        let conflict = |a: &str, b: &str| Err(format!("Conflicting options '{a}' and '{b}'"));
+        let rows: &[(&str, Result<Mode, String>)] = &[
+            // Help and version win over everything, even missing -o/-arch.
+            ("--help -dlto", Ok(Mode::Help)),
+            ("-V a.o", Ok(Mode::Version)),
+            ("-h -V", Ok(Mode::Help)),
+            // -ghls skips the device link; inputs are refused.
+            ("-ghls=lcs-aug", Ok(Mode::HostLinkerScript(HostScript::Aug))),
+            ("-ghls=lcs-abs -o x.ld", Ok(Mode::HostLinkerScript(HostScript::Abs))),
+            ("-ghls=lcs-aug a.o", Err(crate::ghls::inputs_not_allowed().message)),
+            // -o is checked before -arch.
+            ("a.o", Err("Must specify output file with -o option".into())),
+            ("-arch=sm_90 a.o", Err("Must specify output file with -o option".into())),
+            ("-o x a.o", Err("Unknown arch name '(null)'".into())),
+            // Conflicts, in nvlink's order.
+            (
+                "-arch=sm_90 -o x -dump-callgraph -dump-callgraph-no-demangle",
+                conflict("-dump-callgraph", "-dump-callgraph-no-demangle"),
+            ),
+            ("-arch=sm_90 -o x -use-host-info -ignore-host-info", conflict("-use-host-info", "-ignore-host-info")),
+            ("-arch=sm_90 -o x -suppress-debug-info", conflict("-suppress-debug-info", "no -g")),
+            ("-arch=sm_90 -o x -emit-ptx", conflict("-emit-ptx", "no -dlto")),
+            ("-arch=sm_90 -o x -force-partial-lto", conflict("-force-partial-lto", "no -dlto")),
+            (
+                "-arch=sm_90 -o x -dlto -nvvmpath=/n -force-partial-lto -force-whole-lto",
+                conflict("-force-partial-lto", "-force-whole-lto"),
+            ),
+            ("-arch=sm_90 -o x -dlto", Err("-nvvmpath should be specified with -lto".into())),
+            // The modes.
+            ("-arch=sm_90 -o x a.o", Ok(Mode::Executable)),
+            ("-arch=sm_90 -o x -g -suppress-debug-info a.o", Ok(Mode::Executable)),
+            ("-arch=sm_90 -o x -r a.o", Ok(Mode::Relocatable)),
+            ("-arch=sm_90 -o x -dlto -nvvmpath=/n a.o", Ok(Mode::LtoWhole)),
+            ("-arch=sm_90 -o x -dlto -nvvmpath=/n -r a.o", Ok(Mode::LtoPartial)),
+            ("-arch=sm_90 -o x -dlto -nvvmpath=/n -force-partial-lto a.o", Ok(Mode::LtoPartial)),
+            ("-arch=sm_90 -o x -dlto -nvvmpath=/n -emit-ptx -r a.o", Ok(Mode::LtoEmitPtx)),
+        ];
+        for (args, want) in rows {
+            assert_eq!(&mode(args), want, "nvlink {args}");
+        }
+    }
+
+    #[test]
+    fn targets_of_arch() {
+        type Row = (&'static str, Option<(u32, Option<char>)>);
+        let rows: &[Row] = &[
+            ("sm_90", Some((90, None))),
+            ("sm_90a", Some((90, Some('a')))),
+            ("sm_100f", Some((100, Some('f')))),
+            ("sm_121", Some((121, None))),
+            ("compute_90", None),
+            ("lto_90", None),
+            ("sm_", None),
+        ];
+        for (arch, want) in rows {
+            let spec = Spec { arch: Some(arch.to_string()), ..Default::default() };
+            assert_eq!(spec.target().map(|t| (t.sm, t.suffix)), *want, "--arch {arch}");
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::cache::flight::Flights;
 use crate::cache::{Key, KeyBuilder, Store};
-use crate::engine::inprocess::Unsupported;
+use crate::declined::{Declined, Reason};
 use crate::stats::{bump, Stats};
 
 /// Which counters an artifact belongs to.
@@ -61,12 +61,12 @@ impl Artifacts<'_> {
     }
 
     /// The artifact for `key`, computing and storing it on a miss.
-    pub fn get_or_compute(
+    pub(crate) fn get_or_compute(
         &self,
         level: Level,
         key: Key,
-        compute: impl FnOnce() -> Result<Vec<u8>, Unsupported>,
-    ) -> Result<Arc<[u8]>, Unsupported> {
+        compute: impl FnOnce() -> Result<Vec<u8>, Declined>,
+    ) -> Result<Arc<[u8]>, Declined> {
         let (hits, misses) = self.counters(level);
         if let Some(v) = self.store.and_then(|s| s.get(&key)) {
             bump(hits);
@@ -74,11 +74,11 @@ impl Artifacts<'_> {
         }
         bump(misses);
         let mut error = None;
-        let (value, _) = self.flights.run(key, || match compute() {
+        let value = self.flights.run(key, || match compute() {
             // No tool succeeds with nothing: an empty artifact is a fault
             // (of the environment, or of a worker), never stored.
             Ok(v) if v.is_empty() => {
-                error = Some(Unsupported(format!("{} produced nothing", level.domain())));
+                error = Some(Declined::new(Reason::Environment, format!("{} produced nothing", level.domain())));
                 None
             }
             Ok(v) => {
@@ -93,6 +93,6 @@ impl Artifacts<'_> {
                 None
             }
         });
-        value.ok_or_else(|| error.unwrap_or_else(|| Unsupported("concurrent computation failed".into())))
+        value.ok_or_else(|| error.unwrap_or_else(|| Declined::new(Reason::Tool, "concurrent computation failed")))
     }
 }

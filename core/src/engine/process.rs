@@ -66,7 +66,7 @@ impl Scratch {
 /// Where scratch directories go: the one given (under the cache directory)
 /// and, when that one fails for lack of space or permission, the system's
 /// temporary directory.
-pub fn scratch_parents(preferred: &Path) -> [PathBuf; 2] {
+pub(crate) fn scratch_parents(preferred: &Path) -> [PathBuf; 2] {
     [preferred.to_owned(), std::env::temp_dir()]
 }
 
@@ -87,7 +87,7 @@ const ENVIRONMENT_MESSAGES: &[&str] = &[
 ];
 
 /// Whether a tool's messages blame the environment (or name the scratch directory).
-pub fn blames_environment(stdout: &[u8], stderr: &[u8], scratch: &Path) -> Option<String> {
+pub(crate) fn blames_environment(stdout: &[u8], stderr: &[u8], scratch: &Path) -> Option<String> {
     let scratch = scratch.as_os_str().as_encoded_bytes();
     for text in [stdout, stderr] {
         let t = String::from_utf8_lossy(text);

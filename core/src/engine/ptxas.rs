@@ -17,8 +17,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::inprocess::Unsupported;
 use super::process::{self, Scratch};
+use crate::declined::{Declined, Reason};
 use crate::toolkit::Toolkit;
 use crate::worker::Cancel;
 
@@ -34,17 +34,17 @@ pub fn compile(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
-) -> Result<Vec<u8>, Unsupported> {
-    let mut last = Unsupported("no scratch directory".into());
+) -> Result<Vec<u8>, Declined> {
+    let mut last = Declined::new(Reason::Environment, "no scratch directory");
     for parent in process::scratch_parents(scratch_parent) {
         if cancel.is_cancelled() {
-            return Err(Unsupported("the link was cancelled".into()));
+            return Err(Declined::new(Reason::Worker, "the link was cancelled"));
         }
         match compile_in(tk, ptx, args, &parent, cancel, limit) {
             Ok(v) => return Ok(v),
             Err(Failure::Environment(why)) => {
                 tracing::warn!(scratch = %parent.display(), "ptxas failed by its environment: {why}");
-                last = Unsupported(format!("ptxas environment fault: {why}"));
+                last = Declined::new(Reason::Environment, format!("ptxas environment fault: {why}"));
             }
             Err(Failure::Tool(u)) => return Err(u),
         }
@@ -54,7 +54,7 @@ pub fn compile(
 
 enum Failure {
     Environment(String),
-    Tool(Unsupported),
+    Tool(Declined),
 }
 
 fn compile_in(
@@ -88,18 +88,21 @@ fn compile_in(
     if out.status.code().is_none() {
         // Cancelled, over the time limit, or a crash: no artifact, and no
         // second run elsewhere (it would take as long, or crash the same way).
-        return Err(Failure::Tool(Unsupported(format!("ptxas killed: {:?}", out.status))));
+        return Err(Failure::Tool(Declined::new(Reason::Tool, format!("ptxas killed: {:?}", out.status))));
     }
     if let Some(why) = process::blames_environment(&out.stdout, &out.stderr, &scratch.0) {
         return Err(Failure::Environment(why));
     }
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(Failure::Tool(Unsupported(format!("ptxas failed: {}", err.lines().next().unwrap_or("")))));
+        return Err(Failure::Tool(Declined::new(
+            Reason::Tool,
+            format!("ptxas failed: {}", err.lines().next().unwrap_or("")),
+        )));
     }
     if !out.stderr.is_empty() || !out.stdout.is_empty() {
         // Messages would have to be nvlink's; let nvlink speak.
-        return Err(Failure::Tool(Unsupported("ptxas printed messages".into())));
+        return Err(Failure::Tool(Declined::new(Reason::Tool, "ptxas printed messages")));
     }
     match std::fs::read(&output) {
         Ok(cubin) if !cubin.is_empty() => Ok(cubin),

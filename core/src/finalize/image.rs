@@ -188,7 +188,7 @@ impl CubinImage {
         SegmentSpan::Sections { first, members }
     }
 
-    pub fn section_index(&self, name: &str) -> Option<usize> {
+    pub(crate) fn section_index(&self, name: &str) -> Option<usize> {
         self.sections.iter().position(|s| s.name == name)
     }
 

@@ -78,7 +78,7 @@ fn rewrite_tkinfo(img: &mut CubinImage, fix: &Fixups) -> Result<(), FinalizeErro
 }
 
 /// The functions present in a linked cubin (`.text.<name>` sections).
-pub fn live_functions(img: &CubinImage) -> HashSet<String> {
+pub(crate) fn live_functions(img: &CubinImage) -> HashSet<String> {
     img.sections.iter().filter_map(|s| s.name.strip_prefix(".text.")).map(str::to_owned).collect()
 }
 

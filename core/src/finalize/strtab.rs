@@ -42,7 +42,7 @@ impl StrTab {
         Ok(StrTab { strings })
     }
 
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for s in &self.strings {
             out.extend_from_slice(s.as_bytes());
@@ -66,7 +66,7 @@ impl StrTab {
     /// A function mapping offsets into `self` to offsets into `new`, for tables
     /// holding the same strings (plus or minus some) in another order. An offset
     /// into the middle of a string keeps its distance from the string's start.
-    pub fn remap<'a>(&'a self, new: &'a StrTab) -> Result<impl Fn(u32) -> Option<u32> + 'a, StrTabError> {
+    pub(crate) fn remap<'a>(&'a self, new: &'a StrTab) -> Result<impl Fn(u32) -> Option<u32> + 'a, StrTabError> {
         let old_starts = self.starts();
         let new_starts = new.starts();
         let mut new_index: HashMap<&str, u32> = HashMap::with_capacity(new.strings.len());
@@ -109,7 +109,7 @@ pub struct InputFunction {
 /// before it in its object (a live kernel ends with `.nv.shared.K`, a live
 /// device function with `.text.F`, a dead kernel with its own ghost); the first
 /// function of an object anchors on the next live function's `.text.F`.
-pub fn insert_ghosts(
+pub(crate) fn insert_ghosts(
     strings: &mut Vec<String>,
     objects: &[Vec<InputFunction>],
     live: &HashSet<String>,

@@ -20,7 +20,7 @@ pub struct Member<'a> {
 }
 
 /// The members of an archive, in order, skipping the symbol and name tables.
-pub fn members(data: &[u8]) -> Result<(bool, Vec<Member<'_>>), ArchiveError> {
+pub(crate) fn members(data: &[u8]) -> Result<(bool, Vec<Member<'_>>), ArchiveError> {
     let ar = ArchiveFile::parse(data).map_err(|_| ArchiveError::Malformed)?;
     let thin = ar.is_thin();
     let mut out = Vec::new();

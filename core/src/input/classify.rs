@@ -4,7 +4,7 @@
 //! `crate::input::load` for how the two are combined); this module only says
 //! what the content is.
 
-use crate::elf::{is_elf, EM_CUDA};
+use crate::elf::{is_cuda_elf, is_elf};
 use crate::fatbin::is_fatbin;
 
 /// LTO IR magic (NVVM container), little-endian `0x1EE55A01`.
@@ -27,7 +27,7 @@ pub enum Content {
     Unknown,
 }
 
-pub fn classify(data: &[u8]) -> Content {
+pub(crate) fn classify(data: &[u8]) -> Content {
     if data.is_empty() {
         return Content::Empty;
     }
@@ -38,8 +38,7 @@ pub fn classify(data: &[u8]) -> Content {
         return Content::ThinArchive;
     }
     if is_elf(data) {
-        let machine = data.get(18..20).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        return if machine == Some(EM_CUDA) { Content::Cubin } else { Content::HostElf };
+        return if is_cuda_elf(data) { Content::Cubin } else { Content::HostElf };
     }
     if is_fatbin(data) {
         return Content::Fatbin;
@@ -55,7 +54,7 @@ pub fn classify(data: &[u8]) -> Content {
 }
 
 /// PTX: `.version` after whitespace and `//` or `/* */` comments.
-pub fn is_ptx(data: &[u8]) -> bool {
+pub(crate) fn is_ptx(data: &[u8]) -> bool {
     let mut i = 0;
     loop {
         while i < data.len() && data[i].is_ascii_whitespace() {

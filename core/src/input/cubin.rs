@@ -40,7 +40,7 @@ pub struct Ref {
 }
 
 /// The SM number encoded in a cubin's `e_flags` (bits 8..16 for the ABI of sm_75+).
-pub fn sm_of(elf: &Elf<'_>) -> u32 {
+pub(crate) fn sm_of(elf: &Elf<'_>) -> u32 {
     (elf.flags >> 8) & 0xff
 }
 

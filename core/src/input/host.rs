@@ -22,7 +22,7 @@ pub struct HostRefs {
 }
 
 impl HostRefs {
-    pub fn kernel_patterns(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn kernel_patterns(&self) -> impl Iterator<Item = &str> {
         self.kernels_external.iter().chain(&self.kernels_internal).map(String::as_str)
     }
 }
@@ -71,14 +71,14 @@ impl<'a> HostObject<'a> {
 
 impl HostObject<'_> {
     /// The module ids, in order (an `ld -r` object carries several).
-    pub fn module_ids(&self) -> Vec<String> {
+    pub(crate) fn module_ids(&self) -> Vec<String> {
         self.module_id_section.map(patterns).unwrap_or_default()
     }
 }
 
 /// Glob match as nvlink applies host-reference patterns: `*` matches any run
 /// of characters, everything else matches itself.
-pub fn glob_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
     let (p, n) = (pattern.as_bytes(), name.as_bytes());
     let (mut pi, mut ni) = (0, 0);
     let (mut star, mut mark) = (None, 0);

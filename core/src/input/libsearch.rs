@@ -4,7 +4,7 @@
 //! typed, with trailing slashes removed.
 
 /// The directories searched for `-l`, in order, as typed.
-pub fn search_dirs(library_paths: &[String], env_library_path: Option<&str>) -> Vec<String> {
+pub(crate) fn search_dirs(library_paths: &[String], env_library_path: Option<&str>) -> Vec<String> {
     let mut dirs: Vec<String> = library_paths.iter().filter(|d| !d.is_empty()).cloned().collect();
     if let Some(lp) = env_library_path {
         dirs.extend(lp.split(':').filter(|d| !d.is_empty()).map(str::to_owned));
@@ -13,7 +13,7 @@ pub fn search_dirs(library_paths: &[String], env_library_path: Option<&str>) -> 
 }
 
 /// The candidate for `-l name` in `dir`, as nvlink names it.
-pub fn candidate(dir: &str, name: &str) -> String {
+pub(crate) fn candidate(dir: &str, name: &str) -> String {
     let trimmed = dir.trim_end_matches('/');
     let dir = if trimmed.is_empty() && dir.starts_with('/') { "" } else { trimmed };
     format!("{dir}/lib{name}.a")

@@ -12,7 +12,7 @@
 //! Host objects contribute the first fatbin of `__nv_relfatbin`, from which one
 //! member is chosen for the target (exact or compatible SASS, else PTX to
 //! compile). Paths this loader does not reproduce exactly are reported as
-//! [`LoadError::Unsupported`], and the linker hands the link to the real nvlink.
+//! [`LoadError::Declined`], and the linker hands the link to the real nvlink.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,8 +25,10 @@ use super::libsearch;
 use super::memo::{DecodeMemo, Decoded};
 use super::ptx::{self, PtxSymbols};
 use super::Bytes;
+use crate::cli::target::{arch_name, Target};
+use crate::declined::{Declined, Reason};
 use crate::diag::Diagnostic;
-use crate::elf::{is_elf, Elf, EM_CUDA};
+use crate::elf::{header_machine, header_type, is_cuda_elf, is_elf, Elf, EM_CUDA, ET_REL};
 use crate::fatbin::{self, Member, MemberKind};
 use crate::fs::{absolute, InputFs};
 use crate::regbin::synthetic_module_id;
@@ -76,7 +78,7 @@ pub enum LoadError {
     /// nvlink stops with these messages (exit status 1).
     Fatal(Vec<Diagnostic>),
     /// A case the in-process engine does not reproduce.
-    Unsupported(String),
+    Declined(Declined),
 }
 
 impl From<Diagnostic> for LoadError {
@@ -85,59 +87,12 @@ impl From<Diagnostic> for LoadError {
     }
 }
 
-fn unsupported<T>(why: impl Into<String>) -> Result<T, LoadError> {
-    Err(LoadError::Unsupported(why.into()))
+fn unsupported<T>(reason: Reason, why: impl Into<String>) -> Result<T, LoadError> {
+    Err(LoadError::Declined(Declined::new(reason, why)))
 }
 
 fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
     Err(LoadError::Fatal(vec![Diagnostic::fatal(msg)]))
-}
-
-/// The target of the link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
-    /// SM number (90 for sm_90).
-    pub sm: u32,
-    /// The suffix of `sm_90a` / `sm_100f` style targets.
-    pub suffix: Option<char>,
-}
-
-/// An arch as nvcc spells it: `arch_name("compute", 100, Some('f'))` is `compute_100f`.
-fn arch_name(kind: &str, sm: u32, suffix: Option<char>) -> String {
-    match suffix {
-        Some(c) => format!("{kind}_{sm}{c}"),
-        None => format!("{kind}_{sm}"),
-    }
-}
-
-impl Target {
-    /// The target as `--arch` names it (`sm_100f`).
-    pub fn name(&self) -> String {
-        arch_name("sm", self.sm, self.suffix)
-    }
-
-    /// The arch PTX is compiled for at link time: a family target compiles
-    /// for its plain arch (nvlink runs its ptxas with `-arch sm_100` for
-    /// `--arch=sm_100f`).
-    pub fn jit_arch(&self) -> String {
-        match self.suffix {
-            Some('f') => arch_name("sm", self.sm, None),
-            _ => self.name(),
-        }
-    }
-
-    /// Whether SASS built for `sm` with `suffix` is linked as is for this
-    /// target (same SM number). Only the pairings compared against nvlink are
-    /// listed; any other reuse is left to the real nvlink.
-    fn takes_sass(&self, sm: u32, suffix: Option<char>) -> bool {
-        match suffix {
-            None => sm == self.sm,
-            Some('a') => sm == self.sm && self.suffix == Some('a'),
-            // Family SASS runs on every later arch of its family.
-            Some('f') => sm / 10 == self.sm / 10 && sm <= self.sm,
-            Some(_) => false,
-        }
-    }
 }
 
 /// What the loader needs to know about the link.
@@ -166,7 +121,7 @@ pub struct Library {
 
 impl Library {
     /// A path containing `cudadevrt` is a "system library" nvlink trims.
-    pub fn is_system(&self) -> bool {
+    pub(crate) fn is_system(&self) -> bool {
         self.name.contains("cudadevrt")
     }
 }
@@ -191,10 +146,6 @@ fn extension(path: &str) -> Option<&str> {
     file.rfind('.').map(|i| &file[i + 1..])
 }
 
-fn u16_at(d: &[u8], o: usize) -> Option<u16> {
-    d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]))
-}
-
 const PROBE: usize = 56;
 
 fn is_archive_magic(d: &[u8]) -> bool {
@@ -209,7 +160,7 @@ impl LoadContext<'_> {
                 LoadError::Fatal(vec![Diagnostic::fatal(format!("Could not open input file '{given}'"))])
             }
             // Too large for the wire, or the caller went away: not nvlink's business.
-            _ => LoadError::Unsupported(format!("cannot read {given}: {e}")),
+            _ => LoadError::Declined(Declined::new(Reason::InputDeclined, format!("cannot read {given}: {e}"))),
         })
     }
 
@@ -234,7 +185,7 @@ impl LoadContext<'_> {
             "cubin" => self.cubin_file(given, data),
             "ptx" => {
                 if !is_ptx(&data) {
-                    return unsupported(format!("{given}: non-PTX content in a .ptx file"));
+                    return unsupported(Reason::Input, format!("{given}: non-PTX content in a .ptx file"));
                 }
                 let unit = Unit {
                     name: given.to_owned(),
@@ -255,7 +206,8 @@ impl LoadContext<'_> {
                 if !fatbin::is_fatbin(&data) {
                     return fatal("fatbin wrong format?");
                 }
-                let members = fatbin::parse_first(&data).or_else(|e| unsupported(format!("{given}: {e}")))?;
+                let members =
+                    fatbin::parse_first(&data).or_else(|e| unsupported(Reason::Input, format!("{given}: {e}")))?;
                 let (modules, warnings) = self.select(given, &members, false, None)?;
                 let unit = Unit {
                     name: given.to_owned(),
@@ -267,14 +219,14 @@ impl LoadContext<'_> {
                 Ok(Loaded { item: InputItem::Unit(unit), warnings })
             }
             "nvvm" | "ltoir" if !self.lto => fatal("should only see nvvm files when -lto"),
-            "nvvm" | "ltoir" => unsupported("LTO IR files"),
+            "nvvm" | "ltoir" => unsupported(Reason::PartialLto, "LTO IR files"),
             "bc" => fatal("should never see bc files"),
             _ if is_archive_magic(&data) => {
                 Ok(Loaded { item: InputItem::Library(self.archive(given, data)?), warnings: Vec::new() })
             }
             "so" => nothing(),
-            _ if u16_at(&data, 16) != Some(1) => nothing(),
-            "o" if is_elf(&data) && u16_at(&data, 18) == Some(EM_CUDA) => self.cubin_file(given, data),
+            _ if header_type(&data) != Some(ET_REL) => nothing(),
+            "o" if is_cuda_elf(&data) => self.cubin_file(given, data),
             _ => match self.host_object(given, &data, false)? {
                 Some(loaded) => Ok(Loaded { item: InputItem::Unit(loaded.item), warnings: loaded.warnings }),
                 None => nothing(),
@@ -290,7 +242,7 @@ impl LoadContext<'_> {
             let shown = libsearch::candidate(dir, name);
             let Ok(stat) = self.fs.stat(&absolute(self.cwd, &shown)) else { continue };
             if stat.is_dir {
-                return unsupported(format!("{shown} is a directory"));
+                return unsupported(Reason::Input, format!("{shown} is a directory"));
             }
             if stat.size <= 8 {
                 warnings
@@ -299,7 +251,7 @@ impl LoadContext<'_> {
             }
             let data = self.read(&shown)?;
             if !data.starts_with(b"!<arch>\n") {
-                return unsupported(format!("{shown} is not an archive"));
+                return unsupported(Reason::Input, format!("{shown} is not an archive"));
             }
             return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
         }
@@ -308,19 +260,19 @@ impl LoadContext<'_> {
 
     fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
         let (thin, members) =
-            archive::members(&data).or_else(|_| unsupported(format!("{shown}: malformed archive")))?;
+            archive::members(&data).or_else(|_| unsupported(Reason::Input, format!("{shown}: malformed archive")))?;
         if thin {
-            return unsupported(format!("{shown}: thin archive"));
+            return unsupported(Reason::Input, format!("{shown}: thin archive"));
         }
         let mut units = Vec::new();
         let mut skipped_host_objects = false;
         for m in members {
-            let Some(bytes) = m.data else { return unsupported("thin member") };
+            let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
             let member_name = format!("{shown}:{}", m.name);
             // Only host relocatable objects contribute; everything else is ignored.
-            if classify(bytes) != Content::HostElf || u16_at(bytes, 16) != Some(1) {
+            if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
                 if is_elf(bytes) && bytes.len() < 64 {
-                    return unsupported(format!("{member_name}: truncated ELF member"));
+                    return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
                 }
                 continue;
             }
@@ -352,7 +304,7 @@ impl LoadContext<'_> {
         if !is_elf(&data) {
             return fatal("cubin not an elf?");
         }
-        if u16_at(&data, 18) != Some(EM_CUDA) {
+        if header_machine(&data) != Some(EM_CUDA) {
             return fatal("cubin not a device elf?");
         }
         let Ok(elf) = Elf::parse(&data) else {
@@ -362,12 +314,12 @@ impl LoadContext<'_> {
         match elf.e_type {
             1 => {}
             2 => return nothing,
-            _ => return unsupported(format!("{name}: cubin of ELF type {}", elf.e_type)),
+            _ => return unsupported(Reason::Input, format!("{name}: cubin of ELF type {}", elf.e_type)),
         }
         if elf.osabi != 0x41 {
-            return unsupported(format!("{name}: cubin without the CUDA ABI"));
+            return unsupported(Reason::Input, format!("{name}: cubin without the CUDA ABI"));
         }
-        let info = cubin::read(&data).or_else(|e| unsupported(format!("{name}: {e}")))?;
+        let info = cubin::read(&data).or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
         self.check_cubin_arch(name, &info)?;
         let unit = Unit {
             name: name.to_owned(),
@@ -393,16 +345,15 @@ impl LoadContext<'_> {
         // (sm_100+: nvlink warns that the output is limited first), get
         // diagnostics of their own: left to the real nvlink.
         if info.accelerated || (self.target.sm >= 100 && info.sm < 100) {
-            return unsupported(format!(
-                "{name}: sm_{} cubin (arch-specific or pre-sm_100) for {}",
-                info.sm,
-                self.target.name()
-            ));
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: sm_{} cubin (arch-specific or pre-sm_100) for {}", info.sm, self.target.name()),
+            );
         }
         if info.sm / 10 != self.target.sm / 10 || info.sm > self.target.sm {
             return fatal(format!("Input file '{name}' arch does not match target '{}'", self.target.name()));
         }
-        unsupported(format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
+        unsupported(Reason::Arch, format!("{name}: sm_{} cubin linked for {}", info.sm, self.target.name()))
     }
 
     /// The device code of a host object: `None` when it has none (skipped).
@@ -438,11 +389,14 @@ impl LoadContext<'_> {
                 Diagnostic::fatal("elfLink internal error"),
             ]));
         };
-        let members = fatbin::parse_first(fatbin_bytes).or_else(|e| unsupported(format!("{name}: fatbin: {e}")))?;
+        let members = fatbin::parse_first(fatbin_bytes)
+            .or_else(|e| unsupported(Reason::Input, format!("{name}: fatbin: {e}")))?;
         let (modules, warnings) = self.select(name, &members, in_archive, Some(data))?;
         let module_ids = match host.module_ids() {
             ids if ids.is_empty() => vec![self.synthetic_id(name)],
-            ids if ids.len() > 1 => return unsupported(format!("{name}: several module ids (an ld -r object)")),
+            ids if ids.len() > 1 => {
+                return unsupported(Reason::Input, format!("{name}: several module ids (an ld -r object)"))
+            }
             ids => ids,
         };
         let unit = Unit {
@@ -467,68 +421,18 @@ impl LoadContext<'_> {
         in_archive: bool,
         object: Option<&[u8]>,
     ) -> Result<(Vec<Module>, Vec<Diagnostic>), LoadError> {
-        let t = self.target;
-        if self.lto {
-            let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
-            if let Some(ir) = ir {
-                if t.suffix.is_some() || ir.suffix().is_some() {
-                    return unsupported(format!("{name}: LTO IR linked for {}", t.name()));
-                }
-                let (Some(object), true) = (object, ir.arch == t.sm) else {
-                    return unsupported(format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
-                };
-                // The PTX twin names the module's kernels and needs.
-                let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
-                let Some(twin) = twin else { return unsupported(format!("{name}: LTO IR without PTX")) };
-                let text = twin.contents().or_else(|e| unsupported(format!("{name}: {e}")))?;
-                let module = Module {
-                    code: Code::LtoObject(object.to_vec().into()),
-                    arch: ir.arch,
-                    options: ir.options.to_owned(),
-                    info: None,
-                    lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
-                };
-                return Ok((vec![module], Vec::new()));
-            }
-        }
-        let same_major =
-            || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
-        // SASS for exactly this target first, then plain SASS of its SM number.
-        let sass = same_major().filter(|m| t.takes_sass(m.arch, m.suffix())).min_by_key(|m| {
-            if m.suffix() == t.suffix {
-                0
-            } else {
-                1
-            }
-        });
-        if sass.is_none() {
-            if let Some(m) = same_major().next() {
-                return unsupported(format!(
-                    "{name}: {} SASS linked for {}",
-                    arch_name("sm", m.arch, m.suffix()),
-                    t.name()
-                ));
-            }
-        }
-        if let Some(m) = sass {
-            let Decoded { bytes, info } = self.decode_sass(name, m)?;
-            let module = Module {
-                code: Code::Cubin(bytes),
-                arch: m.arch,
-                options: m.options.to_owned(),
-                info: Some(info),
-                lto: None,
-            };
-            return Ok((vec![module], Vec::new()));
-        }
-        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
-        if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
-            return unsupported(format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()));
-        }
-        if let Some(m) = ptx.max_by_key(|m| m.arch) {
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let module =
-                Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None };
+        let chosen = match self.lto {
+            true => self.select_lto(name, members, object)?,
+            false => None,
+        };
+        let chosen = match chosen {
+            Some(m) => Some(m),
+            None => match self.select_sass(name, members)? {
+                Some(m) => Some(m),
+                None => self.select_ptx(name, members)?,
+            },
+        };
+        if let Some(module) = chosen {
             return Ok((vec![module], Vec::new()));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
@@ -536,19 +440,97 @@ impl LoadContext<'_> {
         }
         let mut warnings = Vec::new();
         if !in_archive && !self.suppress_arch_warning {
-            warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", t.name())));
+            warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", self.target.name())));
         }
         Ok((Vec::new(), warnings))
     }
-}
 
-impl LoadContext<'_> {
+    /// With `-dlto`: the newest LTO IR not newer than the target, which must be
+    /// for exactly the target, inside a host object, with its PTX twin (it
+    /// names the module's kernels and needs).
+    fn select_lto(
+        &self,
+        name: &str,
+        members: &[Member<'_>],
+        object: Option<&[u8]>,
+    ) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let ir = members.iter().filter(|m| m.kind == MemberKind::LtoIr && m.arch <= t.sm).max_by_key(|m| m.arch);
+        let Some(ir) = ir else { return Ok(None) };
+        if t.suffix.is_some() || ir.suffix().is_some() {
+            return unsupported(Reason::Arch, format!("{name}: LTO IR linked for {}", t.name()));
+        }
+        let (Some(object), true) = (object, ir.arch == t.sm) else {
+            return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
+        };
+        let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
+        let Some(twin) = twin else { return unsupported(Reason::PartialLto, format!("{name}: LTO IR without PTX")) };
+        let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
+        Ok(Some(Module {
+            code: Code::LtoObject(object.to_vec().into()),
+            arch: ir.arch,
+            options: ir.options.to_owned(),
+            info: None,
+            lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
+        }))
+    }
+
+    /// SASS for exactly this target first, then plain SASS of its SM number;
+    /// other SASS of the same major is left to the real nvlink.
+    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let same_major =
+            || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
+        let sass = same_major().filter(|m| t.takes_sass(m.arch, m.suffix())).min_by_key(|m| {
+            if m.suffix() == t.suffix {
+                0
+            } else {
+                1
+            }
+        });
+        let Some(m) = sass else {
+            return match same_major().next() {
+                Some(m) => unsupported(
+                    Reason::Arch,
+                    format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
+                ),
+                None => Ok(None),
+            };
+        };
+        let Decoded { bytes, info } = self.decode_sass(name, m)?;
+        Ok(Some(Module {
+            code: Code::Cubin(bytes),
+            arch: m.arch,
+            options: m.options.to_owned(),
+            info: Some(info),
+            lto: None,
+        }))
+    }
+
+    /// The newest plain PTX not newer than the target (suffixed PTX is left to
+    /// the real nvlink).
+    fn select_ptx(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+        let t = self.target;
+        let ptx = members.iter().filter(|m| m.kind == MemberKind::Ptx && m.arch <= t.sm);
+        if let Some(m) = ptx.clone().find(|m| m.suffix().is_some()) {
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: {} PTX for {}", arch_name("compute", m.arch, m.suffix()), t.name()),
+            );
+        }
+        let Some(m) = ptx.max_by_key(|m| m.arch) else { return Ok(None) };
+        let bytes: Bytes =
+            m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+        Ok(Some(Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None }))
+    }
+
     /// A SASS member's cubin and its parsed symbols, from the memo when it
     /// holds this member.
     fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {
         let decode = || -> Result<Decoded, LoadError> {
-            let bytes: Bytes = m.contents().or_else(|e| unsupported(format!("{name}: {e}")))?.into_owned().into();
-            let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(format!("{name}: {e}")))?);
+            let bytes: Bytes =
+                m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+            let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?);
             Ok(Decoded { bytes, info })
         };
         let Some(memo) = self.memo else { return decode() };
@@ -564,7 +546,7 @@ impl LoadContext<'_> {
 
 /// libcudadevrt semantics: take the members that define a symbol still
 /// undefined, until nothing changes.
-pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
+pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
     use std::collections::HashSet;
     let note = |u: &Unit, defined: &mut HashSet<String>, undefined: &mut HashSet<String>| {
         for m in &u.modules {
@@ -594,29 +576,4 @@ pub fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         chosen.push(u);
     }
     chosen
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Target;
-
-    #[test]
-    fn suffixed_targets_pick_their_sass_and_jit_arch() {
-        let t = |sm, suffix| Target { sm, suffix };
-        // Plain SASS serves its own SM number, suffixed or not.
-        assert!(t(100, None).takes_sass(100, None));
-        assert!(t(100, Some('a')).takes_sass(100, None));
-        assert!(!t(103, None).takes_sass(100, None));
-        // Arch-specific SASS only its exact arch-specific target.
-        assert!(t(100, Some('a')).takes_sass(100, Some('a')));
-        assert!(!t(100, None).takes_sass(100, Some('a')));
-        assert!(!t(100, Some('f')).takes_sass(100, Some('a')));
-        // Family SASS every later member of its family.
-        assert!(t(103, None).takes_sass(100, Some('f')));
-        assert!(!t(110, None).takes_sass(100, Some('f')));
-        assert!(!t(100, None).takes_sass(103, Some('f')));
-        assert_eq!(t(120, Some('f')).name(), "sm_120f");
-        assert_eq!(t(120, Some('f')).jit_arch(), "sm_120");
-        assert_eq!(t(90, Some('a')).jit_arch(), "sm_90a");
-    }
 }

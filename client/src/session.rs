@@ -314,3 +314,22 @@ fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
     }
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("nvlinkd")).find(|p| p.is_file())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_are_named_as_the_command_line_named_them() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cwd = Path::new("/w");
+        let named = |path: &str, a: &[&str]| as_named(Path::new(path), &args(a), cwd);
+        assert_eq!(named("/w/d/out.cubin", &["-o", "d/out.cubin"]), "d/out.cubin");
+        assert_eq!(named("/w/./x.cubin", &["--output-file=./x.cubin"]), "./x.cubin");
+        assert_eq!(named("/tmp/x.cubin", &["-o", "/tmp/x.cubin"]), "/tmp/x.cubin");
+        assert_eq!(named("/w/reg.c", &["--register-link-binaries=reg.c", "-o", "x"]), "reg.c");
+        // Named in an options file: relative to the working directory, or as is.
+        assert_eq!(named("/w/d/y.cubin", &["-optf", "o.opts"]), "d/y.cubin");
+        assert_eq!(named("/elsewhere/y.cubin", &["-optf", "o.opts"]), "/elsewhere/y.cubin");
+    }
+}

@@ -11,33 +11,27 @@
 # Rust toolchain is needed here. The arch is taken from the GPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-root=$PWD
-bin=$(cd "${1:-target/release}" && pwd)
-cuda=${2:-${CUDA_HOME:-/usr/local/cuda}}
-[[ -x $bin/nvlinkd && -x $bin/nvlink ]] || { echo "no nvlinkd/nvlink in $bin"; exit 2; }
-[[ -x $cuda/bin/nvcc ]] || { echo "no nvcc in $cuda"; exit 2; }
+nvl_root=$PWD
+source scripts/lib.sh
+nvl_bin=$(cd "${1:-target/release}" && pwd)
+nvl_cuda=${2:-${CUDA_HOME:-/usr/local/cuda}}
+[[ -x $nvl_bin/nvlinkd && -x $nvl_bin/nvlink ]] || { echo "no nvlinkd/nvlink in $nvl_bin"; exit 2; }
+[[ -x $nvl_cuda/bin/nvcc ]] || { echo "no nvcc in $nvl_cuda"; exit 2; }
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.[:space:]')
 arch=sm_$cap
 echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), arch $arch"
-echo "toolkit: $("$cuda/bin/nvcc" --version | tail -2 | head -1)"
+echo "toolkit: $("$nvl_cuda/bin/nvcc" --version | tail -2 | head -1)"
 
-work=$(mktemp -d /tmp/nvlinkd-gpu.XXXXXX)
-export NVLINKD_SOCKET=$work/nvlinkd.sock NVLINKD_CACHE_DIR=$work/cache NVLINKD_FALLBACK=never
-trap '"$bin/nvlinkd" stop >/dev/null 2>&1 || true; cat "$work/cache/nvlinkd.log" 2>/dev/null | tail -5' EXIT
-"$bin/nvlinkd" install --cuda-home "$cuda" --prefix "$work/overlay"
-"$bin/nvlinkd" start --cuda-home "$cuda"
+nvl_work=$(mktemp -d /tmp/nvlinkd-gpu.XXXXXX)
+trap 'nvl_stop; tail -5 "${nvl_log:-/dev/null}" 2>/dev/null' EXIT
+nvl_up
 
-cd "$work"
-src=("$root"/demo/{main,poly,reduce}.cu)
-"$work/overlay/bin/nvcc" -arch=$arch -rdc=true "${src[@]}" -o demo
-"$work/overlay/bin/nvcc" -arch=$arch -rdc=true -dlto "${src[@]}" -o demo_lto
-echo "daemon: $("$bin/nvlinkd" stats --json)"
-
-# The device link through nvlinkd equals the real nvlink's.
-"$cuda/bin/nvcc" -arch=$arch -dc "${src[@]}"
-"$work/overlay/bin/nvlink" --arch=$arch -L"$cuda/lib64" main.o poly.o reduce.o -lcudadevrt -o via_nvlinkd.cubin
-"$cuda/bin/nvlink" --arch=$arch -L"$cuda/lib64" main.o poly.o reduce.o -lcudadevrt -o via_nvlink.cubin
-cmp via_nvlinkd.cubin via_nvlink.cubin && echo "device link: byte-identical to nvlink"
+cd "$nvl_work"
+echo "== building demo/ with $nvl_work/overlay/bin/nvcc (its device links go through nvlinkd)"
+nvl_build_demo "$arch"
+echo "== one device link, through nvlinkd and through the real nvlink"
+nvl_compare "$arch"
+nvl_summary
 
 status=0
 for p in demo demo_lto; do

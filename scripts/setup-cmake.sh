@@ -6,7 +6,7 @@
 #
 # Idempotent: a complete install is recognised by its stamp file and nothing is
 # downloaded again (offline-safe). Prints the directory holding `cmake` and
-# `ninja` on stdout.
+# `ninja` on stdout and nothing else there: pip's progress goes to stderr.
 set -euo pipefail
 
 CMAKE_VERSION=4.4.4
@@ -25,8 +25,11 @@ staging=$prefix.staging
 rm -rf "$staging"
 mkdir -p "$staging"
 log "installing cmake==$CMAKE_VERSION and ninja==$NINJA_VERSION from PyPI into $prefix"
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps \
-  --target "$staging/site" "cmake==$CMAKE_VERSION" "ninja==$NINJA_VERSION" >&2
+# pip reports what it fetches (a progress bar on a terminal) on our stderr; no
+# root-user or new-version warnings (see setup-toolkit.sh).
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+  "$python" -m pip install --no-deps --progress-bar on --target "$staging/site" \
+  "cmake==$CMAKE_VERSION" "ninja==$NINJA_VERSION" >&2
 # cmake's console script needs the site directory on PYTHONPATH; link the real
 # binary instead.
 cm=$(find "$staging/site/cmake" -path '*/bin/cmake' -type f | head -1)
@@ -38,4 +41,5 @@ ln -s "${nj/#$staging/$prefix}" "$staging/bin/ninja"
 rm -rf "$prefix"
 mv "$staging" "$prefix"
 touch "$stamp"
+log "cmake and ninja ready in $prefix/bin"
 echo "$prefix/bin"

@@ -5,7 +5,9 @@
 #   scripts/setup-toolkit.sh [PREFIX]      (default: .toolkit/cuda-13.5.37)
 #
 # Idempotent: a complete install is recognised by its stamp file and nothing is
-# downloaded again (offline-safe). Prints the toolkit root (CUDA_HOME) on stdout.
+# downloaded again (offline-safe). Prints the toolkit root (CUDA_HOME) on stdout
+# and nothing else there: what is fetched, and how far it is, goes to stderr
+# (pip's own lines and download bars).
 set -euo pipefail
 
 VERSION=13.5.37
@@ -38,10 +40,15 @@ python=${PYTHON:-python3}
 staging=$prefix.staging
 rm -rf "$staging"
 mkdir -p "$staging"
-log "installing CUDA $VERSION wheels from PyPI into $prefix"
+log "installing CUDA $VERSION from PyPI into $prefix: ${#WHEELS[@]} wheels, about 200 MB to download, 540 MB installed"
 # pip keeps the wheels' executable bits; --no-deps: the set above is complete.
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps \
-  --target "$staging/site" "${WHEELS[@]}" >&2
+# pip reports each wheel it fetches, with a progress bar on a terminal; its
+# stdout goes to our stderr. Its root-user and new-version warnings are noise
+# here (a private --target directory): off, through the environment, which a
+# pip too old to know them ignores.
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+  "$python" -m pip install --no-deps --progress-bar on --target "$staging/site" "${WHEELS[@]}" >&2
+log "wheels installed; laying out the toolkit"
 
 root=$staging/site/nvidia/cu13
 [[ -x $root/bin/nvcc && -x $root/bin/nvlink ]] || { log "wheel layout unexpected: no $root/bin/nvcc"; exit 1; }

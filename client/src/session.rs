@@ -87,7 +87,7 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
             }
             server_message::Msg::Result(result) => {
                 mark("result");
-                let code = finish(result);
+                let code = finish(result, args, &cwd);
                 mark("outputs written");
                 return code;
             }
@@ -150,16 +150,18 @@ fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(data)
 }
 
-fn finish(result: LinkResult) -> Result<i32, String> {
+fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String> {
     if result.fallback {
         return Err(format!("daemon declined: {}", result.fallback_reason));
     }
     for out in &result.outputs {
         let path = PathBuf::from(&out.path);
         let written = if out.append { append(&path, &out.data) } else { write_atomically(&path, &out.data) };
-        if let Err(e) = written {
+        if written.is_err() {
+            // nvlink's words: the file as the command line named it, no OS error.
             let _ = std::io::stdout().write_all(&result.stdout);
-            eprintln!("nvlink fatal   : Could not open output file '{}': {e}", out.path);
+            let _ = std::io::stdout().flush();
+            eprintln!("nvlink fatal   : Could not open output file '{}'", as_named(&path, args, cwd));
             return Ok(1);
         }
     }
@@ -167,6 +169,21 @@ fn finish(result: LinkResult) -> Result<i32, String> {
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().write_all(&result.stderr);
     Ok(result.exit_code)
+}
+
+/// How the command line spelled the output file the daemon returned as the
+/// absolute `path` (`cwd` joined with a relative name): an argument, or the
+/// value after an option's `=`, that resolves to it; else `path` relative to
+/// `cwd` where it lies below it (a name from an options file), else `path`.
+fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
+    let resolves = |name: &str| !name.is_empty() && cwd.join(name) == path;
+    args.iter()
+        .flat_map(|a| [Some(a.as_str()), a.split_once('=').map(|(_, v)| v)])
+        .flatten()
+        .find(|name| resolves(name))
+        .map(str::to_owned)
+        .or_else(|| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -296,4 +313,23 @@ fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
         return Some(sibling);
     }
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("nvlinkd")).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_are_named_as_the_command_line_named_them() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cwd = Path::new("/w");
+        let named = |path: &str, a: &[&str]| as_named(Path::new(path), &args(a), cwd);
+        assert_eq!(named("/w/d/out.cubin", &["-o", "d/out.cubin"]), "d/out.cubin");
+        assert_eq!(named("/w/./x.cubin", &["--output-file=./x.cubin"]), "./x.cubin");
+        assert_eq!(named("/tmp/x.cubin", &["-o", "/tmp/x.cubin"]), "/tmp/x.cubin");
+        assert_eq!(named("/w/reg.c", &["--register-link-binaries=reg.c", "-o", "x"]), "reg.c");
+        // Named in an options file: relative to the working directory, or as is.
+        assert_eq!(named("/w/d/y.cubin", &["-optf", "o.opts"]), "d/y.cubin");
+        assert_eq!(named("/elsewhere/y.cubin", &["-optf", "o.opts"]), "/elsewhere/y.cubin");
+    }
 }

@@ -22,18 +22,10 @@ pub struct Toolkit {
 impl Toolkit {
     pub fn discover() -> Self {
         let mut tk = Toolkit::default();
-        if let Some(record) = overlay_record() {
-            for line in record.lines() {
-                if let Some((k, v)) = line.split_once('=') {
-                    let v = PathBuf::from(v.trim());
-                    match k.trim() {
-                        "CUDA_HOME" => tk.cuda_home = Some(v),
-                        "REAL_NVLINK" => tk.real_nvlink = Some(v),
-                        "NVLINKD" => tk.daemon_bin = Some(v),
-                        _ => {}
-                    }
-                }
-            }
+        if let Some(record) = paths::OverlayRecord::of_current_exe() {
+            tk.cuda_home = record.cuda_home;
+            tk.real_nvlink = record.real_nvlink;
+            tk.daemon_bin = record.nvlinkd;
         }
         if tk.cuda_home.is_none() {
             tk.cuda_home = std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from);
@@ -50,13 +42,4 @@ impl Toolkit {
         }
         tk
     }
-}
-
-fn overlay_record() -> Option<String> {
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?;
-    if let Ok(record) = std::fs::read_to_string(bin.join(paths::IN_PLACE_DIR).join(paths::OVERLAY_RECORD)) {
-        return Some(record);
-    }
-    std::fs::read_to_string(bin.parent()?.join(paths::OVERLAY_RECORD)).ok()
 }

@@ -1,7 +1,7 @@
 //! Where the shim and the daemon meet by default, and the environment variables
 //! that change it. Shared by both binaries so they always agree.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Unix socket of the daemon.
 pub const ENV_SOCKET: &str = "NVLINKD_SOCKET";
@@ -23,6 +23,61 @@ pub const OVERLAY_RECORD: &str = "nvlinkd-overlay.env";
 /// Directory beside the shim (`<toolkit>/bin/.nvlinkd`) where `nvlinkd install
 /// --in-place` keeps the toolkit's real nvlink, the daemon and the record.
 pub const IN_PLACE_DIR: &str = ".nvlinkd";
+
+/// What `nvlinkd install` records about the toolkit an installed shim or
+/// daemon stands for (`OVERLAY_RECORD`, lines of `KEY=VALUE`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OverlayRecord {
+    /// `CUDA_HOME`: the real toolkit's root.
+    pub cuda_home: Option<PathBuf>,
+    /// `REAL_NVLINK`: the real nvlink.
+    pub real_nvlink: Option<PathBuf>,
+    /// `NVLINKD`: the installed daemon binary.
+    pub nvlinkd: Option<PathBuf>,
+}
+
+impl OverlayRecord {
+    pub fn parse(text: &str) -> Self {
+        let mut r = OverlayRecord::default();
+        for (k, v) in text.lines().filter_map(|l| l.split_once('=')) {
+            let v = Some(PathBuf::from(v.trim()));
+            match k.trim() {
+                "CUDA_HOME" => r.cuda_home = v,
+                "REAL_NVLINK" => r.real_nvlink = v,
+                "NVLINKD" => r.nvlinkd = v,
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// The file's text (what `parse` reads).
+    pub fn to_text(&self) -> String {
+        [("CUDA_HOME", &self.cuda_home), ("REAL_NVLINK", &self.real_nvlink), ("NVLINKD", &self.nvlinkd)]
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}\n", v.display())))
+            .collect()
+    }
+
+    /// The record of the installation the executable `exe` belongs to, if any:
+    /// `<toolkit>/bin/.nvlinkd/` for an in-place shim (`<toolkit>/bin/nvlink`),
+    /// the executable's own directory for the in-place daemon
+    /// (`<toolkit>/bin/.nvlinkd/nvlinkd`), `<prefix>/` for an overlay's
+    /// `<prefix>/bin/nvlink` and `<prefix>/bin/nvlinkd`.
+    pub fn of_executable(exe: &Path) -> Option<Self> {
+        let bin = exe.parent()?;
+        [Some(bin.join(IN_PLACE_DIR)), Some(bin.to_path_buf()), bin.parent().map(Path::to_path_buf)]
+            .into_iter()
+            .flatten()
+            .find_map(|dir| std::fs::read_to_string(dir.join(OVERLAY_RECORD)).ok())
+            .map(|text| Self::parse(&text))
+    }
+
+    /// The record of the running executable's installation.
+    pub fn of_current_exe() -> Option<Self> {
+        Self::of_executable(&std::env::current_exe().ok()?)
+    }
+}
 
 fn uid() -> u32 {
     // SAFETY: getuid cannot fail.
@@ -62,5 +117,21 @@ pub fn cache_dir() -> PathBuf {
     match std::env::var_os("HOME").filter(|p| !p.is_empty()) {
         Some(h) => PathBuf::from(h).join(".cache/nvlinkd"),
         None => runtime_dir().join("cache"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_record_round_trip() {
+        let r = OverlayRecord {
+            cuda_home: Some("/opt/cuda".into()),
+            real_nvlink: Some("/opt/cuda/bin/.nvlinkd/nvlink".into()),
+            nvlinkd: None,
+        };
+        assert_eq!(OverlayRecord::parse(&r.to_text()), r);
+        assert_eq!(OverlayRecord::parse("junk\nCUDA_HOME = /x \n").cuda_home, Some("/x".into()));
     }
 }

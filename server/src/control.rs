@@ -15,8 +15,29 @@ pub async fn connect(socket: &Path) -> Result<NvlinkdClient<Channel>, String> {
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
-        .map_err(|e| format!("no daemon at {}: {e}", socket.display()))?;
+        .map_err(|e| unreachable_reason(socket, &e))?;
     Ok(NvlinkdClient::new(channel))
+}
+
+/// Why the daemon at `socket` could not be reached, in words: tonic says only
+/// "transport error"; the cause is the socket's `connect` error beneath it.
+fn unreachable_reason(socket: &Path, e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                // No socket, or one no process listens on (a daemon that was killed).
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => not_running(socket),
+                _ => format!("cannot reach the daemon at {}: {io}", socket.display()),
+            };
+        }
+        cause = c.source();
+    }
+    format!("cannot reach the daemon at {}: {e}", socket.display())
+}
+
+fn not_running(socket: &Path) -> String {
+    format!("no daemon is running at {} (start one with `nvlinkd start`)", socket.display())
 }
 
 pub async fn ping(socket: &Path) -> Result<PingReply, String> {
@@ -75,20 +96,33 @@ pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, Str
 }
 
 /// Ask the daemon to finish in-flight links and exit; wait until it is gone.
+///
+/// The daemon's servers wait for open connections to close before they end
+/// (up to the grace period), so ours is closed as soon as the request is
+/// answered; then the process is watched until it is gone.
 pub async fn stop(socket: &Path) -> Result<String, String> {
-    let Ok(p) = ping(socket).await else {
-        return Ok(format!("nvlinkd not running on {}", socket.display()));
+    let mut c = match connect(socket).await {
+        Ok(c) => c,
+        // Nothing to stop: not an error (scripts stop unconditionally).
+        Err(e) if e == not_running(socket) => return Ok(format!("no daemon is running at {}", socket.display())),
+        Err(e) => return Err(e),
     };
-    let mut c = connect(socket).await?;
+    let p = c.ping(PingRequest {}).await.map_err(|s| s.message().to_string())?.into_inner();
     c.shutdown(ShutdownRequest {}).await.map_err(|s| s.message().to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while pid_alive(p.pid) {
-        if Instant::now() > deadline {
-            return Err(format!("nvlinkd (pid {}) still running", p.pid));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(c);
+    let deadline = Duration::from_secs(600);
+    if tokio::time::timeout(deadline, exited(p.pid)).await.is_err() {
+        return Err(format!("nvlinkd (pid {}) still running after {} s", p.pid, deadline.as_secs()));
     }
     Ok(format!("nvlinkd (pid {}) stopped", p.pid))
+}
+
+/// Wait until process `pid` has exited (a short poll: an idle daemon exits
+/// within a few hundred milliseconds of the request).
+async fn exited(pid: u32) {
+    while pid_alive(pid) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// An anonymous in-memory file.

@@ -1,6 +1,7 @@
 //! `nvlinkd exec -- <nvlink args>`: the linker in this process, no daemon.
 //! Behaves like nvlink (outputs, messages, exit status); `--explain` names the
-//! engine that ran.
+//! engine that ran. The toolkit is found as the shim finds it: the record of
+//! the overlay (or in-place install) this nvlinkd belongs to, else `CUDA_HOME`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,7 +14,9 @@ use nvlinkd_core::{Linker, LinkerConfig};
 pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let env = RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
-    let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from);
+    let cuda_home = nvlinkd_proto::paths::OverlayRecord::of_current_exe()
+        .and_then(|r| r.cuda_home)
+        .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from));
     let scratch = std::env::temp_dir().join(format!("nvlinkd-exec-{}", std::process::id()));
     let linker = Linker::new(LinkerConfig {
         default_toolkit: cuda_home.clone(),

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nvlinkd_proto::paths::{IN_PLACE_DIR, OVERLAY_RECORD};
+use nvlinkd_proto::paths::{OverlayRecord, IN_PLACE_DIR, OVERLAY_RECORD};
 
 fn io(what: &str, p: &Path, e: std::io::Error) -> String {
     format!("{what} {}: {e}", p.display())
@@ -69,12 +69,12 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
         std::fs::remove_file(&daemon_dst).map_err(|e| io("cannot replace", &daemon_dst, e))?;
     }
     install_binary(&me, &daemon_dst)?;
-    let record = format!(
-        "CUDA_HOME={}\nREAL_NVLINK={}\nNVLINKD={}\n",
-        cuda_home.display(),
-        real_nvlink.display(),
-        daemon_dst.display()
-    );
+    let record = OverlayRecord {
+        cuda_home: Some(cuda_home.clone()),
+        real_nvlink: Some(real_nvlink.clone()),
+        nvlinkd: Some(daemon_dst.clone()),
+    }
+    .to_text();
     let record_path = prefix.join(OVERLAY_RECORD);
     std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
     Ok(format!(
@@ -137,12 +137,12 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
         }
     }
     install_binary(&me, &keep.join("nvlinkd"))?;
-    let record = format!(
-        "CUDA_HOME={}\nREAL_NVLINK={}\nNVLINKD={}\n",
-        root.display(),
-        real.display(),
-        keep.join("nvlinkd").display()
-    );
+    let record = OverlayRecord {
+        cuda_home: Some(root.clone()),
+        real_nvlink: Some(real.clone()),
+        nvlinkd: Some(keep.join("nvlinkd")),
+    }
+    .to_text();
     let record_path = keep.join(OVERLAY_RECORD);
     std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
     install_binary(&shim, &nvlink)?;

@@ -135,31 +135,42 @@ impl ServeArgs {
     }
 }
 
+/// The daemon's logging, for `serve --help` and `start --help`.
+const LOG_HELP: &str = "The daemon logs to <cache dir>/nvlinkd.log; NVLINKD_LOG sets what it logs \
+                        (tracing filter syntax: error, warn, info [default], debug, trace, or e.g. \
+                        nvlinkd_core=debug).";
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon in the foreground
+    #[command(after_help = LOG_HELP)]
     Serve(ServeArgs),
     /// Start a detached daemon (does nothing if one is running)
+    #[command(after_help = LOG_HELP)]
     Start(ServeArgs),
     /// Stop the daemon (links still computing get --shutdown-grace)
     Stop {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
         socket: Option<PathBuf>,
     },
     /// Is a daemon running?
     Status {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
         socket: Option<PathBuf>,
     },
     /// Print the daemon's counters
     Stats {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// One JSON object (the only format)
+        /// Print the counters as one JSON object (the only format; accepted for scripts)
         #[arg(long)]
         json: bool,
     },
-    /// Run one nvlink invocation in this process, without a daemon (for debugging)
+    /// Run one nvlink invocation in this process, without a daemon (for debugging);
+    /// the toolkit is the overlay's when run from one, else $CUDA_HOME
     Exec {
         /// Report which engine ran on stderr
         #[arg(long)]
@@ -185,15 +196,19 @@ enum Command {
     /// the toolkit's own bin/nvlink the shim (--in-place; builds keep the
     /// toolkit's paths and so its bytes)
     Install {
+        /// The CUDA toolkit to link for (the directory holding bin/nvcc and bin/nvlink)
         #[arg(long)]
         cuda_home: PathBuf,
+        /// Directory of the overlay to create or update (its bin/nvcc links through nvlinkd)
         #[arg(long, required_unless_present = "in_place", conflicts_with = "in_place")]
         prefix: Option<PathBuf>,
+        /// Replace the toolkit's own bin/nvlink with the shim, keeping the real one in bin/.nvlinkd/
         #[arg(long)]
         in_place: bool,
     },
     /// Undo `install --in-place`: restore the toolkit's real nvlink
     Uninstall {
+        /// The toolkit installed in place
         #[arg(long)]
         cuda_home: PathBuf,
     },

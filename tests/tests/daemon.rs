@@ -183,3 +183,43 @@ fn shim_starts_a_daemon_when_none_answers() {
     let cmp = compare::runs(&expected, &actual);
     assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }
+
+/// `status`, `stats` and `stop` with no daemon at the socket say so in words,
+/// for a missing socket and for one nobody listens on (a killed daemon's):
+/// `status` and `stats` fail, `stop` has nothing to do and succeeds.
+#[test]
+fn control_commands_without_a_daemon_say_so() {
+    let dir = TempDir::new("nodaemon");
+    let missing = dir.path().join("missing.sock");
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind a socket"));
+    for sock in [&missing, &stale] {
+        let cmd = |c: &str| std::process::Command::new(nvlinkd()).arg(c).arg("--socket").arg(sock).output().unwrap();
+        let absent = format!("no daemon is running at {}", sock.display());
+        for c in ["status", "stats"] {
+            let out = cmd(c);
+            assert!(!out.status.success(), "nvlinkd {c} succeeded without a daemon");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stderr),
+                format!("nvlinkd: {absent} (start one with `nvlinkd start`)\n"),
+                "nvlinkd {c}"
+            );
+        }
+        let out = cmd("stop");
+        assert!(out.status.success(), "nvlinkd stop failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{absent}\n"));
+    }
+}
+
+/// `nvlinkd stop` returns once the daemon process is gone, not before.
+#[test]
+fn stop_returns_once_the_daemon_has_exited() {
+    let mut d = Daemon::start();
+    let pid = d.pid().unwrap();
+    let (ok, said) = d.control("stop").unwrap();
+    assert!(ok, "nvlinkd stop failed");
+    assert_eq!(said.trim(), format!("nvlinkd (pid {pid}) stopped"));
+    let mut child = d.child.take().unwrap();
+    assert!(child.try_wait().unwrap().is_some(), "nvlinkd stop returned while the daemon still ran");
+    assert!(!d.socket().exists(), "socket left behind");
+}

@@ -6,6 +6,8 @@ use std::process::Command;
 
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation};
+use nvlinkd_tests::{compare, corpus};
 
 fn nvcc(prefix: &Path, args: &[&str], cwd: &Path, env: &[(String, String)]) {
     let out = Command::new(prefix.join("bin/nvcc"))
@@ -199,4 +201,37 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
     let msg = String::from_utf8_lossy(&st.stderr);
     assert!(!st.status.success() && msg.contains("read-only"), "read-only toolkit accepted: {msg}");
     assert!(!root.join("bin/.nvlinkd").exists());
+}
+
+/// `nvlinkd exec` run from an overlay links for the overlay's toolkit (its
+/// record), with no `CUDA_HOME` in its environment: nvlink's result.
+#[test]
+fn exec_in_an_overlay_uses_the_overlays_toolkit() {
+    let prefix = TempDir::new("ovl-exec");
+    let st = Command::new(nvlinkd())
+        .args(["install", "--cuda-home"])
+        .arg(cuda_home())
+        .arg("--prefix")
+        .arg(prefix.path())
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let out = TempDir::new("ovl-exec-out");
+    let link = ["--arch=sm_90", "accumulate.o", "scale.o", "-o"].map(String::from);
+    let inv = |pre: &[&str]| Invocation {
+        args: pre
+            .iter()
+            .map(|s| s.to_string())
+            .chain(link.iter().cloned())
+            .chain([out.path().join("out.cubin").display().to_string()])
+            .collect(),
+        cwd: corpus::dir().clone(),
+        env: vec![],
+        out_dir: out.path().to_path_buf(),
+    };
+    let expected = run(&real_nvlink(), &inv(&[]), &[]);
+    assert_eq!(expected.code, 0, "{}", String::from_utf8_lossy(&expected.stderr));
+    let actual = run(&prefix.path().join("bin/nvlinkd"), &inv(&["exec", "--"]), &[]);
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }

@@ -142,7 +142,9 @@ impl Parser<'_> {
 /// Returns the definition, the spelling to quote in messages, and a value given
 /// with `=` or glued on.
 fn resolve(stripped: &str) -> Result<(&'static OptionDef, String, Option<String>), Diagnostic> {
-    let unknown = || Diagnostic::fatal(format!("Unknown option '{stripped}'"));
+    // nvlink names an unknown option without the value given with `=`
+    // (`--archh=sm_90`: '-archh'); a glued value is part of the name ('ox.cubin').
+    let unknown = || Diagnostic::fatal(format!("Unknown option '{}'", split_eq(stripped).0));
     if let Some(long) = stripped.strip_prefix('-') {
         let (name, value) = split_eq(long);
         let def = by_long(name).ok_or_else(unknown)?;
@@ -279,6 +281,9 @@ mod tests {
         assert_eq!(p(&["--no-such-option"]).unwrap_err(), "nvlink fatal   : Unknown option '-no-such-option'");
         assert_eq!(p(&["--lto"]).unwrap_err(), "nvlink fatal   : Unknown option '-lto'");
         assert_eq!(p(&["-ox.cubin"]).unwrap_err(), "nvlink fatal   : Unknown option 'ox.cubin'");
+        assert_eq!(p(&["--archh=sm_90"]).unwrap_err(), "nvlink fatal   : Unknown option '-archh'");
+        assert_eq!(p(&["-archh=sm_90"]).unwrap_err(), "nvlink fatal   : Unknown option 'archh'");
+        assert_eq!(p(&["-a=b=c"]).unwrap_err(), "nvlink fatal   : Unknown option 'a'");
         assert_eq!(p(&["-r=1"]).unwrap_err(), "nvlink fatal   : no argument expected after '-r'");
         assert_eq!(p(&["-L"]).unwrap_err(), "nvlink fatal   : argument expected after '-L'");
         assert_eq!(

@@ -180,11 +180,13 @@ impl Spec {
             }
             return Ok(Mode::HostLinkerScript(kind));
         }
-        if self.output.is_none() {
-            return Err(Diagnostic::fatal("Must specify output file with -o option"));
-        }
+        // nvlink looks for the arch before the output file: with neither, it
+        // names the missing arch.
         if self.arch.is_none() {
             return Err(Diagnostic::fatal("Unknown arch name '(null)'"));
+        }
+        if self.output.is_none() {
+            return Err(Diagnostic::fatal("Must specify output file with -o option"));
         }
         let conflict = |a: &str, b: &str| Err(Diagnostic::fatal(format!("Conflicting options '{a}' and '{b}'")));
         if self.dump_callgraph && self.dump_callgraph_no_demangle {

@@ -261,8 +261,9 @@ mod tests {
             ("-ghls=lcs-aug", Ok(Mode::HostLinkerScript(HostScript::Aug))),
             ("-ghls=lcs-abs -o x.ld", Ok(Mode::HostLinkerScript(HostScript::Abs))),
             ("-ghls=lcs-aug a.o", Err(crate::ghls::inputs_not_allowed().message)),
-            // -o is checked before -arch.
-            ("a.o", Err("Must specify output file with -o option".into())),
+            // A missing -arch is reported first, then a missing -o (checked
+            // against the real nvlink: `nvlink a.o`, `nvlink -arch=sm_90 a.o`).
+            ("a.o", Err("Unknown arch name '(null)'".into())),
             ("-arch=sm_90 a.o", Err("Must specify output file with -o option".into())),
             ("-o x a.o", Err("Unknown arch name '(null)'".into())),
             // Conflicts, in nvlink's order.

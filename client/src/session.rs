@@ -11,21 +11,17 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use nvlinkd_proto::paths;
+use nvlinkd_proto::shared::{self, RELEVANT_ENV, WINDOW_BYTES};
 use nvlinkd_proto::v1::{
     client_message, file_error, file_reply, file_request, nvlinkd_client::NvlinkdClient, server_message, ClientMessage,
     FileError, FileReply, FileStat, LinkResult, Start,
 };
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::toolkit::Toolkit;
 
-/// Environment variables that change nvlink's behaviour (must match the daemon's list).
-const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
-/// HTTP/2 flow-control windows: whole files flow without waiting for updates.
-const WINDOW: u32 = 32 << 20;
 /// How long a daemon the shim starts stays without a link (`$NVLINKD_IDLE_EXIT`).
 const DEFAULT_IDLE_EXIT: &str = "2h";
 /// Largest file we send in one message.
@@ -228,21 +224,17 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
     match addr {
         Target::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
             .map_err(|e| e.to_string())?
-            .initial_stream_window_size(WINDOW)
-            .initial_connection_window_size(WINDOW)
+            .initial_stream_window_size(WINDOW_BYTES)
+            .initial_connection_window_size(WINDOW_BYTES)
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
             .map_err(|e| format!("cannot connect to {a}: {e}")),
         Target::Unix(path) => {
-            let path = path.clone();
-            Endpoint::from_static("http://nvlinkd.local")
-                .initial_stream_window_size(WINDOW)
-                .initial_connection_window_size(WINDOW)
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-                }))
+            let endpoint = shared::unix_endpoint()
+                .initial_stream_window_size(WINDOW_BYTES)
+                .initial_connection_window_size(WINDOW_BYTES);
+            shared::connect_unix(endpoint, path.clone())
                 .await
                 .map_err(|e| format!("cannot connect to {}: {e}", path_display(addr)))
         }

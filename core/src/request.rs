@@ -5,9 +5,6 @@ use std::path::PathBuf;
 
 use crate::declined::Declined;
 
-/// Environment variables that change what nvlink does; only these travel.
-pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
-
 /// An nvlink invocation.
 #[derive(Clone, Debug, Default)]
 pub struct Request {

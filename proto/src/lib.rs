@@ -10,3 +10,4 @@ pub mod v1 {
 pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
 pub mod paths;
+pub mod shared;

@@ -3,17 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
+use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::{nvlinkd_client::NvlinkdClient, PingReply, PingRequest, ShutdownRequest, StatsRequest};
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 pub async fn connect(socket: &Path) -> Result<NvlinkdClient<Channel>, String> {
-    let path = socket.to_path_buf();
-    let channel = Endpoint::from_static("http://nvlinkd.local")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
+    let channel = shared::connect_unix(shared::unix_endpoint(), socket.to_path_buf())
         .await
         .map_err(|e| unreachable_reason(socket, &e))?;
     Ok(NvlinkdClient::new(channel))

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvlinkd_core::{Linker, LinkerConfig};
+use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
@@ -155,11 +156,9 @@ fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
 /// for window updates.
 fn builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(WINDOW))
-        .initial_connection_window_size(Some(WINDOW))
+        .initial_stream_window_size(Some(shared::WINDOW_BYTES))
+        .initial_connection_window_size(Some(shared::WINDOW_BYTES))
 }
-
-pub const WINDOW: u32 = 32 << 20;
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nvlinkd_core::fs::LocalFs;
-use nvlinkd_core::request::{Request, RELEVANT_ENV};
+use nvlinkd_core::request::Request;
 use nvlinkd_core::{Linker, LinkerConfig};
+use nvlinkd_proto::shared::RELEVANT_ENV;
 
 pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));

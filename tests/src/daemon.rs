@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nvlinkd_proto::paths;
+
 use crate::env::{cuda_home, nvlinkd, TempDir};
 
 pub struct Daemon {
@@ -153,8 +155,8 @@ impl Daemon {
     /// Environment for the shim to use this daemon and never fall back.
     pub fn shim_env(&self) -> Vec<(String, String)> {
         vec![
-            ("NVLINKD_SOCKET".into(), self.socket().display().to_string()),
-            ("NVLINKD_FALLBACK".into(), "never".into()),
+            (paths::ENV_SOCKET.into(), self.socket().display().to_string()),
+            (paths::ENV_FALLBACK.into(), "never".into()),
             ("CUDA_HOME".into(), cuda_home().display().to_string()),
         ]
     }
@@ -163,11 +165,11 @@ impl Daemon {
     /// the shim runs the real nvlink itself (and starts no daemon of its own).
     pub fn fallback_env(&self) -> Vec<(String, String)> {
         vec![
-            ("NVLINKD_SOCKET".into(), self.socket().display().to_string()),
-            ("NVLINKD_FALLBACK".into(), "auto".into()),
-            ("NVLINKD_REAL_NVLINK".into(), crate::env::real_nvlink().display().to_string()),
+            (paths::ENV_SOCKET.into(), self.socket().display().to_string()),
+            (paths::ENV_FALLBACK.into(), "auto".into()),
+            (paths::ENV_REAL_NVLINK.into(), crate::env::real_nvlink().display().to_string()),
             ("CUDA_HOME".into(), cuda_home().display().to_string()),
-            ("NVLINKD_BIN".into(), "/nonexistent/nvlinkd".into()),
+            (paths::ENV_DAEMON_BIN.into(), "/nonexistent/nvlinkd".into()),
         ]
     }
 

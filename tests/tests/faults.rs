@@ -13,6 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::{
     client_message, nvlinkd_client::NvlinkdClient, server_message, ClientMessage, ServerMessage, Start,
 };
@@ -22,7 +23,7 @@ use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
 
@@ -69,16 +70,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn connect(socket: &Path) -> Channel {
-    let path = socket.to_path_buf();
-    Endpoint::from_static("http://nvlinkd.local")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await
-        .expect("connect to the daemon")
+    shared::connect_unix(shared::unix_endpoint(), socket.to_path_buf()).await.expect("connect to the daemon")
 }
 
 /// How a hostile client misbehaves once the daemon asks it for a file.

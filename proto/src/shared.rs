@@ -1,0 +1,32 @@
+//! What the shim and the daemon must agree on besides the protocol itself,
+//! defined once so the two sides (and the tests' clients) cannot drift apart.
+
+use std::path::PathBuf;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Environment variables that change what nvlink does; only these travel from
+/// the invoking process to the daemon (`nvlink` reads them; nothing else of the
+/// caller's environment may change a link).
+pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
+
+/// HTTP/2 stream and connection windows, on both ends: large enough that whole
+/// input files (tens of MB) flow without waiting for window updates.
+pub const WINDOW_BYTES: u32 = 32 << 20;
+
+/// Connects `endpoint` over the unix socket at `path` (tonic's endpoints speak
+/// TCP; the URI is a placeholder that no one resolves).
+pub async fn connect_unix(endpoint: Endpoint, path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// An endpoint for a unix socket: the URI only names the `:authority` sent.
+pub fn unix_endpoint() -> Endpoint {
+    Endpoint::from_static("http://nvlinkd.local")
+}

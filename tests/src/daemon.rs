@@ -129,27 +129,26 @@ impl Daemon {
         Some((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned()))
     }
 
+    /// `nvlinkd stats --json`, parsed.
+    pub fn stats(&self) -> serde_json::Value {
+        let (ok, json) = self.control("stats").expect("stats");
+        assert!(ok, "nvlinkd stats failed: {json}");
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("stats are not JSON ({e}): {json}"))
+    }
+
     /// A counter from `nvlinkd stats --json`.
     pub fn stat(&self, name: &str) -> u64 {
-        let (_, json) = self.control("stats").expect("stats");
-        let key = format!("\"{name}\":");
-        let at = json.find(&key).unwrap_or_else(|| panic!("no {name} in {json}"));
-        json[at + key.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().expect("integer")
+        let stats = self.stats();
+        stats[name].as_u64().unwrap_or_else(|| panic!("no integer {name} in {stats}"))
     }
 
     /// A count of one of the per-reason objects of `nvlinkd stats --json`
     /// (`routed`, `fallback_reasons`; reasons as in `nvlinkd_core::declined`),
     /// 0 when the reason was never counted.
     pub fn reason_count(&self, object: &str, reason: &str) -> u64 {
-        let (_, json) = self.control("stats").expect("stats");
-        let key = format!("\"{object}\":{{");
-        let at = json.find(&key).unwrap_or_else(|| panic!("no {object} in {json}")) + key.len();
-        let inner = &json[at..at + json[at..].find('}').expect("end of object")];
-        inner
-            .split(',')
-            .filter_map(|kv| kv.split_once(':'))
-            .find(|(k, _)| k.trim_matches('"') == reason)
-            .map_or(0, |(_, v)| v.parse().expect("integer"))
+        let stats = self.stats();
+        let counts = stats[object].as_object().unwrap_or_else(|| panic!("no object {object} in {stats}"));
+        counts.get(reason).map_or(0, |v| v.as_u64().unwrap_or_else(|| panic!("{object}.{reason} is not an integer")))
     }
 
     /// Environment for the shim to use this daemon and never fall back.

@@ -23,6 +23,7 @@ pub mod input;
 pub mod jitlink;
 pub mod linkcache;
 pub mod linker;
+mod lru;
 pub mod plan;
 pub mod regbin;
 pub mod request;

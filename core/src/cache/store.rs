@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use lru::LruCache;
 use tracing::{debug, warn};
+
+use crate::lru::ByteLru;
 
 /// A cache key: the BLAKE3 hash of everything the value depends on.
 pub type Key = [u8; 32];
@@ -44,11 +45,6 @@ pub(crate) fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-struct Mem {
-    lru: LruCache<Key, Arc<[u8]>>,
-    bytes: u64,
-}
-
 struct DiskIndex {
     /// Size and last use of every entry this process knows about.
     entries: HashMap<Key, (u64, SystemTime)>,
@@ -58,9 +54,8 @@ struct DiskIndex {
 /// Both tiers.
 pub struct Store {
     dir: Option<PathBuf>,
-    mem_limit: u64,
     disk_limit: u64,
-    mem: Mutex<Mem>,
+    mem: ByteLru<Key, Arc<[u8]>>,
     disk: Mutex<DiskIndex>,
     tmp_counter: AtomicU64,
     /// Entries found damaged (or stored under another key) on disk and dropped.
@@ -91,9 +86,8 @@ impl Store {
         }
         Store {
             dir,
-            mem_limit,
             disk_limit,
-            mem: Mutex::new(Mem { lru: LruCache::unbounded(), bytes: 0 }),
+            mem: ByteLru::new(mem_limit, |v| v.len() as u64),
             disk: Mutex::new(index),
             tmp_counter: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
@@ -114,16 +108,14 @@ impl Store {
 
     /// Bytes held in memory and on disk.
     pub(crate) fn sizes(&self) -> (u64, u64) {
-        let mem = self.mem.lock().map(|m| m.bytes).unwrap_or(0);
+        let mem = self.mem.bytes();
         let disk = self.disk.lock().map(|d| d.bytes).unwrap_or(0);
         (mem, disk)
     }
 
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
-        if let Ok(mut m) = self.mem.lock() {
-            if let Some(v) = m.lru.get(key) {
-                return Some(v.clone());
-            }
+        if let Some(v) = self.mem.get(key) {
+            return Some(v);
         }
         let path = self.path(key)?;
         let raw = fs::read(&path).ok()?;
@@ -177,20 +169,7 @@ impl Store {
     }
 
     fn put_mem(&self, key: &Key, value: Arc<[u8]>) {
-        let Ok(mut m) = self.mem.lock() else { return };
-        if value.len() as u64 > self.mem_limit {
-            return;
-        }
-        if let Some(old) = m.lru.put(*key, value.clone()) {
-            m.bytes -= old.len() as u64;
-        }
-        m.bytes += value.len() as u64;
-        while m.bytes > self.mem_limit {
-            match m.lru.pop_lru() {
-                Some((_, v)) => m.bytes -= v.len() as u64,
-                None => break,
-            }
-        }
+        self.mem.put(*key, value);
     }
 
     fn put_disk(&self, key: &Key, value: &[u8]) -> std::io::Result<()> {

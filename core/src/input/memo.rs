@@ -8,25 +8,18 @@
 //! member as stored (its payload and declared size), and bounded in bytes by
 //! least-recent use. Keys are content: a changed object is a different key.
 
-use std::sync::{Arc, Mutex};
-
-use lru::LruCache;
+use std::sync::Arc;
 
 use super::cubin::CubinInfo;
 use super::Bytes;
 use crate::fatbin::Member;
+use crate::lru::ByteLru;
 
 type Key = [u8; 32];
 
 /// Decoded members, shared by every request of a daemon.
 pub struct DecodeMemo {
-    inner: Mutex<Inner>,
-    limit: u64,
-}
-
-struct Inner {
-    lru: LruCache<Key, Decoded>,
-    bytes: u64,
+    lru: ByteLru<Key, Decoded>,
 }
 
 /// A member's contents and what the plan reads from them.
@@ -39,7 +32,7 @@ pub struct Decoded {
 impl DecodeMemo {
     /// A memo holding at most `limit` bytes of decoded contents.
     pub fn new(limit: u64) -> Self {
-        DecodeMemo { inner: Mutex::new(Inner { lru: LruCache::unbounded(), bytes: 0 }), limit }
+        DecodeMemo { lru: ByteLru::new(limit, |d| d.bytes.len() as u64) }
     }
 
     pub fn key(member: &Member<'_>) -> Key {
@@ -47,30 +40,16 @@ impl DecodeMemo {
     }
 
     pub fn get(&self, key: &Key) -> Option<Decoded> {
-        self.inner.lock().ok()?.lru.get(key).cloned()
+        self.lru.get(key)
     }
 
     pub fn put(&self, key: Key, decoded: Decoded) {
-        let size = decoded.bytes.len() as u64;
-        if size > self.limit {
-            return;
-        }
-        let Ok(mut m) = self.inner.lock() else { return };
-        if let Some(old) = m.lru.put(key, decoded) {
-            m.bytes -= old.bytes.len() as u64;
-        }
-        m.bytes += size;
-        while m.bytes > self.limit {
-            match m.lru.pop_lru() {
-                Some((_, v)) => m.bytes -= v.bytes.len() as u64,
-                None => break,
-            }
-        }
+        self.lru.put(key, decoded)
     }
 
     /// Bytes of decoded contents held.
     pub fn bytes(&self) -> u64 {
-        self.inner.lock().map(|m| m.bytes).unwrap_or(0)
+        self.lru.bytes()
     }
 }
 

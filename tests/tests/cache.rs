@@ -104,11 +104,14 @@ fn concurrent_identical_links_are_computed_once() {
     let ref_out = TempDir::new("c3-ref");
     let expected = run(&real_nvlink(), &inv(link, dir, &ref_out), &[]);
     let env = d.shim_env();
+    // The shims start together (the slow link keeps them overlapping).
+    let start = std::sync::Barrier::new(4);
     let results: Vec<Run> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 s.spawn(|| {
                     let out = TempDir::new("c3");
+                    start.wait();
                     run(&shim(), &inv(link, dir, &out), &env)
                 })
             })
@@ -142,12 +145,15 @@ fn two_daemons_share_one_cache_directory() {
         })
         .collect();
     for round in 0..3 {
+        // Every link of a round, through both daemons, starts at once.
+        let start = &std::sync::Barrier::new(2 * links.len());
         std::thread::scope(|s| {
             for (i, l) in links.iter().enumerate() {
                 for dmn in [&a, &b] {
                     let expected = &expected[i];
                     s.spawn(move || {
                         let out = TempDir::new("c4");
+                        start.wait();
                         same(expected, &run(&shim(), &inv(l, dir, &out), &dmn.shim_env()));
                     });
                 }

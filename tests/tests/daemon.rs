@@ -141,6 +141,8 @@ fn concurrent_links_through_one_daemon() {
         .collect();
     let before = d.stat("requests");
     let env = d.shim_env();
+    // The shims start together, so their links overlap in the daemon.
+    let start = &std::sync::Barrier::new(cases.len());
     let actual: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = cases
             .iter()
@@ -148,6 +150,7 @@ fn concurrent_links_through_one_daemon() {
                 let env = env.clone();
                 s.spawn(move || {
                     let out = TempDir::new("cc");
+                    start.wait();
                     run(&shim(), &inv(c, &out), &env)
                 })
             })

@@ -59,6 +59,8 @@ pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, Str
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(stderr);
     // Detach: own session, so the daemon outlives the shell or build that started it.
     use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // setsid(2), which is async-signal-safe; it touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();

@@ -76,3 +76,16 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// `nvlinkd install --cuda-home <the test toolkit> --prefix <prefix>`: an
+/// overlay whose `bin/nvlink` is the shim; panics with its stderr if it fails.
+pub fn install_overlay(prefix: &Path) {
+    let st = Command::new(nvlinkd())
+        .args(["install", "--cuda-home"])
+        .arg(cuda_home())
+        .arg("--prefix")
+        .arg(prefix)
+        .output()
+        .expect("run nvlinkd install");
+    assert!(st.status.success(), "nvlinkd install: {}", String::from_utf8_lossy(&st.stderr));
+}

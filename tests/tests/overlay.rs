@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, shim, TempDir};
+use nvlinkd_tests::env::{cuda_home, install_overlay, nvlinkd, real_nvlink, repo_root, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 use nvlinkd_tests::{compare, corpus};
 
@@ -29,14 +29,7 @@ fn nvcc_through_the_overlay_links_via_the_daemon() {
     let d = Daemon::start();
     let env = d.shim_env();
     let prefix = TempDir::new("ovl");
-    let st = Command::new(nvlinkd())
-        .args(["install", "--cuda-home"])
-        .arg(cuda_home())
-        .arg("--prefix")
-        .arg(prefix.path())
-        .output()
-        .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    install_overlay(prefix.path());
 
     let work = TempDir::new("ovl-work");
     let demo = repo_root().join("demo");
@@ -208,14 +201,7 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
 #[test]
 fn exec_in_an_overlay_uses_the_overlays_toolkit() {
     let prefix = TempDir::new("ovl-exec");
-    let st = Command::new(nvlinkd())
-        .args(["install", "--cuda-home"])
-        .arg(cuda_home())
-        .arg("--prefix")
-        .arg(prefix.path())
-        .output()
-        .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    install_overlay(prefix.path());
     let out = TempDir::new("ovl-exec-out");
     let link = ["--arch=sm_90", "accumulate.o", "scale.o", "-o"].map(String::from);
     let inv = |pre: &[&str]| Invocation {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, repo_root, TempDir};
+use nvlinkd_tests::env::{install_overlay, real_nvlink, repo_root, TempDir};
 
 /// The wrapper installed as the overlay's `bin/nvlink` (the shim moves to
 /// `bin/nvlink.shim`, where it still finds the overlay's record).
@@ -72,14 +72,7 @@ fn cmake_build_device_links_equal_the_real_nvlink() {
     let d = Daemon::start();
     let work = TempDir::new("realbuild");
     let prefix = work.path().join("overlay");
-    let st = Command::new(nvlinkd())
-        .args(["install", "--cuda-home"])
-        .arg(cuda_home())
-        .arg("--prefix")
-        .arg(&prefix)
-        .output()
-        .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    install_overlay(&prefix);
     let bin = prefix.join("bin");
     std::fs::rename(bin.join("nvlink"), bin.join("nvlink.shim")).unwrap();
     std::fs::write(bin.join("nvlink"), WRAPPER).unwrap();

@@ -108,42 +108,15 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
             Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
             Err(e) => err(&e),
         },
-        file_request::Op::Read => match read_regular(path) {
+        // At most [`MAX_FILE`] bytes; a FIFO, socket or device is not read at
+        // all (`Unsupported`): the daemon declines the link and this shim runs
+        // the real nvlink, which reads those its own way.
+        file_request::Op::Read => match nvlinkd_fs::read_regular(path, MAX_FILE) {
             Ok(data) => file_reply::Result::Data(data),
             Err(e) => err(&e),
         },
     };
     FileReply { id, result: Some(result) }
-}
-
-/// A regular file's contents, at most [`MAX_FILE`] bytes. A FIFO, socket or
-/// device is not read at all (`Unsupported`): nvlink reads those its own way (a
-/// FIFO blocks it, `/dev/zero` gives it one buffer), so the daemon declines the
-/// link and this shim runs the real nvlink. A FIFO is never opened here (that
-/// would block); the opened file is checked again, opened non-blocking.
-fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let check = |m: &std::fs::Metadata| {
-        if m.is_dir() {
-            Err(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"))
-        } else if !m.is_file() {
-            Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "not a regular file"))
-        } else if m.len() > MAX_FILE {
-            Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("{} bytes", m.len())))
-        } else {
-            Ok(m.len())
-        }
-    };
-    check(&std::fs::metadata(path)?)?;
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
-    let len = check(&f.metadata()?)?;
-    let mut data = Vec::with_capacity(len as usize);
-    f.take(MAX_FILE + 1).read_to_end(&mut data)?;
-    if data.len() as u64 > MAX_FILE {
-        return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "grew while read"));
-    }
-    Ok(data)
 }
 
 fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String> {

@@ -49,59 +49,7 @@ pub trait InputFs: Send + Sync {
     }
 }
 
-/// The error of a read of something other than a regular file or a directory
-/// (a FIFO, a socket, a character or block device).
-#[derive(Debug)]
-pub struct NotRegular;
-
-impl std::fmt::Display for NotRegular {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("not a regular file")
-    }
-}
-
-impl std::error::Error for NotRegular {}
-
-/// The io::Error carrying [`NotRegular`].
-pub fn not_regular() -> io::Error {
-    io::Error::new(io::ErrorKind::Unsupported, NotRegular)
-}
-
-/// Whether `e` says the path is not a regular file.
-pub fn is_not_regular(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
-}
-
-/// Read a regular file of at most `max` bytes. Anything else fails without
-/// being read: a directory with `IsADirectory`, a FIFO, socket or device with
-/// [`NotRegular`] (checked before opening, since opening a FIFO blocks, and
-/// again on the opened file, which is opened non-blocking in case the path was
-/// replaced in between), a larger file with `FileTooLarge`.
-pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let kind = |m: &std::fs::Metadata| {
-        if m.is_dir() {
-            Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory"))
-        } else if !m.is_file() {
-            Err(not_regular())
-        } else if m.len() > max {
-            Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("{} bytes", m.len())))
-        } else {
-            Ok(m.len())
-        }
-    };
-    kind(&std::fs::metadata(path)?)?;
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
-    let len = kind(&f.metadata()?)?;
-    let mut data = Vec::with_capacity(len as usize);
-    // The file may grow while it is read: never past the bound.
-    f.take(max.saturating_add(1)).read_to_end(&mut data)?;
-    if data.len() as u64 > max {
-        return Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("more than {max} bytes")));
-    }
-    Ok(data)
-}
+pub use nvlinkd_fs::{is_not_regular, not_regular, read_regular, NotRegular};
 
 /// Which file, at which version: device, inode, size and both timestamps.
 /// Any write to the file changes its ctime, which nobody can set back.

@@ -153,12 +153,47 @@ pub fn run(
     cancel: &Cancel,
     limit: Duration,
 ) -> Result<ProcessResult, RunError> {
-    let mut last = RunError::Environment("no scratch directory".into());
-    for parent in scratch_parents {
-        match run_in(nvlink, req, spec, parent, cancel, limit) {
-            Err(RunError::Environment(why)) => {
-                tracing::warn!(scratch = %parent.display(), "nvlink run failed by its environment: {why}");
-                last = RunError::Environment(why);
+    retry_in_scratch("nvlink", scratch_parents, |parent| run_in(nvlink, req, spec, parent, cancel, limit))
+}
+
+/// The failure of a tool's run in one scratch directory, as far as
+/// [`retry_in_scratch`] cares: whether the environment failed it.
+pub(crate) trait ScratchFailure: Sized {
+    /// The environment failed the run, for the reason given.
+    fn environment(why: String) -> Self;
+    /// The reason, if the environment failed the run.
+    fn as_environment(&self) -> Option<&str>;
+}
+
+impl ScratchFailure for RunError {
+    fn environment(why: String) -> Self {
+        RunError::Environment(why)
+    }
+    fn as_environment(&self) -> Option<&str> {
+        match self {
+            RunError::Environment(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// Run `attempt` in the first of `parents` (see [`scratch_parents`]) where the
+/// environment does not fail it: a fault of the environment (see the module
+/// doc) is logged and the next directory tried; any other result, success or
+/// not, is the answer (a second run elsewhere would end the same way). When
+/// every directory failed, the last fault is returned.
+pub(crate) fn retry_in_scratch<T, E: ScratchFailure>(
+    tool: &str,
+    parents: &[PathBuf],
+    mut attempt: impl FnMut(&Path) -> Result<T, E>,
+) -> Result<T, E> {
+    let mut last = E::environment("no scratch directory".into());
+    for parent in parents {
+        match attempt(parent) {
+            Err(e) if e.as_environment().is_some() => {
+                let why = e.as_environment().unwrap_or_default();
+                tracing::warn!(scratch = %parent.display(), "{tool} run failed by its environment: {why}");
+                last = e;
             }
             other => return other,
         }
@@ -253,4 +288,49 @@ fn run_in(
         }
     }
     Ok(ProcessResult { exit_code, stdout: out.stdout, stderr: out.stderr, outputs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row: what the attempt in each scratch parent gives (`Ok`, an
+    /// environment fault `E`, another failure `S` for a signal), the result
+    /// and how many directories were tried.
+    #[test]
+    fn scratch_retry_moves_on_only_after_environment_faults() {
+        type Row = (&'static [char], Result<usize, char>, usize);
+        let rows: &[Row] = &[
+            (&['O', 'O'], Ok(0), 1),
+            (&['E', 'O'], Ok(1), 2),
+            (&['S', 'O'], Err('S'), 1),
+            (&['E', 'S'], Err('S'), 2),
+            (&['E', 'E'], Err('E'), 2),
+            (&[], Err('E'), 0),
+        ];
+        for (outcomes, want, tries) in rows {
+            let parents: Vec<PathBuf> = (0..outcomes.len()).map(|i| PathBuf::from(format!("/p{i}"))).collect();
+            let mut tried = 0;
+            let got = retry_in_scratch("tool", &parents, |parent| {
+                tried += 1;
+                let i: usize = parent.to_str().unwrap()[2..].parse().unwrap();
+                match outcomes[i] {
+                    'O' => Ok(i),
+                    'E' => Err(RunError::Environment(format!("fault in {i}"))),
+                    _ => Err(RunError::Signal(9)),
+                }
+            });
+            let got = got.map_err(|e| match e {
+                RunError::Environment(why) => {
+                    // The last fault is the one returned.
+                    let last = outcomes.len().checked_sub(1).map(|i| format!("fault in {i}"));
+                    assert_eq!(why, last.unwrap_or_else(|| "no scratch directory".into()), "{outcomes:?}");
+                    'E'
+                }
+                _ => 'S',
+            });
+            assert_eq!(got, *want, "{outcomes:?}");
+            assert_eq!(tried, *tries, "{outcomes:?}");
+        }
+    }
 }

@@ -35,26 +35,34 @@ pub fn compile(
     cancel: &Cancel,
     limit: Duration,
 ) -> Result<Vec<u8>, Declined> {
-    let mut last = Declined::new(Reason::Environment, "no scratch directory");
-    for parent in process::scratch_parents(scratch_parent) {
+    let parents = process::scratch_parents(scratch_parent);
+    let compiled = process::retry_in_scratch("ptxas", &parents, |parent| {
         if cancel.is_cancelled() {
-            return Err(Declined::new(Reason::Worker, "the link was cancelled"));
+            return Err(Failure::Tool(Declined::new(Reason::Worker, "the link was cancelled")));
         }
-        match compile_in(tk, ptx, args, &parent, cancel, limit) {
-            Ok(v) => return Ok(v),
-            Err(Failure::Environment(why)) => {
-                tracing::warn!(scratch = %parent.display(), "ptxas failed by its environment: {why}");
-                last = Declined::new(Reason::Environment, format!("ptxas environment fault: {why}"));
-            }
-            Err(Failure::Tool(u)) => return Err(u),
-        }
-    }
-    Err(last)
+        compile_in(tk, ptx, args, parent, cancel, limit)
+    });
+    compiled.map_err(|failure| match failure {
+        Failure::Environment(why) => Declined::new(Reason::Environment, format!("ptxas environment fault: {why}")),
+        Failure::Tool(declined) => declined,
+    })
 }
 
 enum Failure {
     Environment(String),
     Tool(Declined),
+}
+
+impl process::ScratchFailure for Failure {
+    fn environment(why: String) -> Self {
+        Failure::Environment(why)
+    }
+    fn as_environment(&self) -> Option<&str> {
+        match self {
+            Failure::Environment(why) => Some(why),
+            Failure::Tool(_) => None,
+        }
+    }
 }
 
 fn compile_in(

@@ -142,6 +142,17 @@ impl Daemon {
         stats[name].as_u64().unwrap_or_else(|| panic!("no integer {name} in {stats}"))
     }
 
+    /// Wait until the counter `name` reaches at least `n` (a link is in
+    /// flight, a store happened...), polling the stats; fails the test if it
+    /// has not after a minute.
+    pub fn wait_stat(&self, name: &str, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.stat(name) < n {
+            assert!(Instant::now() < deadline, "{name} never reached {n}: {}", self.stats());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// A count of one of the per-reason objects of `nvlinkd stats --json`
     /// (`routed`, `fallback_reasons`; reasons as in `nvlinkd_core::declined`),
     /// 0 when the reason was never counted.

@@ -240,15 +240,6 @@ fn swapped_truncated_and_flipped_entries_are_never_served() {
     }
 }
 
-/// Wait until a counter of `d` reaches `n`.
-fn wait_stat(d: &Daemon, name: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while d.stat(name) < n {
-        assert!(Instant::now() < deadline, "{name} never reached {n}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// An input rewritten after the link's key was computed, before the link ran:
 /// whatever the link answered then, what it stored must be true for the
 /// version it names, so later links of either version get nvlink's result.
@@ -298,7 +289,7 @@ fn an_input_changing_during_a_link_never_stores_under_the_wrong_key() {
         let o = TempDir::new("chg-during");
         let during = std::thread::scope(|s| {
             let h = s.spawn(|| run(&shim(), &inv(link, work.path(), &o), &d.shim_env()));
-            wait_stat(&d, "cache_misses", m0 + 1);
+            d.wait_stat("cache_misses", m0 + 1);
             std::fs::write(&x, &v2).unwrap();
             h.join().unwrap()
         });

@@ -2,7 +2,6 @@
 //! when it dies mid-link, concurrent links, graceful shutdown, auto-start.
 
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
@@ -72,8 +71,7 @@ fn shim_falls_back_when_daemon_dies_mid_link() {
     ];
     let invocation = inv(CDP_LINK, &out);
     let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
-    std::thread::sleep(Duration::from_millis(800));
-    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.wait_stat("in_flight", 1);
     d.kill();
     let actual = handle.join().unwrap();
     let cmp = compare::runs(&expected, &actual);
@@ -92,8 +90,7 @@ fn fallback_never_fails_cleanly_without_partial_output() {
     ];
     let invocation = inv(CDP_LINK, &out);
     let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
-    std::thread::sleep(Duration::from_millis(800));
-    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.wait_stat("in_flight", 1);
     d.kill();
     let r = handle.join().unwrap();
     assert_ne!(r.code, 0);
@@ -111,8 +108,7 @@ fn sigterm_finishes_in_flight_links() {
     let invocation = inv(CDP_LINK, &out);
     let env = d.shim_env();
     let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(d.stat("in_flight"), 1, "link not in flight in the daemon");
+    d.wait_stat("in_flight", 1);
     d.stop();
     let actual = handle.join().unwrap();
     let cmp = compare::runs(&expected, &actual);

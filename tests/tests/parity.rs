@@ -285,7 +285,8 @@ fn expand(s: &str, out: &str) -> String {
 
 struct Row {
     name: &'static str,
-    args: String,
+    /// Which engine served the cold link (see [`engine_between`]).
+    engine: String,
     cmp: Comparison,
 }
 
@@ -328,15 +329,29 @@ fn layout_roundtrip_problems(files: &std::collections::BTreeMap<String, Vec<u8>>
         .collect()
 }
 
-/// The engine the daemon's log names for a link with these arguments.
-fn engine_of(log: &str, args: &str) -> &'static str {
-    let needle = format!("args={args} exit=");
-    match log.lines().find(|l| l.contains(&needle)) {
-        Some(l) if l.contains("engine=InProcess") => "in-process",
-        Some(l) if l.contains("engine=NvlinkProcess") => "nvlink engine",
-        Some(l) if l.contains("engine=Cache") => "cache",
-        Some(_) => "frontend",
-        None => "?",
+/// The daemon's counters that each say one engine served a link, with the
+/// engine's name in the table.
+const ENGINE_COUNTERS: &[(&str, &str)] = &[
+    ("in_process", "in-process"),
+    ("nvlink_process", "nvlink engine"),
+    ("cache_hits", "cache"),
+    ("frontend", "frontend"),
+    ("fallbacks", "fallback"),
+];
+
+/// The engine that served the one link run between two reads of a daemon's
+/// `stats --json` (nothing else ran on that daemon meanwhile): the counters of
+/// [`ENGINE_COUNTERS`] that grew, "?" if none did.
+fn engine_between(before: &serde_json::Value, after: &serde_json::Value) -> String {
+    let grew: Vec<&str> = ENGINE_COUNTERS
+        .iter()
+        .filter(|(counter, _)| after[counter].as_u64() > before[counter].as_u64())
+        .map(|(_, engine)| *engine)
+        .collect();
+    if grew.is_empty() {
+        "?".into()
+    } else {
+        grew.join("+")
     }
 }
 
@@ -356,20 +371,23 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
 fn parity_with_nvlink() {
     let cases = cases();
     let corpus = corpus::dir();
-    let daemon = Daemon::start();
+    // One daemon per thread, each running one link at a time, so that the
+    // change of its counters over a link tells which engine served that link.
+    let daemons: Vec<Daemon> = (0..4).map(|_| Daemon::start()).collect();
     let work = TempDir::new("parity");
     let rows = Mutex::new(Vec::new());
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| loop {
+        for daemon in &daemons {
+            let (next, rows, cases, corpus, work) = (&next, &rows, &cases, &corpus, &work);
+            s.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&(name, args, env)) = cases.get(i) else { break };
                 let out = work.path().join(name);
                 let out_s = out.display().to_string();
                 let inv = Invocation {
                     args: expand(args, &out_s).split_whitespace().map(String::from).collect(),
-                    cwd: corpus.clone(),
+                    cwd: corpus.to_path_buf(),
                     env: env
                         .split_whitespace()
                         .filter_map(|kv| kv.split_once('='))
@@ -378,7 +396,9 @@ fn parity_with_nvlink() {
                     out_dir: out,
                 };
                 let mut expected = run(&real_nvlink(), &inv, &[]);
+                let before = daemon.stats();
                 let mut actual = run(&shim(), &inv, &daemon.shim_env());
+                let engine = engine_between(&before, &daemon.stats());
                 if name.starts_with("opt-time") {
                     mask_times(&mut expected);
                     mask_times(&mut actual);
@@ -393,16 +413,13 @@ fn parity_with_nvlink() {
                 let warm = compare::runs(&expected, &again);
                 cmp.problems.extend(warm.problems.into_iter().map(|p| format!("warm: {p}")));
                 cmp.identical &= warm.identical;
-                rows.lock().unwrap().push(Row { name, args: inv.args.join(" "), cmp });
+                rows.lock().unwrap().push(Row { name, engine, cmp });
             });
         }
     });
     let mut rows = rows.into_inner().unwrap();
-    let requests = daemon.stat("requests");
-    let hits = daemon.stat("cache_hits");
-    let mut daemon = daemon;
-    daemon.stop();
-    let log = daemon.log();
+    let requests: u64 = daemons.iter().map(|d| d.stat("requests")).sum();
+    let hits: u64 = daemons.iter().map(|d| d.stat("cache_hits")).sum();
     rows.sort_by_key(|r| CASES.iter().position(|c| c.0 == r.name));
     let identical = rows.iter().filter(|r| r.cmp.identical && r.cmp.problems.is_empty()).count();
     let equivalent = rows.iter().filter(|r| !r.cmp.identical && r.cmp.problems.is_empty()).count();
@@ -416,7 +433,7 @@ fn parity_with_nvlink() {
         } else {
             "equal except tkinfo"
         };
-        println!("  {:<32} {:<22} {}", r.name, verdict, engine_of(&log, &r.args));
+        println!("  {:<32} {:<22} {}", r.name, verdict, r.engine);
     }
     println!(
         "cases: {}  byte-identical: {identical}  equivalent: {equivalent}  differing: {}",
@@ -430,7 +447,7 @@ fn parity_with_nvlink() {
         .iter()
         .copied()
         .filter(|name| cases.iter().any(|c| c.0 == *name))
-        .filter(|name| rows.iter().find(|r| r.name == *name).map(|r| engine_of(&log, &r.args)) != Some("in-process"))
+        .filter(|name| rows.iter().find(|r| r.name == *name).map(|r| r.engine.as_str()) != Some("in-process"))
         .collect();
     assert!(routed.is_empty(), "cases no longer linked in process: {routed:?}");
     assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");

@@ -239,3 +239,211 @@ fn add_library(units: &mut Vec<Unit>, lib: Library, keep_system: bool) {
         units.extend(lib.members);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The rules of the plan as tables, on synthetic units (no toolkit): each
+    //! module is written as words — `k:K` a kernel, `f:F` a device function,
+    //! `s:S` a static function (`sk:K` a static kernel), `A>B` a relocation in
+    //! A's code to B, `>B` one in data, `u:U` an undefined symbol.
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::finalize::strtab::InputFunction;
+    use crate::input::cubin::Ref;
+    use crate::input::host::HostRefs;
+    use crate::input::load::{Code, Module};
+
+    fn module(text: &str) -> Module {
+        let mut info = CubinInfo { sm: 90, relocatable: true, ..Default::default() };
+        for word in text.split_whitespace() {
+            let (kind, name) = word.split_once(':').unwrap_or(("", word));
+            let name = name.to_owned();
+            match kind {
+                "k" | "f" | "s" | "sk" => {
+                    let is_kernel = kind.ends_with('k');
+                    info.functions.push(InputFunction { name: name.clone(), is_kernel });
+                    if is_kernel {
+                        info.kernels.push(name.clone());
+                    }
+                    if kind.starts_with('s') {
+                        info.local_functions.push(name);
+                    } else {
+                        info.defined.push(name);
+                    }
+                }
+                "u" => info.undefined.push(name),
+                _ => {
+                    let (from, to) = word.split_once('>').expect("A>B or >B");
+                    info.refs.push(Ref { from: (!from.is_empty()).then(|| from.to_owned()), to: to.to_owned() });
+                }
+            }
+        }
+        Module {
+            code: Code::Cubin(Arc::from(&[][..])),
+            arch: 90,
+            options: String::new(),
+            info: Some(Arc::new(info)),
+            lto: None,
+        }
+    }
+
+    /// A unit of one module; `kernels` are its host's kernel references
+    /// (`None`: an object without `.nvHR*` sections).
+    fn unit(name: &str, kernels: Option<&[&str]>, text: &str) -> Unit {
+        Unit {
+            name: name.into(),
+            host_refs: kernels.map(|k| HostRefs {
+                kernels_external: k.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+            modules: vec![module(text)],
+            ..Default::default()
+        }
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Host-reference pruning: (host patterns, modules, live kernels, live
+    /// functions, how many functions are removed).
+    #[test]
+    fn liveness_rules() {
+        type Row =
+            (&'static [&'static str], &'static [&'static str], &'static [&'static str], &'static [&'static str], usize);
+        let rows: &[Row] = &[
+            // Only the kernels the host names survive.
+            (&["k1"], &["k:k1 k:k2"], &["k1"], &["k1"], 1),
+            // Host patterns are globs.
+            (
+                &["_Z4fill*"],
+                &["k:_Z4fillPf k:_Z4fillPi k:_Z5scalePf"],
+                &["_Z4fillPf", "_Z4fillPi"],
+                &["_Z4fillPf", "_Z4fillPi"],
+                1,
+            ),
+            (&["*"], &["k:a k:b f:c"], &["a", "b"], &["a", "b"], 1),
+            // Calls are followed, transitively; unreached functions go.
+            (&["k1"], &["k:k1 f:f f:g f:h k1>f f>g"], &["k1"], &["f", "g", "k1"], 1),
+            // A device-side launch keeps the launched kernel.
+            (&["k1"], &["k:k1 k:k2 k:k3 k1>k2"], &["k1", "k2"], &["k1", "k2"], 1),
+            // References from data (initializers, constant banks) are roots.
+            (&[], &["k:k1 f:f >f"], &[], &["f"], 1),
+            // References from a dead function keep nothing.
+            (&["k1"], &["k:k1 k:k2 f:f k2>f"], &["k1"], &["k1"], 2),
+            // Calls resolve across modules to global functions...
+            (&["k1"], &["k:k1 u:g k1>g", "f:g f:h"], &["k1"], &["g", "k1"], 1),
+            // ... but a static function only within its own module: the other
+            // module's `h` of the same name is removed.
+            (&["k1"], &["k:k1 s:h k1>h", "s:h"], &["k1"], &["h", "k1"], 1),
+            // A static kernel matched by the host survives like any other.
+            (&["sk"], &["sk:sk k:k2"], &["sk"], &["sk"], 1),
+            // No host reference at all: every function is removed.
+            (&[], &["k:k1 f:f k1>f"], &[], &[], 2),
+        ];
+        for (patterns, modules, live_kernels, live_functions, dead) in rows {
+            let units: Vec<Unit> = modules.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
+            let p = liveness(&units, patterns);
+            let row = format!("{patterns:?} {modules:?}");
+            assert_eq!(p.live_kernels, set(live_kernels), "live kernels of {row}");
+            assert_eq!(p.live_functions, set(live_functions), "live functions of {row}");
+            assert_eq!(p.dead_functions, *dead, "removed functions of {row}");
+            let all_kernels: BTreeSet<String> =
+                modules.iter().flat_map(|m| module(m).info.unwrap().kernels.clone()).collect();
+            let dead_kernels: BTreeSet<String> = all_kernels.difference(&p.live_kernels).cloned().collect();
+            assert_eq!(p.dead_kernels, dead_kernels, "dead kernels of {row}");
+        }
+    }
+
+    fn spec(args: &str) -> Spec {
+        let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+        let parsed = crate::cli::parse::parse(&args, &crate::fs::LocalFs, std::path::Path::new("/")).unwrap();
+        Spec::from_parsed(parsed).unwrap()
+    }
+
+    /// When pruning applies: (arguments, units as (has host references,
+    /// is libcudadevrt), codeless archive members skipped, prunes).
+    #[test]
+    fn pruning_applies_rules() {
+        type Row = (&'static str, &'static [(bool, bool)], bool, bool);
+        let rows: &[Row] = &[
+            // An executable whose every unit carries host references.
+            ("-arch=sm_90 a.o b.o -o x", &[(true, false), (true, false)], false, true),
+            // Not when relocatable, told to ignore host info, or debugging.
+            ("-arch=sm_90 -r a.o b.o -o x", &[(true, false), (true, false)], false, false),
+            ("-arch=sm_90 --ignore-host-info a.o b.o -o x", &[(true, false), (true, false)], false, false),
+            ("-arch=sm_90 -g a.o b.o -o x", &[(true, false), (true, false)], false, false),
+            // One unit without host references (a cubin, a host-less object) turns it off...
+            ("-arch=sm_90 a.o b.o -o x", &[(true, false), (false, false)], false, false),
+            // ... but libcudadevrt's members do not count.
+            ("-arch=sm_90 a.o b.o -o x", &[(true, false), (false, true)], false, true),
+            // Nor do code-less archive members: their host code may launch anything.
+            ("-arch=sm_90 a.o b.o -o x", &[(true, false), (true, false)], true, false),
+        ];
+        for (args, kinds, codeless, prunes) in rows {
+            let spec = spec(args);
+            let mode = spec.mode().unwrap();
+            let units = kinds
+                .iter()
+                .map(|&(refs, devrt)| Unit {
+                    is_cudadevrt: devrt,
+                    ..unit("a.o", refs.then_some(&["k1"][..]), "k:k1 k:k2")
+                })
+                .collect();
+            let mut plan = Plan {
+                units,
+                pruning: None,
+                warnings: Vec::new(),
+                notes: Vec::new(),
+                system_library_found: false,
+                codeless_archive_members: *codeless,
+            };
+            plan.prune(&spec, mode);
+            assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");
+            if let Some(p) = &plan.pruning {
+                assert_eq!(p.live_kernels, set(&["k1"]), "{args} {kinds:?}");
+            }
+        }
+    }
+
+    /// Which archive members a link takes: (archive name, `--keep-system-libraries`,
+    /// the units before it, its members, the members taken in order).
+    #[test]
+    fn member_selection_rules() {
+        type Row = (&'static str, bool, &'static [&'static str], &'static [&'static str], &'static [usize]);
+        let rows: &[Row] = &[
+            // An ordinary archive: every member, needed or not, in archive order.
+            ("libfoo.a", false, &["k:k"], &["f:a", "f:b"], &[0, 1]),
+            // libcudadevrt: only what resolves an undefined symbol...
+            ("libcudadevrt.a", false, &["k:k u:b"], &["f:a", "f:b", "f:c"], &[1]),
+            // ... nothing when nothing is undefined...
+            ("libcudadevrt.a", false, &["k:k"], &["f:a", "f:b"], &[]),
+            // ... nor for a symbol another unit already defines...
+            ("libcudadevrt.a", false, &["k:k u:b", "f:b"], &["f:a", "f:b"], &[]),
+            // ... and what the taken members need in turn, in the order needed,
+            // not archive order.
+            ("libcudadevrt.a", false, &["k:k u:b"], &["f:c", "f:b u:c", "f:d"], &[1, 0]),
+            // The first member defining a needed symbol wins.
+            ("libcudadevrt.a", false, &["k:k u:b"], &["f:a", "f:b", "f:b"], &[1]),
+            // --keep-system-libraries takes every member.
+            ("libcudadevrt.a", true, &["k:k u:b"], &["f:a", "f:b"], &[0, 1]),
+            // A path naming cudadevrt is a system library wherever it is.
+            ("/opt/x/libcudadevrt_static.a", false, &["k:k u:a"], &["f:a", "f:b"], &[0]),
+        ];
+        for (name, keep, before, members, taken) in rows {
+            let mut units: Vec<Unit> = before.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
+            let lib = Library {
+                name: name.to_string(),
+                path: name.into(),
+                members: members.iter().enumerate().map(|(i, m)| unit(&format!("m{i}"), Some(&[]), m)).collect(),
+                skipped_host_objects: false,
+            };
+            add_library(&mut units, lib, *keep);
+            let got: Vec<String> = units[before.len()..].iter().map(|u| u.name.clone()).collect();
+            let want: Vec<String> = taken.iter().map(|i| format!("m{i}")).collect();
+            assert_eq!(got, want, "{name} keep={keep} after {before:?} from {members:?}");
+        }
+    }
+}

@@ -125,12 +125,17 @@ fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String
     }
     for out in &result.outputs {
         let path = PathBuf::from(&out.path);
-        let written = if out.append { append(&path, &out.data) } else { write_atomically(&path, &out.data) };
-        if written.is_err() {
+        let written = if out.append { append(&path, &out.data) } else { write_output(&path, &out.data) };
+        if let Err(failed) = written {
             // nvlink's words: the file as the command line named it, no OS error.
             let _ = std::io::stdout().write_all(&result.stdout);
             let _ = std::io::stdout().flush();
-            eprintln!("nvlink fatal   : Could not open output file '{}'", as_named(&path, args, cwd));
+            match failed {
+                WriteFailed::Open => {
+                    eprintln!("nvlink fatal   : Could not open output file '{}'", as_named(&path, args, cwd))
+                }
+                WriteFailed::Write => eprintln!("nvlink fatal   : Internal error: writing file"),
+            }
             return Ok(1);
         }
     }
@@ -155,8 +160,39 @@ fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(data)
+/// How writing an output failed, in nvlink's terms.
+enum WriteFailed {
+    /// "Could not open output file": no such directory, a directory, no permission.
+    Open,
+    /// "Internal error: writing file": opened, but the write failed (`/dev/full`).
+    Write,
+}
+
+fn append(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|_| WriteFailed::Open)?;
+    f.write_all(data).map_err(|_| WriteFailed::Write)
+}
+
+/// Write an output where nvlink's `fopen(path, "w")` would: through symlinks
+/// (the link stays, its target gets the bytes; a dangling one names the file
+/// created), and into an existing device or FIFO (`-o /dev/null` writes to the
+/// device, never replaces it). A regular file is replaced atomically.
+fn write_output(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
+    let mut target = path.to_owned();
+    for _ in 0..40 {
+        match std::fs::read_link(&target) {
+            Ok(next) => target = target.parent().unwrap_or(Path::new("/")).join(next),
+            Err(_) => break,
+        }
+    }
+    match std::fs::metadata(&target) {
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            let mut f =
+                std::fs::OpenOptions::new().write(true).truncate(true).open(&target).map_err(|_| WriteFailed::Open)?;
+            f.write_all(data).and_then(|()| f.flush()).map_err(|_| WriteFailed::Write)
+        }
+        _ => write_atomically(&target, data).map_err(|_| WriteFailed::Open),
+    }
 }
 
 /// Write `data` to a temporary file beside `path`, then rename it into place.

@@ -1,7 +1,8 @@
 //! Faults of clients and of the caller's files: streams that half-close, vanish
 //! or stop answering in the middle of a link; stops with stuck clients;
 //! `/dev/zero` and FIFOs as inputs; the socket in a shared directory or over a
-//! regular file; a symlink planted at the shim's temporary output name; a daemon
+//! regular file; a symlink planted at the shim's temporary output name; outputs
+//! through symlinks and into devices; a daemon
 //! that exits when idle. Every link is compared with the real nvlink's.
 //!
 //! The hostile clients speak the daemon's protocol directly (nvlinkd-proto):
@@ -710,4 +711,90 @@ fn a_closed_stream_kills_the_worker_computing_its_link() {
     // A later link gets a fresh worker and nvlink's bytes.
     normal_link_works(&d);
     assert!(d.answers());
+}
+
+/// What is at `path` after a link wrote `-o path`: its kind, and the bytes
+/// a regular file (or a symlink's target) holds.
+fn output_state(path: &Path) -> (String, Option<Vec<u8>>) {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = match std::fs::symlink_metadata(path).map(|m| m.file_type()) {
+        Ok(t) if t.is_symlink() => format!("symlink to {}", std::fs::read_link(path).unwrap().display()),
+        Ok(t) if t.is_char_device() => "character device".into(),
+        Ok(t) if t.is_file() => "file".into(),
+        Ok(_) => "other".into(),
+        Err(_) => "absent".into(),
+    };
+    let bytes = std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|_| std::fs::read(path).unwrap());
+    (kind, bytes)
+}
+
+/// nvlink opens its outputs with `fopen(path, "w")`: it writes through a
+/// symlink (the link stays), and into a device (`-o /dev/null` never replaces
+/// the device; `/dev/full` fails the write). The shim must do the same, not
+/// rename a new file over whatever is there. The devices are private nodes
+/// (mknod) in a temporary directory, never the machine's own.
+#[test]
+fn outputs_are_written_where_nvlink_writes_them() {
+    let d = Daemon::start();
+    // (case, set up the directory, output name)
+    type Setup = fn(&Path) -> bool;
+    fn mknod(dir: &Path, minor: &str) -> bool {
+        let ok = std::process::Command::new("mknod")
+            .arg(dir.join("dev"))
+            .args(["c", "1", minor])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIP: cannot mknod a character device here");
+        }
+        ok
+    }
+    let cases: &[(&str, Setup)] = &[
+        ("symlink", |dir| {
+            std::fs::write(dir.join("target"), b"old").unwrap();
+            std::os::unix::fs::symlink("target", dir.join("out")).unwrap();
+            true
+        }),
+        ("dangling symlink", |dir| {
+            std::os::unix::fs::symlink("created", dir.join("out")).unwrap();
+            true
+        }),
+        ("null device", |dir| {
+            let made = mknod(dir, "3");
+            made && std::os::unix::fs::symlink("dev", dir.join("out")).is_ok()
+        }),
+        ("full device", |dir| mknod(dir, "7") && std::fs::rename(dir.join("dev"), dir.join("out")).is_ok()),
+    ];
+    for &(case, setup) in cases {
+        let mut states = Vec::new();
+        let mut runs = Vec::new();
+        for (program, env) in [(real_nvlink(), Vec::new()), (shim(), d.shim_env())] {
+            let dir = TempDir::new("flt-outs");
+            if !setup(dir.path()) {
+                return;
+            }
+            let out = TempDir::new("flt-outs-run");
+            let link = format!("--arch=sm_90 accumulate.o scale.o -o {}", dir.path().join("out").display());
+            runs.push(run(&program, &inv(&link, corpus::dir(), &out), &env));
+            states.push(["out", "target", "created", "dev"].map(|name| output_state(&dir.path().join(name))).to_vec());
+        }
+        let (expected, actual) = (&runs[0], &runs[1]);
+        assert_eq!(
+            (expected.code, &expected.stderr),
+            (actual.code, &actual.stderr),
+            "{case}: {}",
+            String::from_utf8_lossy(&actual.stderr)
+        );
+        // The same kinds of files at the same names (bytes compared separately:
+        // the link's own outputs may differ only as the parity test allows).
+        let kinds =
+            |s: &[(String, Option<Vec<u8>>)]| s.iter().map(|(k, b)| (k.clone(), b.is_some())).collect::<Vec<_>>();
+        assert_eq!(kinds(&states[0]), kinds(&states[1]), "{case}: nvlink's files vs the shim's");
+        for ((_, a), (_, b)) in states[0].iter().zip(&states[1]) {
+            if let (Some(a), Some(b)) = (a, b) {
+                let verdict = compare::file(a, b);
+                assert!(!matches!(verdict, compare::Verdict::Differ(_)), "{case}: {verdict:?}");
+            }
+        }
+    }
 }

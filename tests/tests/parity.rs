@@ -160,6 +160,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-ofast-compile", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Ofc max accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-split-compile", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --split-compile=2 accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-split-compile-extended", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --split-compile-extended=2 accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Forwarded options that change this program's code (the two above do not).
+    ("opt-lto-xnvvm-opt0", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Xnvvm -opt=0 accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-split-compile-xcall", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --split-compile=2 xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-split-compile-extended-xcall", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --split-compile-extended=2 xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-nvvm-latest", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --nvvm-latest accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-force-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-partial-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-force-whole", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-whole-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -275,6 +279,25 @@ const IN_PROCESS: &[&str] = &[
     "report-arch-warning",
     "report-arch-info",
     "report-arch-skipping-incompatible",
+    // LTO modules without a PTX twin (nvcc -dlto, code=lto_XY).
+    "nvcc-dlto-sm80",
+    "nvcc-dlto-sm90",
+    "nvcc-dlto-sm100",
+    "cmake-dlto-sm90",
+    "lto-cross-unit-archive",
+    // A callee only .nv.callgraph records.
+    "cub-2arch-sm80",
+    // Options forwarded to NVVM and ptxas under -dlto.
+    "opt-lto-maxrregcount",
+    "opt-lto-xptxas",
+    "opt-lto-xnvvm",
+    "opt-lto-xnvvm-opt0",
+    "opt-lto-ofast-compile",
+    "opt-lto-force-whole",
+    "opt-lto-split-compile",
+    "opt-lto-split-compile-extended",
+    "opt-lto-split-compile-xcall",
+    "opt-lto-split-compile-extended-xcall",
 ];
 
 fn expand(s: &str, out: &str) -> String {

@@ -283,6 +283,8 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
             }
         }
     }
+    let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
+    options.extend(nvvm_extra);
     let ptx = nvvm(cx, &objects, &options)?;
     if symbols.is_none() {
         check_nvvm_output(&ptx, patterns.as_deref())?;
@@ -291,7 +293,8 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         return Ok(ptx.to_vec());
     }
     // ptxas: the whole program to the final cubin.
-    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
     let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
     let cubin = cx
@@ -300,16 +303,52 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     Ok(cubin.to_vec())
 }
 
+/// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink
+/// options) and for ptxas.
+fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
+    let (mut nvvm, mut ptxas) = (Vec::new(), Vec::new());
+    if let Some(n) = spec.maxrregcount.filter(|n| *n > 0) {
+        nvvm.push(format!("-maxrregcount={n}"));
+        ptxas.push(format!("-maxrregcount={n}"));
+    }
+    for t in spec.xnvvm.iter().flat_map(|x| x.split(' ')).filter(|t| !t.is_empty()) {
+        // nvlink drops a second -Ofast-compile, and math options change the
+        // defaults it takes from the objects: those are nvlink's.
+        if spec.ofast_compile.is_some() && t.starts_with("-Ofast-compile=") {
+            continue;
+        }
+        if ["-ftz=", "-prec-div=", "-prec-sqrt=", "-fma=", "-prec_div=", "-prec_sqrt=", "-fmad="]
+            .iter()
+            .any(|m| t.starts_with(m))
+        {
+            return no(Reason::LtoOptions, format!("-Xnvvm {t}: nvlink's math-option defaults are not reproduced"));
+        }
+        nvvm.push(format!("-Xnvvm={t}"));
+    }
+    ptxas.extend(spec.xptxas.iter().flat_map(|x| x.split_whitespace()).map(str::to_owned));
+    if let Some(l) = spec.ofast_compile.as_deref().filter(|l| matches!(*l, "min" | "mid" | "max")) {
+        nvvm.push(format!("-Xnvvm=-Ofast-compile={l}"));
+        ptxas.push(format!("--Ofast-compile={l}"));
+    }
+    let split = (spec.split_compile.filter(|n| *n != 1), spec.split_compile_extended.filter(|n| *n != 1));
+    if let (Some(_), Some(_)) = split {
+        return no(Reason::LtoOptions, "-split-compile with -split-compile-extended (nvlink's warning)");
+    }
+    if let Some(n) = spec.split_compile.filter(|n| *n != 1) {
+        nvvm.push(format!("-split-compile={n}"));
+        ptxas.push(format!("--split-compile={n}"));
+    }
+    if let Some(n) = spec.split_compile_extended.filter(|n| *n != 1) {
+        nvvm.push(format!("-split-compile-extended={n}"));
+    }
+    Ok((nvvm, ptxas))
+}
+
 /// Options nvlink forwards to NVVM or ptxas under `-dlto`: not reproduced yet.
 fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
-        (!spec.xnvvm.is_empty(), "-Xnvvm"),
-        (!spec.xptxas.is_empty(), "-Xptxas"),
-        (spec.maxrregcount.is_some(), "--maxrregcount"),
-        (spec.ofast_compile.is_some(), "--Ofast-compile"),
-        (spec.split_compile.is_some() || spec.split_compile_extended.is_some(), "split compilation"),
         (spec.nvvm_latest, "--nvvm-latest"),
-        (spec.force_whole_lto || spec.force_partial_lto, "forced LTO kind"),
+        (spec.force_partial_lto, "--force-partial-lto"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
         (spec.device_stack_protector.is_some(), "--device-stack-protector"),

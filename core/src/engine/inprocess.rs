@@ -29,6 +29,7 @@ use super::ptxas;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
 use crate::declined::{declined, Declined, Reason};
+use crate::diag::Diagnostic;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
 use crate::input::load::Code;
@@ -57,6 +58,36 @@ pub struct Context<'a> {
     /// Set when the link failed because of its environment (a worker died or
     /// was killed): the linker then gives no result.
     pub fault: &'a std::sync::Mutex<Option<String>>,
+    /// Set when the link failed with nvlink's own link errors (undefined or
+    /// multiply defined symbols): the linker answers them, exit status and
+    /// all, as nvlink does.
+    pub errors: &'a std::sync::Mutex<Option<LinkErrors>>,
+}
+
+/// nvlink's answer to a link that fails in its link stage: the messages, in
+/// order, and the exit status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkErrors {
+    pub messages: Vec<Diagnostic>,
+    pub exit_code: i32,
+}
+
+/// nvJitLink's error log when it says exactly what nvlink says: undefined
+/// references only (`error   : Undefined reference to 'f' in 'a.o'`, the
+/// message nvlink prints after `nvlink`, from the same linker), then its
+/// status line.
+fn undefined_references(log: &str) -> Option<Vec<Diagnostic>> {
+    // nvJitLink closes its log with its own status line (`ERROR 9: complete`).
+    let trailer = |l: &str| l.strip_prefix("ERROR ").and_then(|r| r.split_once(": ")).is_some();
+    let lines: Vec<&str> = log.lines().map(str::trim_end).filter(|l| !l.is_empty() && !trailer(l)).collect();
+    let messages: Option<Vec<Diagnostic>> = lines
+        .iter()
+        .map(|l| {
+            let m = l.strip_prefix("error   : ")?;
+            (m.starts_with("Undefined reference to '") && m.ends_with('\'')).then(|| Diagnostic::error(m))
+        })
+        .collect();
+    messages.filter(|m| !m.is_empty())
 }
 
 impl Context<'_> {
@@ -64,17 +95,32 @@ impl Context<'_> {
     fn jit_link(&self, options: &[String], inputs: &[JitInput<'_>], want_ptx: bool) -> Result<JitOutput, Declined> {
         let Some(pool) = self.workers else {
             let jit = self.tk.jitlink().map_err(|e| Declined::new(Reason::Tool, e.to_string()))?;
-            return jit
-                .link(options, inputs, want_ptx)
-                .map_err(|e| Declined::new(Reason::Tool, format!("nvJitLink: {e}")));
+            return jit.link(options, inputs, want_ptx).map_err(|e| self.link_failed(&e));
         };
         pool.link(&self.tk.jitlink_spec(), options, inputs, want_ptx, self.cancel).map_err(|e| {
             if e.is_fault() {
                 let mut f = self.fault.lock().unwrap_or_else(|p| p.into_inner());
                 f.get_or_insert_with(|| e.to_string());
+                return Declined::new(Reason::Worker, format!("nvJitLink: {e}"));
             }
-            Declined::new(if e.is_fault() { Reason::Worker } else { Reason::Tool }, format!("nvJitLink: {e}"))
+            match &e {
+                crate::worker::WorkerError::JitLink(j) => self.link_failed(j),
+                _ => Declined::new(Reason::Tool, format!("nvJitLink: {e}")),
+            }
         })
+    }
+
+    /// An nvJitLink failure: nvlink's undefined-reference errors are kept as
+    /// the link's answer (exit status 255); anything else is nvlink's to say.
+    fn link_failed(&self, e: &crate::jitlink::JitLinkError) -> Declined {
+        if let crate::jitlink::JitLinkError::Call { call: "complete", log, .. } = e {
+            if let Some(messages) = undefined_references(log) {
+                let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+                *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_LINK_ERROR });
+                return Declined::new(Reason::Diagnostics, "undefined references");
+            }
+        }
+        Declined::new(Reason::Tool, format!("nvJitLink: {e}"))
     }
 }
 
@@ -114,7 +160,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     }
     compile_ptx_modules(cx, spec, plan)?;
     plan.prune(spec, mode);
-    check_duplicates(plan)?;
+    check_duplicates(cx, plan)?;
 
     let mut options = vec![format!("-arch={arch}")];
     // -g: nvJitLink keeps the debug sections and, like nvlink, all of
@@ -207,18 +253,35 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     })
 }
 
-/// nvJitLink accepts some duplicate definitions nvlink rejects; leave those
-/// links (and nvlink's "Multiple definition" messages) to nvlink.
-fn check_duplicates(plan: &Plan) -> Result<(), Declined> {
-    let mut strong = std::collections::HashSet::new();
-    for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()) {
-        for name in info.defined.iter().filter(|d| !info.weak.contains(d)) {
-            if !strong.insert(name.as_str()) {
-                return no(Reason::Diagnostics, format!("{name} is defined more than once"));
+/// nvJitLink accepts some duplicate definitions nvlink rejects. One strong
+/// symbol defined twice gets nvlink's answer (its error naming both units, then
+/// the fatal of its merge step, exit status 1); more than one is left to nvlink
+/// (which stops at the first file that has one).
+fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
+    let mut strong: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut dups = Vec::new();
+    for unit in &plan.units {
+        for info in unit.modules.iter().filter_map(|m| m.info.as_deref()) {
+            for name in info.defined.iter().filter(|d| !info.weak.contains(d)) {
+                if let Some(first) = strong.insert(name.as_str(), unit.name.as_str()) {
+                    dups.push((name.as_str(), unit.name.as_str(), first));
+                }
             }
         }
     }
-    Ok(())
+    match dups.as_slice() {
+        [] => Ok(()),
+        [(name, unit, first)] => {
+            let messages = vec![
+                Diagnostic::error(format!("Multiple definition of '{name}' in '{unit}', first defined in '{first}'")),
+                Diagnostic::fatal("merge_elf failed"),
+            ];
+            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL });
+            no(Reason::Diagnostics, format!("{name} is defined more than once"))
+        }
+        _ => no(Reason::Diagnostics, "several symbols are defined more than once"),
+    }
 }
 
 /// A short list of `-kernels-used` strings selecting exactly `live`.
@@ -534,6 +597,23 @@ mod tests {
                 None => assert_eq!(got.unwrap_err().reason, Reason::KernelsUsed, "{live:?}"),
             }
         }
+    }
+
+    /// Only a log of undefined references (and nvJitLink's status line) is
+    /// nvlink's answer; any other message is nvlink's to print.
+    #[test]
+    fn undefined_reference_logs() {
+        let one = "error   : Undefined reference to '_Z1fv' in 'a.o'\nERROR 9: complete\n";
+        let got = undefined_references(one).unwrap();
+        assert_eq!(got, vec![Diagnostic::error("Undefined reference to '_Z1fv' in 'a.o'")]);
+        assert_eq!(got[0].to_string(), "nvlink error   : Undefined reference to '_Z1fv' in 'a.o'");
+        let two =
+            "error   : Undefined reference to 'g' in 'lib.a:b.o'\nerror   : Undefined reference to 'h' in 'b.o'\n";
+        assert_eq!(undefined_references(two).unwrap().len(), 2);
+        let other = "error   : Undefined reference to 'g' in 'b.o'\nerror   : Multiple definition of 'k'\n";
+        assert!(undefined_references(other).is_none());
+        assert!(undefined_references("ERROR 9: complete\n").is_none());
+        assert!(undefined_references("").is_none());
     }
 
     /// NVVM's output for modules without a PTX twin: a closed program whose

@@ -204,6 +204,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("conflict-suppress-debug-info", "--arch=sm_90 -suppress-debug-info accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("conflict-callgraph", "--arch=sm_90 -dump-callgraph -dump-callgraph-no-demangle accumulate.o -o {OUT}/out.cubin", ""),
     ("conflict-host-info", "--arch=sm_90 -use-host-info -ignore-host-info accumulate.o -o {OUT}/out.cubin", ""),
+    ("dlto-without-nvvmpath-no-inputs", "--arch=sm_90 -dlto -report-arch -o {OUT}/out.cubin", ""),
     ("dlto-without-nvvmpath", "--arch=sm_90 -dlto accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("lto-ir-without-dlto", "--arch=sm_90 accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch", "--arch=sm_80 accumulate_2arch.o scale.cubin -o {OUT}/out.cubin", ""),

@@ -139,6 +139,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-preserve-relocs", "--arch=sm_90 --preserve-relocs accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-kernels-used", "--arch=sm_90 --kernels-used=never,accum accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-variables-used", "--arch=sm_90 --variables-used=hits vars_def.o vars_use.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-kernels-used-cdp", "--arch=sm_90 --kernels-used=_Z -L{L} accumulate.o scale.o cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-kernels-used-none", "--arch=sm_90 --kernels-used=nothing_at_all accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-use-host-info", "--arch=sm_90 --use-host-info accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-use-host-info-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --use-host-info accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("keep-system-libraries-cdp", "--arch=sm_90 -L{L} --keep-system-libraries cdp.o accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -303,6 +305,11 @@ const IN_PROCESS: &[&str] = &[
     "undefined-symbol",
     "opt-report-arch",
     "multiple-definition",
+    // The user's --kernels-used/--variables-used (instead of host references).
+    "opt-kernels-used",
+    "opt-kernels-used-cdp",
+    "opt-kernels-used-none",
+    "opt-variables-used",
 ];
 
 fn expand(s: &str, out: &str) -> String {

@@ -127,8 +127,6 @@ impl Context<'_> {
 /// Options whose effect the in-process engine does not reproduce (yet).
 pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
-        (!spec.kernels_used.is_empty(), "--kernels-used"),
-        (!spec.variables_used.is_empty(), "--variables-used"),
         (spec.preserve_relocs, "--preserve-relocs"),
         (spec.suppress_debug_info, "--suppress-debug-info"),
         (spec.link_as_tools_patch, "--link-as-tools-patch"),
@@ -171,6 +169,16 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     if mode == Mode::Relocatable {
         options.push("-r".into());
     }
+    let user_used = !spec.kernels_used.is_empty() || !spec.variables_used.is_empty();
+    if user_used && spec.use_host_info {
+        return no(Reason::Options, "--kernels-used/--variables-used with --use-host-info");
+    }
+    for k in spec.kernels_used.iter().flat_map(|k| k.split(',')).filter(|k| !k.is_empty()) {
+        options.push(format!("-kernels-used={k}"));
+    }
+    for v in spec.variables_used.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()) {
+        options.push(format!("-variables-used={v}"));
+    }
     let mut inputs = Vec::new();
     let mut functions = Vec::new();
     for unit in &plan.units {
@@ -191,7 +199,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         let out = tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false))?;
         out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))
     };
-    let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything());
+    // The user's --kernels-used/--variables-used replace the host references
+    // (nvlink then removes no ghost names either).
+    let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything() && !user_used);
     let cubin = match pruning {
         None => run(&[])?,
         Some(p) => {
@@ -327,6 +337,9 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// provides (a closed program); anything else goes to nvlink.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
+    if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
+        return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
+    }
     check_lto_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
     let (objects, symbols) = lto_program(mode, plan)?;

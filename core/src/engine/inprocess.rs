@@ -149,6 +149,12 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
+        Mode::LtoPartial => {
+            return no(
+                Reason::PartialLto,
+                "relocatable LTO output (-dlto -r, --force-partial-lto): nvlink's partial-LTO merge",
+            )
+        }
         _ => return no(Reason::Options, format!("{mode:?} links")),
     }
     check_options(spec)?;
@@ -423,7 +429,7 @@ fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
 /// Options nvlink forwards to NVVM or ptxas under `-dlto`: not reproduced yet.
 fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
-        (spec.nvvm_latest, "--nvvm-latest"),
+        (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
         (spec.force_partial_lto, "--force-partial-lto"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),

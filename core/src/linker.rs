@@ -508,6 +508,17 @@ impl Linker {
             Ok(bytes) => bytes,
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
             Err(NotLinked::Declined(why)) => return self.route(tk, req, spec, cancel, why),
+            Err(NotLinked::Errors(_)) if spec.register_link_binaries.is_some() => {
+                // Whether nvlink writes its registration file before failing
+                // is not reproduced.
+                let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
+                return self.route(tk, req, spec, cancel, why);
+            }
+            Err(NotLinked::Errors(errors)) => {
+                bump(&self.stats.in_process);
+                debug!("link errors answered in process");
+                return self.link_errors_outcome(spec, &plan, errors);
+            }
         };
         bump(&self.stats.in_process);
         debug!("linked in process");
@@ -580,6 +591,7 @@ impl Linker {
         };
         let scratch = self.scratch_dir();
         let fault = std::sync::Mutex::new(None);
+        let errors = std::sync::Mutex::new(None);
         let cx = inprocess::Context {
             tk,
             artifacts: &artifacts,
@@ -588,6 +600,7 @@ impl Linker {
             cancel,
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             fault: &fault,
+            errors: &errors,
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
@@ -598,7 +611,24 @@ impl Linker {
             warn!(%why, "link failed in its worker");
             return Err(NotLinked::Fault(Declined::new(Reason::Worker, why)));
         }
-        linked.map_err(NotLinked::Declined)
+        linked.map_err(|why| match errors.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => NotLinked::Errors(e),
+            None => NotLinked::Declined(why),
+        })
+    }
+
+    /// nvlink's answer to a link its link stage rejects: the plan's messages,
+    /// then the link errors; no output file (nvlink writes none).
+    fn link_errors_outcome(&self, spec: &Spec, plan: &plan::Plan, errors: inprocess::LinkErrors) -> Outcome {
+        let mut report = Report::new(Filters {
+            no_warnings: spec.disable_warnings,
+            warnings_as_errors: spec.warning_as_error,
+            no_infos: spec.disable_infos,
+        });
+        for d in plan.warnings.iter().chain(&plan.notes).chain(&errors.messages) {
+            report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
+        }
+        Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, Vec::new())
     }
 
     /// The answer of a link made in process: the plan's messages as nvlink
@@ -686,6 +716,8 @@ enum NotLinked {
     Fault(Declined),
     /// Not reproduced in process: the real nvlink serves the link.
     Declined(Declined),
+    /// nvlink's link errors, reproduced: the answer is those messages.
+    Errors(inprocess::LinkErrors),
 }
 
 /// The arguments of a link as its span shows them: joined, at most 160 bytes.

@@ -62,13 +62,7 @@ impl Plan {
 
 pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>) -> Result<Plan, LoadError> {
     if spec.inputs.is_empty() {
-        if !spec.libraries.is_empty() {
-            return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
-        }
-        return Err(LoadError::Declined(crate::declined::Declined::new(
-            crate::declined::Reason::Diagnostics,
-            "no input files",
-        )));
+        return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
     }
     let mut units = Vec::new();
     let mut warnings = Vec::new();

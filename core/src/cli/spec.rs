@@ -213,7 +213,8 @@ impl Spec {
         if self.force_partial_lto && self.force_whole_lto {
             return conflict("-force-partial-lto", "-force-whole-lto");
         }
-        if self.lto && self.nvvmpath.is_none() {
+        // Without inputs nvlink says so first (the link plan's fatal).
+        if self.lto && self.nvvmpath.is_none() && !self.inputs.is_empty() {
             return Err(Diagnostic::fatal("-nvvmpath should be specified with -lto"));
         }
         Ok(match (self.lto, self.emit_ptx, self.relocatable || self.force_partial_lto) {
@@ -279,7 +280,8 @@ mod tests {
                 "-arch=sm_90 -o x -dlto -nvvmpath=/n -force-partial-lto -force-whole-lto",
                 conflict("-force-partial-lto", "-force-whole-lto"),
             ),
-            ("-arch=sm_90 -o x -dlto", Err("-nvvmpath should be specified with -lto".into())),
+            ("-arch=sm_90 -o x -dlto a.o", Err("-nvvmpath should be specified with -lto".into())),
+            ("-arch=sm_90 -o x -dlto", Ok(Mode::LtoWhole)),
             // The modes.
             ("-arch=sm_90 -o x a.o", Ok(Mode::Executable)),
             ("-arch=sm_90 -o x -g -suppress-debug-info a.o", Ok(Mode::Executable)),

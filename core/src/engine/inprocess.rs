@@ -29,6 +29,7 @@ use super::ptxas;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
 use crate::declined::{declined, Declined, Reason};
+use crate::diag::Diagnostic;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
 use crate::input::load::Code;
@@ -57,6 +58,36 @@ pub struct Context<'a> {
     /// Set when the link failed because of its environment (a worker died or
     /// was killed): the linker then gives no result.
     pub fault: &'a std::sync::Mutex<Option<String>>,
+    /// Set when the link failed with nvlink's own link errors (undefined or
+    /// multiply defined symbols): the linker answers them, exit status and
+    /// all, as nvlink does.
+    pub errors: &'a std::sync::Mutex<Option<LinkErrors>>,
+}
+
+/// nvlink's answer to a link that fails in its link stage: the messages, in
+/// order, and the exit status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkErrors {
+    pub messages: Vec<Diagnostic>,
+    pub exit_code: i32,
+}
+
+/// nvJitLink's error log when it says exactly what nvlink says: undefined
+/// references only (`error   : Undefined reference to 'f' in 'a.o'`, the
+/// message nvlink prints after `nvlink`, from the same linker), then its
+/// status line.
+fn undefined_references(log: &str) -> Option<Vec<Diagnostic>> {
+    // nvJitLink closes its log with its own status line (`ERROR 9: complete`).
+    let trailer = |l: &str| l.strip_prefix("ERROR ").and_then(|r| r.split_once(": ")).is_some();
+    let lines: Vec<&str> = log.lines().map(str::trim_end).filter(|l| !l.is_empty() && !trailer(l)).collect();
+    let messages: Option<Vec<Diagnostic>> = lines
+        .iter()
+        .map(|l| {
+            let m = l.strip_prefix("error   : ")?;
+            (m.starts_with("Undefined reference to '") && m.ends_with('\'')).then(|| Diagnostic::error(m))
+        })
+        .collect();
+    messages.filter(|m| !m.is_empty())
 }
 
 impl Context<'_> {
@@ -64,25 +95,38 @@ impl Context<'_> {
     fn jit_link(&self, options: &[String], inputs: &[JitInput<'_>], want_ptx: bool) -> Result<JitOutput, Declined> {
         let Some(pool) = self.workers else {
             let jit = self.tk.jitlink().map_err(|e| Declined::new(Reason::Tool, e.to_string()))?;
-            return jit
-                .link(options, inputs, want_ptx)
-                .map_err(|e| Declined::new(Reason::Tool, format!("nvJitLink: {e}")));
+            return jit.link(options, inputs, want_ptx).map_err(|e| self.link_failed(&e));
         };
         pool.link(&self.tk.jitlink_spec(), options, inputs, want_ptx, self.cancel).map_err(|e| {
             if e.is_fault() {
                 let mut f = self.fault.lock().unwrap_or_else(|p| p.into_inner());
                 f.get_or_insert_with(|| e.to_string());
+                return Declined::new(Reason::Worker, format!("nvJitLink: {e}"));
             }
-            Declined::new(if e.is_fault() { Reason::Worker } else { Reason::Tool }, format!("nvJitLink: {e}"))
+            match &e {
+                crate::worker::WorkerError::JitLink(j) => self.link_failed(j),
+                _ => Declined::new(Reason::Tool, format!("nvJitLink: {e}")),
+            }
         })
+    }
+
+    /// An nvJitLink failure: nvlink's undefined-reference errors are kept as
+    /// the link's answer (exit status 255); anything else is nvlink's to say.
+    fn link_failed(&self, e: &crate::jitlink::JitLinkError) -> Declined {
+        if let crate::jitlink::JitLinkError::Call { call: "complete", log, .. } = e {
+            if let Some(messages) = undefined_references(log) {
+                let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+                *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_LINK_ERROR });
+                return Declined::new(Reason::Diagnostics, "undefined references");
+            }
+        }
+        Declined::new(Reason::Tool, format!("nvJitLink: {e}"))
     }
 }
 
 /// Options whose effect the in-process engine does not reproduce (yet).
 pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
-        (!spec.kernels_used.is_empty(), "--kernels-used"),
-        (!spec.variables_used.is_empty(), "--variables-used"),
         (spec.preserve_relocs, "--preserve-relocs"),
         (spec.suppress_debug_info, "--suppress-debug-info"),
         (spec.link_as_tools_patch, "--link-as-tools-patch"),
@@ -105,6 +149,12 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
+        Mode::LtoPartial => {
+            return no(
+                Reason::PartialLto,
+                "relocatable LTO output (-dlto -r, --force-partial-lto): nvlink's partial-LTO merge",
+            )
+        }
         _ => return no(Reason::Options, format!("{mode:?} links")),
     }
     check_options(spec)?;
@@ -114,7 +164,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     }
     compile_ptx_modules(cx, spec, plan)?;
     plan.prune(spec, mode);
-    check_duplicates(plan)?;
+    check_duplicates(cx, plan)?;
 
     let mut options = vec![format!("-arch={arch}")];
     // -g: nvJitLink keeps the debug sections and, like nvlink, all of
@@ -124,6 +174,16 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     }
     if mode == Mode::Relocatable {
         options.push("-r".into());
+    }
+    let user_used = !spec.kernels_used.is_empty() || !spec.variables_used.is_empty();
+    if user_used && spec.use_host_info {
+        return no(Reason::Options, "--kernels-used/--variables-used with --use-host-info");
+    }
+    for k in spec.kernels_used.iter().flat_map(|k| k.split(',')).filter(|k| !k.is_empty()) {
+        options.push(format!("-kernels-used={k}"));
+    }
+    for v in spec.variables_used.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()) {
+        options.push(format!("-variables-used={v}"));
     }
     let mut inputs = Vec::new();
     let mut functions = Vec::new();
@@ -145,7 +205,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         let out = tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false))?;
         out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))
     };
-    let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything());
+    // The user's --kernels-used/--variables-used replace the host references
+    // (nvlink then removes no ghost names either).
+    let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything() && !user_used);
     let cubin = match pruning {
         None => run(&[])?,
         Some(p) => {
@@ -207,18 +269,35 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     })
 }
 
-/// nvJitLink accepts some duplicate definitions nvlink rejects; leave those
-/// links (and nvlink's "Multiple definition" messages) to nvlink.
-fn check_duplicates(plan: &Plan) -> Result<(), Declined> {
-    let mut strong = std::collections::HashSet::new();
-    for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()) {
-        for name in info.defined.iter().filter(|d| !info.weak.contains(d)) {
-            if !strong.insert(name.as_str()) {
-                return no(Reason::Diagnostics, format!("{name} is defined more than once"));
+/// nvJitLink accepts some duplicate definitions nvlink rejects. One strong
+/// symbol defined twice gets nvlink's answer (its error naming both units, then
+/// the fatal of its merge step, exit status 1); more than one is left to nvlink
+/// (which stops at the first file that has one).
+fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
+    let mut strong: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut dups = Vec::new();
+    for unit in &plan.units {
+        for info in unit.modules.iter().filter_map(|m| m.info.as_deref()) {
+            for name in info.defined.iter().filter(|d| !info.weak.contains(d)) {
+                if let Some(first) = strong.insert(name.as_str(), unit.name.as_str()) {
+                    dups.push((name.as_str(), unit.name.as_str(), first));
+                }
             }
         }
     }
-    Ok(())
+    match dups.as_slice() {
+        [] => Ok(()),
+        [(name, unit, first)] => {
+            let messages = vec![
+                Diagnostic::error(format!("Multiple definition of '{name}' in '{unit}', first defined in '{first}'")),
+                Diagnostic::fatal("merge_elf failed"),
+            ];
+            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL });
+            no(Reason::Diagnostics, format!("{name} is defined more than once"))
+        }
+        _ => no(Reason::Diagnostics, "several symbols are defined more than once"),
+    }
 }
 
 /// A short list of `-kernels-used` strings selecting exactly `live`.
@@ -255,8 +334,18 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// (no variable is host-referenced) tell it the same. NVVM's PTX is then
 /// compiled by ptxas as a whole program: that cubin, tool note included, is
 /// nvlink's output byte for byte.
+///
+/// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
+/// builds produce) has no readable symbols before NVVM: then NVVM keeps the
+/// kernels containing a host pattern's literal prefix, and its PTX is checked
+/// afterwards — every kernel left must match a host pattern (so exactly the
+/// host-referenced ones are kept) and every extern must be one the driver
+/// provides (a closed program); anything else goes to nvlink.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
+    if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
+        return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
+    }
     check_lto_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
     let (objects, symbols) = lto_program(mode, plan)?;
@@ -264,15 +353,30 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     // Host information as nvlink uses it: an object without device code (a
     // host-only object, libcudart_static's members) turns it off, as in a
     // non-LTO link, and NVVM then keeps every kernel and variable.
+    let mut patterns = None;
     if plan.uses_host_info(spec) {
-        options.extend(host_ref_options(plan, &symbols)?);
+        check_host_variables(plan)?;
+        match &symbols {
+            Some(symbols) => options.extend(host_ref_options(plan, symbols)?),
+            None => {
+                let (opts, pats) = host_pattern_options(plan)?;
+                options.extend(opts);
+                patterns = Some(pats);
+            }
+        }
     }
+    let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
+    options.extend(nvvm_extra);
     let ptx = nvvm(cx, &objects, &options)?;
+    if symbols.is_none() {
+        check_nvvm_output(&ptx, patterns.as_deref())?;
+    }
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
     // ptxas: the whole program to the final cubin.
-    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
     let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
     let cubin = cx
@@ -281,16 +385,52 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     Ok(cubin.to_vec())
 }
 
+/// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink
+/// options) and for ptxas.
+fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
+    let (mut nvvm, mut ptxas) = (Vec::new(), Vec::new());
+    if let Some(n) = spec.maxrregcount.filter(|n| *n > 0) {
+        nvvm.push(format!("-maxrregcount={n}"));
+        ptxas.push(format!("-maxrregcount={n}"));
+    }
+    for t in spec.xnvvm.iter().flat_map(|x| x.split(' ')).filter(|t| !t.is_empty()) {
+        // nvlink drops a second -Ofast-compile, and math options change the
+        // defaults it takes from the objects: those are nvlink's.
+        if spec.ofast_compile.is_some() && t.starts_with("-Ofast-compile=") {
+            continue;
+        }
+        if ["-ftz=", "-prec-div=", "-prec-sqrt=", "-fma=", "-prec_div=", "-prec_sqrt=", "-fmad="]
+            .iter()
+            .any(|m| t.starts_with(m))
+        {
+            return no(Reason::LtoOptions, format!("-Xnvvm {t}: nvlink's math-option defaults are not reproduced"));
+        }
+        nvvm.push(format!("-Xnvvm={t}"));
+    }
+    ptxas.extend(spec.xptxas.iter().flat_map(|x| x.split_whitespace()).map(str::to_owned));
+    if let Some(l) = spec.ofast_compile.as_deref().filter(|l| matches!(*l, "min" | "mid" | "max")) {
+        nvvm.push(format!("-Xnvvm=-Ofast-compile={l}"));
+        ptxas.push(format!("--Ofast-compile={l}"));
+    }
+    let split = (spec.split_compile.filter(|n| *n != 1), spec.split_compile_extended.filter(|n| *n != 1));
+    if let (Some(_), Some(_)) = split {
+        return no(Reason::LtoOptions, "-split-compile with -split-compile-extended (nvlink's warning)");
+    }
+    if let Some(n) = spec.split_compile.filter(|n| *n != 1) {
+        nvvm.push(format!("-split-compile={n}"));
+        ptxas.push(format!("--split-compile={n}"));
+    }
+    if let Some(n) = spec.split_compile_extended.filter(|n| *n != 1) {
+        nvvm.push(format!("-split-compile-extended={n}"));
+    }
+    Ok((nvvm, ptxas))
+}
+
 /// Options nvlink forwards to NVVM or ptxas under `-dlto`: not reproduced yet.
 fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
-        (!spec.xnvvm.is_empty(), "-Xnvvm"),
-        (!spec.xptxas.is_empty(), "-Xptxas"),
-        (spec.maxrregcount.is_some(), "--maxrregcount"),
-        (spec.ofast_compile.is_some(), "--Ofast-compile"),
-        (spec.split_compile.is_some() || spec.split_compile_extended.is_some(), "split compilation"),
-        (spec.nvvm_latest, "--nvvm-latest"),
-        (spec.force_whole_lto || spec.force_partial_lto, "forced LTO kind"),
+        (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
+        (spec.force_partial_lto, "--force-partial-lto"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
         (spec.device_stack_protector.is_some(), "--device-stack-protector"),
@@ -301,20 +441,23 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     }
 }
 
-/// The LTO modules of a whole program and their symbols: every linked unit is
-/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
-/// over each other (anything else is nvlink's partial LTO).
-fn lto_program(mode: Mode, plan: &Plan) -> Result<(Vec<JitInput<'_>>, Vec<&PtxSymbols>), Declined> {
+/// The LTO modules of a whole program and, when every module has a PTX twin,
+/// their symbols: every linked unit is LTO IR, libcudadevrt was found (unless
+/// `--emit-ptx`), and the modules close over each other (anything else is
+/// nvlink's partial LTO; without symbols that is checked on NVVM's output).
+type LtoProgram<'a> = (Vec<JitInput<'a>>, Option<Vec<&'a PtxSymbols>>);
+fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     let mut objects = Vec::new();
-    let mut symbols = Vec::new();
+    let mut symbols = Some(Vec::new());
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
         for m in &unit.modules {
-            match (&m.code, &m.lto) {
-                (Code::LtoObject(data), Some(syms)) => {
-                    objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
-                    symbols.push(syms);
-                }
-                _ => return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)"),
+            let Code::LtoObject(data) = &m.code else {
+                return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
+            };
+            objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
+            match (&m.lto, &mut symbols) {
+                (Some(syms), Some(all)) => all.push(syms),
+                _ => symbols = None,
             }
         }
     }
@@ -324,36 +467,44 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<(Vec<JitInput<'_>>, Vec<&PtxSy
     if mode == Mode::LtoWhole && !plan.system_library_found {
         return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
-    // A closed program: every extern is defined by an LTO module.
-    let defined: std::collections::HashSet<&str> = symbols
-        .iter()
-        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
-        .map(String::as_str)
-        .collect();
-    if let Some(open) = symbols
-        .iter()
-        .flat_map(|s| &s.externs)
-        .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
-    {
-        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+    if let Some(symbols) = &symbols {
+        // A closed program: every extern is defined by an LTO module.
+        let defined: std::collections::HashSet<&str> = symbols
+            .iter()
+            .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
+            .map(String::as_str)
+            .collect();
+        if let Some(open) = symbols
+            .iter()
+            .flat_map(|s| &s.externs)
+            .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
+        {
+            return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+        }
     }
     Ok((objects, symbols))
+}
+
+/// Host-referenced device variables under `-dlto` are left to nvlink.
+fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
+    let refs = plan.units.iter().filter_map(|u| u.host_refs.as_ref());
+    let mut refs = refs.filter(|r| {
+        !(r.variables_external.is_empty()
+            && r.variables_internal.is_empty()
+            && r.constants_external.is_empty()
+            && r.constants_internal.is_empty())
+    });
+    match refs.next() {
+        Some(_) => no(Reason::LtoOptions, "host-referenced device variables with -dlto"),
+        None => Ok(()),
+    }
 }
 
 /// nvlink's host references as nvJitLink options: the host-referenced kernels
 /// as a `-kernels-used` cover, and `-optimize-unused-variables` (no device
 /// variable may be host-referenced: those are left to nvlink).
 fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>, Declined> {
-    let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
-    if refs.iter().any(|r| {
-        !(r.variables_external.is_empty()
-            && r.variables_internal.is_empty()
-            && r.constants_external.is_empty()
-            && r.constants_internal.is_empty())
-    }) {
-        return no(Reason::LtoOptions, "host-referenced device variables with -dlto");
-    }
-    let patterns: Vec<&str> = refs.iter().flat_map(|r| r.kernel_patterns()).collect();
+    let patterns = host_patterns(plan);
     let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
     let live: BTreeSet<String> =
         all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
@@ -365,6 +516,55 @@ fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>,
         kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
     options.push("-optimize-unused-variables".to_owned());
     Ok(options)
+}
+
+/// The kernel patterns of every unit's host references.
+fn host_patterns(plan: &Plan) -> Vec<&str> {
+    plan.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|r| r.kernel_patterns()).collect()
+}
+
+/// Host references as nvJitLink options when the kernels are not known before
+/// NVVM: each pattern's literal prefix (every kernel it matches contains it);
+/// [`check_nvvm_output`] then makes sure nothing else was kept. Returns the
+/// options and the patterns.
+fn host_pattern_options(plan: &Plan) -> Result<(Vec<String>, Vec<String>), Declined> {
+    let patterns: Vec<String> = host_patterns(plan).into_iter().map(str::to_owned).collect();
+    let mut prefixes = BTreeSet::new();
+    for p in &patterns {
+        let prefix = p.split('*').next().unwrap_or_default();
+        if prefix.is_empty() {
+            return no(Reason::KernelsUsed, format!("host pattern {p:?} has no literal prefix"));
+        }
+        prefixes.insert(prefix);
+    }
+    if prefixes.is_empty() {
+        return no(Reason::KernelsUsed, "host references keep no kernel");
+    }
+    let mut options: Vec<String> = prefixes.into_iter().map(|k| format!("-kernels-used={k}")).collect();
+    options.push("-optimize-unused-variables".to_owned());
+    Ok((options, patterns))
+}
+
+/// NVVM's PTX for LTO modules whose symbols were not known before: a closed
+/// program (no extern but those the driver provides) whose kernels, under
+/// host references (`patterns`), each match a pattern, at least one.
+fn check_nvvm_output(ptx: &[u8], patterns: Option<&[String]>) -> Result<(), Declined> {
+    let out = crate::input::ptx::symbols(&String::from_utf8_lossy(ptx));
+    let defined: std::collections::HashSet<&str> =
+        out.functions.iter().chain(&out.variables).chain(&out.kernels).map(String::as_str).collect();
+    if let Some(open) =
+        out.externs.iter().find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
+    {
+        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
+    }
+    let Some(patterns) = patterns else { return Ok(()) };
+    if out.kernels.is_empty() {
+        return no(Reason::KernelsUsed, "host references keep no kernel");
+    }
+    match out.kernels.iter().find(|k| !patterns.iter().any(|p| crate::input::host::glob_match(p, k))) {
+        Some(k) => no(Reason::KernelsUsed, format!("NVVM kept {k}, which no host pattern matches")),
+        None => Ok(()),
+    }
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).
@@ -416,6 +616,53 @@ mod tests {
                 None => assert_eq!(got.unwrap_err().reason, Reason::KernelsUsed, "{live:?}"),
             }
         }
+    }
+
+    /// Only a log of undefined references (and nvJitLink's status line) is
+    /// nvlink's answer; any other message is nvlink's to print.
+    #[test]
+    fn undefined_reference_logs() {
+        let one = "error   : Undefined reference to '_Z1fv' in 'a.o'\nERROR 9: complete\n";
+        let got = undefined_references(one).unwrap();
+        assert_eq!(got, vec![Diagnostic::error("Undefined reference to '_Z1fv' in 'a.o'")]);
+        assert_eq!(got[0].to_string(), "nvlink error   : Undefined reference to '_Z1fv' in 'a.o'");
+        let two =
+            "error   : Undefined reference to 'g' in 'lib.a:b.o'\nerror   : Undefined reference to 'h' in 'b.o'\n";
+        assert_eq!(undefined_references(two).unwrap().len(), 2);
+        let other = "error   : Undefined reference to 'g' in 'b.o'\nerror   : Multiple definition of 'k'\n";
+        assert!(undefined_references(other).is_none());
+        assert!(undefined_references("ERROR 9: complete\n").is_none());
+        assert!(undefined_references("").is_none());
+    }
+
+    /// NVVM's output for modules without a PTX twin: a closed program whose
+    /// kernels each match a host pattern, else nvlink's.
+    #[test]
+    fn nvvm_output_checks() {
+        let ptx = |body: &str| format!(".version 9.0\n.target sm_90\n.address_size 64\n{body}");
+        let pats = vec!["_Z2k1*".to_owned(), "_Z2k2Pf*".to_owned()];
+        let entry = |n: &str| format!(".visible .entry {n}(\n.param .u64 p\n)\n{{\nret;\n}}\n");
+        let ok = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z2k2Pf")));
+        assert!(check_nvvm_output(ok.as_bytes(), Some(&pats)).is_ok());
+        // A kernel kept by a prefix that no pattern matches.
+        let extra = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z3k10v")));
+        assert_eq!(check_nvvm_output(extra.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
+        // Nothing kept.
+        assert_eq!(check_nvvm_output(ptx("").as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
+        // Without host information every kernel stays.
+        assert!(check_nvvm_output(extra.as_bytes(), None).is_ok());
+        // The device runtime's launch API is libcudadevrt's: partial LTO.
+        let cdp = ptx(&format!(
+            ".extern .func (.param .b64 func_retval0) cudaGetParameterBufferV2\n(\n.param .b64 a\n)\n;\n{}",
+            entry("_Z2k1Pi")
+        ));
+        assert_eq!(check_nvvm_output(cdp.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::PartialLto);
+        // printf is the driver's.
+        let printf = ptx(&format!(
+            ".extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 a,\n.param .b64 b\n)\n;\n{}",
+            entry("_Z2k1Pi")
+        ));
+        assert!(check_nvvm_output(printf.as_bytes(), Some(&pats)).is_ok());
     }
 
     /// Whatever the cover, it keeps exactly the live kernels.

@@ -133,9 +133,30 @@ fn relocation_refs(elf: &Elf<'_>, symbols: &[crate::elf::Symbol]) -> Result<Vec<
             }
         }
     }
+    refs.extend(callgraph_refs(elf, symbols));
     refs.sort_by(|a, b| (&a.from, &a.to).cmp(&(&b.from, &b.to)));
     refs.dedup();
     Ok(refs)
+}
+
+/// The calls `.nv.callgraph` records: (caller, callee) symbol-index pairs;
+/// indices from 0xfffffff0 up and caller 0 are markers, not calls. ptxas
+/// records a call it inlined as an instruction (`__cuda_reduxsync_s32_add`
+/// becomes `REDUX`), which leaves no relocation, and nvlink keeps the callee.
+fn callgraph_refs<'e>(elf: &'e Elf<'_>, symbols: &'e [crate::elf::Symbol]) -> impl Iterator<Item = Ref> + 'e {
+    let data = elf.section(".nv.callgraph").map(|(_, s)| elf.section_data(s)).unwrap_or_default();
+    let function = move |idx: u32| -> Option<String> {
+        let s = symbols.get(usize::try_from(idx).ok()?)?;
+        (s.kind() == object::elf::STT_FUNC.0 && !s.name.is_empty()).then(|| s.name.clone())
+    };
+    data.chunks_exact(8).filter_map(move |e| {
+        let caller = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+        let callee = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        if caller == 0 || callee >= 0xffff_fff0 || caller == callee {
+            return None;
+        }
+        Some(Ref { from: Some(function(caller)?), to: function(callee)? })
+    })
 }
 
 #[cfg(test)]

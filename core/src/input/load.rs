@@ -53,7 +53,8 @@ pub struct Module {
     pub options: String,
     /// Parsed symbols and functions, for cubins.
     pub info: Option<Arc<CubinInfo>>,
-    /// Declarations of the PTX twin of an LTO module.
+    /// Declarations of the PTX twin of an LTO module (`None` for an LTO
+    /// module without one: its symbols are known only after NVVM).
     pub lto: Option<PtxSymbols>,
 }
 
@@ -446,8 +447,8 @@ impl LoadContext<'_> {
     }
 
     /// With `-dlto`: the newest LTO IR not newer than the target, which must be
-    /// for exactly the target, inside a host object, with its PTX twin (it
-    /// names the module's kernels and needs).
+    /// for exactly the target, inside a host object; its PTX twin, when there
+    /// is one, names the module's kernels and needs.
     fn select_lto(
         &self,
         name: &str,
@@ -463,15 +464,21 @@ impl LoadContext<'_> {
         let (Some(object), true) = (object, ir.arch == t.sm) else {
             return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
         };
-        let twin = members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch);
-        let Some(twin) = twin else { return unsupported(Reason::PartialLto, format!("{name}: LTO IR without PTX")) };
-        let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
+        // nvcc's `code=lto_XY` alone leaves no twin (the IR itself is not
+        // readable here): the engine then learns the symbols from NVVM's output.
+        let lto = match members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch) {
+            Some(twin) => {
+                let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
+                Some(ptx::symbols(&String::from_utf8_lossy(&text)))
+            }
+            None => None,
+        };
         Ok(Some(Module {
             code: Code::LtoObject(object.to_vec().into()),
             arch: ir.arch,
             options: ir.options.to_owned(),
             info: None,
-            lto: Some(ptx::symbols(&String::from_utf8_lossy(&text))),
+            lto,
         }))
     }
 

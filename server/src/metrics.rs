@@ -123,6 +123,10 @@ impl Collector for StatsCollector {
         }
         for (name, value) in &stats {
             let Some(v) = value.as_u64() else { continue };
+            if LEVELS.iter().any(|l| l.1 == name || l.2 == name) {
+                // Already in the per-level families above.
+                continue;
+            }
             if let Some((_, help)) = GAUGES.iter().find(|(g, _)| g == name) {
                 let g = ConstGauge::new(v as i64);
                 g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;

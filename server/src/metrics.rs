@@ -167,6 +167,7 @@ pub async fn serve(listener: TcpListener, linker: Arc<Linker>, stop: impl std::f
                     async move { Ok::<_, std::convert::Infallible>(answer(&req, &registry)) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(Duration::from_secs(10))
                     .serve_connection(TokioIo::new(stream), service);
                 if let Err(e) = conn.await {

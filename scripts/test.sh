@@ -11,6 +11,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CUDA_HOME=$(scripts/setup-toolkit.sh)
 export CUDA_HOME
+# BuildGrid, the REAPI server of the shared-cache tests (tests/tests/reapi.rs);
+# nothing printed (offline, no Python 3.13): those tests skip with a message.
+bgd=$(scripts/setup-buildgrid.sh)
+if [[ -n $bgd ]]; then
+  export NVLINKD_BUILDGRID=$bgd
+fi
 
 step() { printf '\n== %s\n' "$*" >&2; }
 

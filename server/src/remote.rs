@@ -99,6 +99,9 @@ struct Counters {
     downloaded_bytes: AtomicU64,
     pending_uploads: AtomicU64,
     pending_upload_bytes: AtomicU64,
+    /// Blobs moved with ByteStream (beyond the batch limit).
+    stream_reads: AtomicU64,
+    stream_writes: AtomicU64,
 }
 
 /// What the server said it supports (asked once).
@@ -307,6 +310,8 @@ impl RemoteTier for RemoteCache {
             ("remote_cache_uploads_pending", l(&c.pending_uploads)),
             ("remote_cache_uploaded_bytes", l(&c.uploaded_bytes)),
             ("remote_cache_downloaded_bytes", l(&c.downloaded_bytes)),
+            ("remote_cache_stream_reads", l(&c.stream_reads)),
+            ("remote_cache_stream_writes", l(&c.stream_writes)),
         ]
     }
 }
@@ -437,8 +442,12 @@ impl Inner {
                 } else {
                     return Err(Error::Unsupported(format!("digest functions {offered:?} (need SHA256 or BLAKE3)")));
                 };
-                let max_batch =
+                let mut max_batch =
                     if cache.max_batch_total_size_bytes > 0 { cache.max_batch_total_size_bytes } else { DEFAULT_BATCH };
+                // Test hook: a smaller batch limit sends every blob through ByteStream.
+                if let Some(n) = std::env::var("NVLINKD_TEST_REMOTE_BATCH_BYTES").ok().and_then(|v| v.parse().ok()) {
+                    max_batch = n;
+                }
                 let update_enabled = cache.action_cache_update_capabilities.is_some_and(|u| u.update_enabled);
                 let caps = Caps { function, max_batch, update_enabled };
                 info!(?caps, "shared cache capabilities");
@@ -535,6 +544,7 @@ impl Inner {
             }
             out.extend_from_slice(&chunk.data);
         }
+        self.counters.stream_reads.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
 
@@ -641,6 +651,7 @@ impl Inner {
                 r.committed_size
             ))));
         }
+        self.counters.stream_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

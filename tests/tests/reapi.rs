@@ -118,6 +118,28 @@ fn tampered_blobs_in_buildgrid_are_rejected() {
     assert_eq!(b.stat("cache_misses"), 1);
 }
 
+#[test]
+fn entries_beyond_the_batch_limit_go_through_bytestream() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let out = TempDir::new("rp4");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    // Every blob is over this limit: uploads are ByteStream writes (in chunks
+    // past 1 MiB), downloads ByteStream reads.
+    let env = [("NVLINKD_TEST_REMOTE_BATCH_BYTES", "100")];
+    let url = bg.url();
+    let args = ["--remote-cache", &url, "--remote-timeout", "5s"];
+    let a = Daemon::start_env(&args, &env);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+    assert_eq!(a.stat("remote_cache_upload_errors"), 0, "{}", bg.log());
+    let b = Daemon::start_env(&args, &env);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    assert_eq!((b.stat("cache_hits"), b.stat("remote_cache_hits")), (1, 1), "{}", b.stats());
+    // The envelope (and the Action and Command) went up, the envelope came down, by ByteStream.
+    assert!(a.stat("remote_cache_stream_writes") >= 1);
+    assert_eq!(b.stat("remote_cache_stream_reads"), 1);
+}
+
 /// Links that differ (so none is a cache hit of another).
 const DISTINCT: [&str; 4] = [
     "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin",

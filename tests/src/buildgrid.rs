@@ -18,6 +18,16 @@ pub struct BuildGrid {
     pub dir: TempDir,
     pub addr: SocketAddr,
     child: Option<Child>,
+    /// Whether it serves TLS (see [`BuildGrid::start_secure`]).
+    tls: bool,
+}
+
+/// What a secured BuildGrid needs: its TLS files and a token it accepts.
+pub struct Secured {
+    /// The CA certificate (PEM) that signed the server's certificate.
+    pub ca: PathBuf,
+    /// A file holding a bearer token (a JWT signed with the server's secret).
+    pub token_file: PathBuf,
 }
 
 /// The `bgd` to run, if installed.
@@ -37,6 +47,22 @@ impl BuildGrid {
     /// Start BuildGrid and wait until it accepts connections; None (with a
     /// message) where BuildGrid is not installed.
     pub fn start() -> Option<BuildGrid> {
+        Self::launch(None).map(|(bg, _)| bg)
+    }
+
+    /// BuildGrid serving TLS (a certificate for 127.0.0.1 and localhost from a
+    /// CA made here with openssl) and accepting only JWT bearer tokens signed
+    /// with its secret (made with the PyJWT of BuildGrid's environment). None
+    /// (with a message) without BuildGrid or openssl.
+    pub fn start_secure() -> Option<(BuildGrid, Secured)> {
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("SKIP: no openssl to make the test certificates");
+            return None;
+        }
+        Self::launch(Some(())).map(|(bg, s)| (bg, s.expect("secured")))
+    }
+
+    fn launch(secure: Option<()>) -> Option<(BuildGrid, Option<Secured>)> {
         let Some(bgd) = bgd() else {
             eprintln!(
                 "SKIP: BuildGrid is not installed (scripts/setup-buildgrid.sh; or set NVLINKD_BUILDGRID to a bgd)"
@@ -46,7 +72,15 @@ impl BuildGrid {
         let dir = TempDir::new("bg");
         let addr = free_port();
         let config = dir.path().join("buildgrid.yml");
-        std::fs::write(&config, config_text(addr, &dir.path().join("storage"))).expect("write BuildGrid config");
+        let (secured, extra) = match secure {
+            Some(()) => {
+                let (s, extra) = secure_files(&bgd, dir.path());
+                (Some(s), extra)
+            }
+            None => (None, String::new()),
+        };
+        let text = config_text(addr, &dir.path().join("storage"), secured.is_some()) + &extra;
+        std::fs::write(&config, text).expect("write BuildGrid config");
         let log = std::fs::File::create(dir.path().join("bgd.log")).expect("BuildGrid log");
         let child = Command::new(&bgd)
             .args(["server", "start"])
@@ -56,9 +90,10 @@ impl BuildGrid {
             .stderr(log)
             .spawn()
             .expect("start bgd");
-        let mut bg = BuildGrid { dir, addr, child: Some(child) };
+        let tls = secured.is_some();
+        let mut bg = BuildGrid { dir, addr, child: Some(child), tls };
         bg.wait_ready();
-        Some(bg)
+        Some((bg, secured))
     }
 
     /// Wait until the port accepts connections (gRPC's server starts listening
@@ -82,7 +117,7 @@ impl BuildGrid {
 
     /// `--remote-cache` for this server.
     pub fn url(&self) -> String {
-        format!("grpc://{}", self.addr)
+        format!("{}://{}", if self.tls { "grpcs" } else { "grpc" }, self.addr)
     }
 
     pub fn log(&self) -> String {
@@ -116,13 +151,93 @@ impl Drop for BuildGrid {
     }
 }
 
-fn config_text(addr: SocketAddr, storage: &Path) -> String {
+/// Run a command; panic with its output if it fails.
+fn must(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// A CA, a server certificate for 127.0.0.1/localhost signed by it, a JWT
+/// secret and a token signed with it; the config lines for them.
+fn secure_files(bgd: &Path, dir: &Path) -> (Secured, String) {
+    let p = |n: &str| dir.join(n);
+    let ssl = |args: &[&str]| must(Command::new("openssl").args(args).current_dir(dir));
+    ssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2"]
+        .iter()
+        .copied()
+        .chain(["-subj", "/CN=nvlinkd test CA"])
+        .collect::<Vec<_>>());
+    ssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(p("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n").unwrap();
+    ssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let secret = "nvlinkd-test-secret-0123456789abcdef";
+    // bgd's own interpreter, which has PyJWT (BuildGrid depends on it).
+    let python = bgd.with_file_name("python");
+    let token = must(Command::new(python).args([
+        "-c",
+        &format!(
+            "import jwt, time; print(jwt.encode({{'exp': int(time.time()) + 3600, 'sub': 'nvlinkd'}}, '{secret}', algorithm='HS256'))"
+        ),
+    ]));
+    std::fs::write(p("token"), &token).unwrap();
+    // BuildGrid reads the secret from a file.
+    std::fs::write(p("jwt.secret"), secret).unwrap();
+    let extra = format!(
+        r#"authorization:
+  method: jwt
+  secret: "{}"
+  algorithm: hs256
+  allow-localhost-requests: false
+"#,
+        p("jwt.secret").display()
+    );
+    (Secured { ca: p("ca.pem"), token_file: p("token") }, extra)
+}
+
+fn config_text(addr: SocketAddr, storage: &Path, tls: bool) -> String {
+    let channel = if tls {
+        let dir = storage.parent().expect("storage in the BuildGrid directory");
+        format!(
+            "    insecure-mode: false\n    credentials:\n      tls-server-key: \"{}\"\n      tls-server-cert: \"{}\"\n",
+            dir.join("server.key").display(),
+            dir.join("server.pem").display()
+        )
+    } else {
+        "    insecure-mode: true\n".to_owned()
+    };
     format!(
         r#"server:
   - !channel
     address: "{addr}"
-    insecure-mode: true
-storages:
+{channel}storages:
   - !disk-storage &cas
     path: "{storage}"
 caches:

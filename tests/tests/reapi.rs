@@ -140,6 +140,38 @@ fn entries_beyond_the_batch_limit_go_through_bytestream() {
     assert_eq!(b.stat("remote_cache_stream_reads"), 1);
 }
 
+#[test]
+fn tls_and_a_token_reach_a_secured_buildgrid() {
+    let Some((bg, secured)) = BuildGrid::start_secure() else { return };
+    let out = TempDir::new("rp5");
+    let link = "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(link, &out), &[]);
+    let url = bg.url();
+    assert!(url.starts_with("grpcs://"));
+    let (ca, token) = (secured.ca.display().to_string(), secured.token_file.display().to_string());
+    let with_token =
+        ["--remote-cache", &url, "--remote-timeout", "5s", "--remote-ca", &ca, "--remote-token-file", &token];
+
+    // Without the token: refused (UNAUTHENTICATED), the link is still right.
+    let anonymous = Daemon::start_with(&with_token[..6]);
+    same(&expected, &run(&shim(), &inv(link, &out), &anonymous.shim_env()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while anonymous.stat("remote_cache_uploads_pending") > 0 {
+        assert!(Instant::now() < deadline, "upload still pending");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(anonymous.stat("remote_cache_uploads"), 0, "BuildGrid accepted an upload without the token");
+    assert!(anonymous.stat("remote_cache_errors") + anonymous.stat("remote_cache_upload_errors") >= 1);
+
+    // With TLS checked against the test CA and the token: shared.
+    let a = Daemon::start_with(&with_token);
+    same(&expected, &run(&shim(), &inv(link, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+    let b = Daemon::start_with(&with_token);
+    same(&expected, &run(&shim(), &inv(link, &out), &b.shim_env()));
+    assert_eq!(b.stat("remote_cache_hits"), 1, "{}", b.stats());
+}
+
 /// Links that differ (so none is a cache hit of another).
 const DISTINCT: [&str; 4] = [
     "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin",

@@ -14,6 +14,12 @@ export CUDA_HOME
 # The validators of deploy/ (tests/tests/deploy.rs): where they cannot be
 # installed (offline), those tests say so and skip.
 scripts/setup-validators.sh >/dev/null || echo "test.sh: deploy/ validators not installed; their checks will skip" >&2
+# BuildGrid, the REAPI server of the shared-cache tests (tests/tests/reapi.rs);
+# nothing printed (offline, no Python 3.13): those tests skip with a message.
+bgd=$(scripts/setup-buildgrid.sh)
+if [[ -n $bgd ]]; then
+  export NVLINKD_BUILDGRID=$bgd
+fi
 
 step() { printf '\n== %s\n' "$*" >&2; }
 

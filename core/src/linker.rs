@@ -203,6 +203,14 @@ impl Linker {
         }
     }
 
+    /// Put a shared cache tier (the daemon's REAPI cache) behind memory and
+    /// disk, for whole links and artifacts. Without a cache, nothing.
+    pub fn set_remote_tier(&self, remote: Arc<dyn crate::cache::RemoteTier>) {
+        if let Some(c) = &self.cache {
+            c.store.set_remote(remote);
+        }
+    }
+
     pub fn stats_json(&self) -> String {
         let (mem, disk, corrupt, write_errors, disk_on) = match &self.cache {
             Some(c) => {
@@ -212,7 +220,8 @@ impl Linker {
             }
             None => (0, 0, 0, 0, false),
         };
-        let mut json = self.stats.to_json(&[
+        let remote = self.cache.as_ref().map(|c| c.store.remote_counters()).unwrap_or_default();
+        let mut extra = vec![
             ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
             ("cache_mem_bytes", mem),
             ("cache_disk_bytes", disk),
@@ -225,7 +234,9 @@ impl Linker {
                 self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
             ),
             ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
-        ]);
+        ];
+        extra.extend(remote);
+        let mut json = self.stats.to_json(&extra);
         // Two objects, reason → count, after the flat counters.
         json.pop();
         json.push_str(&format!(
@@ -423,9 +434,9 @@ impl Linker {
                 // The named entry is read only when the content entry says the
                 // result depends on names.
                 if e.name_sensitive && keys.named != keys.content {
-                    cache.store.put(&keys.named, bytes.clone());
+                    cache.store.store("link", &keys.named, bytes.clone());
                 }
-                cache.store.put(&keys.content, bytes);
+                cache.store.store("link", &keys.content, bytes);
             }
             *mine.borrow_mut() = Some(outcome);
             entry
@@ -441,8 +452,9 @@ impl Linker {
     }
 
     fn lookup(&self, cache: &LinkCache, keys: &linkcache::LinkKeys, req: &Request, spec: &Spec) -> Option<Outcome> {
-        let entry = LinkEntry::decode(&cache.store.get(&keys.content)?)?;
-        let entry = if entry.name_sensitive { LinkEntry::decode(&cache.store.get(&keys.named)?)? } else { entry };
+        let entry = LinkEntry::decode(&cache.store.fetch("link", &keys.content)?)?;
+        let entry =
+            if entry.name_sensitive { LinkEntry::decode(&cache.store.fetch("link", &keys.named)?)? } else { entry };
         self.outcome_of(&entry, req, spec)
     }
 

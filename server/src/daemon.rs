@@ -41,6 +41,10 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Exit after this long without a link.
     pub idle_exit: Option<Duration>,
+    /// The shared REAPI cache tier (`--remote-cache`).
+    pub remote: Option<crate::remote::RemoteOptions>,
+    /// Where to serve Prometheus metrics (`--metrics-listen`).
+    pub metrics_listen: Option<String>,
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
@@ -164,6 +168,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let linker = Arc::new(Linker::new(opts.linker));
+    if let Some(r) = opts.remote.clone() {
+        let tier = crate::remote::RemoteCache::new(r, tokio::runtime::Handle::current())?;
+        linker.set_remote_tier(Arc::new(tier));
+    }
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
 
     // Signals start the same graceful shutdown as the RPC.
@@ -212,6 +220,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    if let Some(addr) = &opts.metrics_listen {
+        let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+        tokio::spawn(crate::metrics::serve(listener, linker.clone(), stopped(shutdown_rx.clone())));
+    }
 
     let unix_server = builder()
         .add_service(service(true))

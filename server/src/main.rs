@@ -4,6 +4,8 @@ mod control;
 mod daemon;
 mod exec;
 mod install;
+mod metrics;
+mod remote;
 mod service;
 mod stream_fs;
 
@@ -65,6 +67,27 @@ struct ServeArgs {
     /// (their shims then run the real nvlink)
     #[arg(long, value_parser = parse_duration, default_value = "500ms")]
     shutdown_grace: Duration,
+    /// Shared cache tier on a Remote Execution API server (BuildGrid, bazel-remote,
+    /// Buildbarn, ...): grpc://HOST:PORT or grpcs://HOST:PORT
+    #[arg(long)]
+    remote_cache: Option<String>,
+    /// REAPI instance name of the shared cache
+    #[arg(long, default_value = "")]
+    remote_instance: String,
+    /// File holding the bearer token sent to the shared cache (`authorization: Bearer`)
+    #[arg(long)]
+    remote_token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) the grpcs:// shared cache is checked against [default: system roots]
+    #[arg(long)]
+    remote_ca: Option<PathBuf>,
+    /// Deadline of each shared-cache call (a lookup as a whole, too); after
+    /// repeated failures the tier is skipped for 30s
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    remote_timeout: Duration,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (no authentication:
+    /// bind an internal address)
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 /// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
@@ -93,6 +116,35 @@ fn format_duration(d: Duration) -> String {
 }
 
 impl ServeArgs {
+    /// The shared cache's settings, files read (a token file's first line is the token).
+    fn remote_options(&self) -> Result<Option<remote::RemoteOptions>, String> {
+        let Some(url) = &self.remote_cache else { return Ok(None) };
+        let read = |f: &PathBuf, what: &str| std::fs::read(f).map_err(|e| format!("{what} {}: {e}", f.display()));
+        let token = match &self.remote_token_file {
+            Some(f) => {
+                let t = String::from_utf8_lossy(&read(f, "--remote-token-file")?)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned();
+                if t.is_empty() {
+                    return Err(format!("--remote-token-file {}: no token in it", f.display()));
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let ca_pem = self.remote_ca.as_ref().map(|f| read(f, "--remote-ca")).transpose()?;
+        Ok(Some(remote::RemoteOptions {
+            url: url.clone(),
+            instance: self.remote_instance.clone(),
+            token,
+            ca_pem,
+            timeout: self.remote_timeout.max(Duration::from_millis(10)),
+        }))
+    }
+
     fn socket(&self) -> PathBuf {
         self.socket.clone().unwrap_or_else(control::default_socket)
     }
@@ -130,6 +182,19 @@ impl ServeArgs {
         ]);
         if let Some(idle) = self.idle_exit {
             a.extend(["--idle-exit".into(), format_duration(idle)]);
+        }
+        if let Some(r) = &self.remote_cache {
+            a.extend(["--remote-cache".into(), r.clone(), "--remote-instance".into(), self.remote_instance.clone()]);
+            if let Some(f) = &self.remote_token_file {
+                a.extend(["--remote-token-file".into(), f.display().to_string()]);
+            }
+            if let Some(f) = &self.remote_ca {
+                a.extend(["--remote-ca".into(), f.display().to_string()]);
+            }
+            a.extend(["--remote-timeout".into(), format_duration(self.remote_timeout)]);
+        }
+        if let Some(m) = &self.metrics_listen {
+            a.extend(["--metrics-listen".into(), m.clone()]);
         }
         a
     }
@@ -238,7 +303,16 @@ fn main() -> ExitCode {
         Command::Serve(a) => {
             let cache_dir = a.cache_dir();
             let _guard = daemon::init_logging(&cache_dir);
+            let remote = match a.remote_options() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("nvlinkd: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let opts = daemon::ServeOptions {
+                remote,
+                metrics_listen: a.metrics_listen.clone(),
                 socket: a.socket(),
                 cache_dir: cache_dir.clone(),
                 listen: a.listen.clone(),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvlinkd_core::fs::InputFs;
-use nvlinkd_core::request::Request as LinkRequest;
+use nvlinkd_core::request::{EngineKind, Request as LinkRequest};
 use nvlinkd_core::worker::Cancel;
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
@@ -180,6 +180,16 @@ impl Service {
             // Nothing is registered on this stream from now on.
             let gone = channel.closed_reason();
             channel.close("the link is done");
+            let (engine, cache) = match &outcome {
+                Ok(o) if o.fallback.is_some() => ("fallback", "none"),
+                Ok(o) => match o.engine {
+                    EngineKind::Cache => ("cache", "hit"),
+                    EngineKind::InProcess => ("in_process", "miss"),
+                    EngineKind::NvlinkProcess => ("nvlink", "miss"),
+                    EngineKind::Frontend => ("frontend", "none"),
+                },
+                Err(_) => ("fallback", "none"),
+            };
             let result = match outcome {
                 Ok(o) => {
                     info!(
@@ -223,6 +233,10 @@ impl Service {
             if let Some(why) = gone {
                 debug!(args = %args, why, "stream closed during the link");
             }
+            let sent =
+                result.stdout.len() + result.stderr.len() + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
+            let (engine, cache) = if result.fallback { ("fallback", "none") } else { (engine, cache) };
+            crate::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.
             let _ = channel.send(ServerMessage { msg: Some(server_message::Msg::Result(result)) }, false);

@@ -198,6 +198,14 @@ impl LinkFs {
         LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
     }
 
+    /// Input bytes received from the shim (none when the daemon reads the files itself).
+    pub fn bytes_received(&self) -> u64 {
+        match self.source {
+            Source::Local => 0,
+            Source::Stream(_) => self.used.load(Ordering::Relaxed),
+        }
+    }
+
     fn decline(&self, why: String) {
         let mut d = self.declined.lock().unwrap_or_else(|p| p.into_inner());
         d.get_or_insert(why);

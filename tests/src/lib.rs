@@ -4,6 +4,7 @@
 //! Every test compares against the real nvlink run on the same inputs in the
 //! same run; nothing here hard-codes an output a tool could produce.
 
+pub mod buildgrid;
 pub mod compare;
 pub mod corpus;
 pub mod daemon;

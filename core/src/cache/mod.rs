@@ -5,11 +5,14 @@
 //! never of paths or times, so renaming or touching an input is still a hit.
 //! [`store`] holds the bytes (memory over disk, both bounded, verified);
 //! [`flight`] makes concurrent identical work run once; [`LinkEntry`] is the
-//! stored form of a whole link's result.
+//! stored form of a whole link's result; [`remote`] is the trait of a shared
+//! tier behind memory and disk (the daemon's REAPI cache).
 
 pub mod flight;
+pub mod remote;
 pub mod store;
 
+pub use remote::{Kind, RemoteTier};
 pub use store::{Key, Store};
 
 /// Builds a key from typed, length-prefixed fields under a domain name, so

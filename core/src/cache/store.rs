@@ -19,6 +19,10 @@
 //! tier off with one log line; a write that fails later (no space left) drops
 //! that entry (logged once until a write succeeds again) and the link's result
 //! is unaffected.
+//!
+//! A shared tier ([`RemoteTier`], the daemon's REAPI cache) may stand behind
+//! both: [`Store::fetch`] asks it after a local miss and fills memory and disk
+//! from its (verified) answer; [`Store::store`] offers it every new entry.
 
 use std::collections::HashMap;
 use std::fs;
@@ -30,6 +34,7 @@ use std::time::SystemTime;
 
 use tracing::{debug, warn};
 
+use crate::cache::remote::{Kind, RemoteTier};
 use crate::lru::ByteLru;
 
 /// A cache key: the BLAKE3 hash of everything the value depends on.
@@ -64,6 +69,8 @@ pub struct Store {
     pub write_errors: AtomicU64,
     /// Whether the last disk write failed (so that a full disk logs once).
     failing: std::sync::atomic::AtomicBool,
+    /// The shared tier behind memory and disk, once the daemon sets one.
+    remote: std::sync::OnceLock<Arc<dyn RemoteTier>>,
 }
 
 impl Store {
@@ -93,6 +100,7 @@ impl Store {
             corrupt: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             failing: std::sync::atomic::AtomicBool::new(false),
+            remote: std::sync::OnceLock::new(),
         }
     }
 
@@ -113,6 +121,36 @@ impl Store {
         (mem, disk)
     }
 
+    /// Put a shared tier behind the local ones (once; later calls are ignored).
+    pub fn set_remote(&self, remote: Arc<dyn RemoteTier>) {
+        let _ = self.remote.set(remote);
+    }
+
+    /// The shared tier's counters (none without one).
+    pub fn remote_counters(&self) -> Vec<(&'static str, u64)> {
+        self.remote.get().map(|r| r.counters()).unwrap_or_default()
+    }
+
+    /// Memory, then disk, then the shared tier: an entry found only there
+    /// fills memory and disk (not offered back to the shared tier).
+    pub fn fetch(&self, kind: Kind, key: &Key) -> Option<Arc<[u8]>> {
+        if let Some(v) = self.get(key) {
+            return Some(v);
+        }
+        let value: Arc<[u8]> = self.remote.get()?.get(kind, key)?.into();
+        self.put_local(key, value.clone());
+        Some(value)
+    }
+
+    /// Store locally and offer the entry to the shared tier.
+    pub fn store(&self, kind: Kind, key: &Key, value: Arc<[u8]>) {
+        self.put_local(key, value.clone());
+        if let Some(r) = self.remote.get() {
+            r.put(kind, key, value);
+        }
+    }
+
+    /// Memory and disk only.
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
         if let Some(v) = self.mem.get(key) {
             return Some(v);
@@ -149,7 +187,12 @@ impl Store {
         }
     }
 
+    /// Memory and disk only.
     pub fn put(&self, key: &Key, value: Arc<[u8]>) {
+        self.put_local(key, value)
+    }
+
+    fn put_local(&self, key: &Key, value: Arc<[u8]>) {
         self.put_mem(key, value.clone());
         match self.put_disk(key, &value) {
             Ok(()) => {

@@ -68,7 +68,7 @@ impl Artifacts<'_> {
         compute: impl FnOnce() -> Result<Vec<u8>, Declined>,
     ) -> Result<Arc<[u8]>, Declined> {
         let (hits, misses) = self.counters(level);
-        if let Some(v) = self.store.and_then(|s| s.get(&key)) {
+        if let Some(v) = self.store.and_then(|s| s.fetch(level.domain(), &key)) {
             bump(hits);
             return Ok(v);
         }
@@ -84,7 +84,7 @@ impl Artifacts<'_> {
             Ok(v) => {
                 let v: Arc<[u8]> = v.into();
                 if let Some(s) = self.store {
-                    s.put(&key, v.clone());
+                    s.store(level.domain(), &key, v.clone());
                 }
                 Some(v)
             }

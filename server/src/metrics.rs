@@ -1,0 +1,200 @@
+//! Prometheus metrics on `--metrics-listen HOST:PORT`, at `/metrics`.
+//!
+//! Two sources, one registry (prometheus-client, OpenMetrics text):
+//!
+//! - what the service sees of each link, recorded as it answers
+//!   ([`record_link`]): `nvlinkd_links_total{engine,cache}`, the latency
+//!   histogram `nvlinkd_link_duration_seconds{engine}`, and the bytes received
+//!   from and sent to shims;
+//! - the linker's own counters, read at each scrape ([`StatsCollector`]): the
+//!   same figures as `nvlinkd stats --json` — every counter as
+//!   `nvlinkd_<name>_total`, the gauges (links in flight, workers, cache bytes)
+//!   as `nvlinkd_<name>`, and per cache level `nvlinkd_cache_hits_total{level}` /
+//!   `nvlinkd_cache_misses_total{level}` (`link`, `jit`, `nvvm`, `ptxas`), the
+//!   shared tier's `nvlinkd_remote_cache_*`. New counters of the linker appear
+//!   without changes here.
+//!
+//! The endpoint has no authentication, by design (scrapers rarely carry
+//! credentials): bind it to an internal address, never to the address the
+//! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET
+//! /metrics` is a 404.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use nvlinkd_core::Linker;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tracing::{debug, info};
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// What the service records per link.
+struct LinkMetrics {
+    links: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    received: Counter,
+    sent: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms to about 65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+static LINKS: OnceLock<LinkMetrics> = OnceLock::new();
+
+fn links() -> &'static LinkMetrics {
+    LINKS.get_or_init(|| LinkMetrics {
+        links: Family::default(),
+        latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        received: Counter::default(),
+        sent: Counter::default(),
+    })
+}
+
+/// Record one answered link: which engine answered (`in_process`, `nvlink`,
+/// `frontend`, `cache`, `fallback`), whether it was a whole-link cache hit
+/// (`hit`, `miss`, or `none` where no cache applies), how long it took, and the
+/// bytes it received from and sent to the shim.
+pub fn record_link(engine: &'static str, cache: &'static str, took: Duration, received: u64, sent: u64) {
+    let m = links();
+    m.links.get_or_create(&vec![("engine", engine), ("cache", cache)]).inc();
+    m.latency.get_or_create(&vec![("engine", engine)]).observe(took.as_secs_f64());
+    m.received.inc_by(received);
+    m.sent.inc_by(sent);
+}
+
+/// The linker's counters at scrape time.
+struct StatsCollector(Arc<Linker>);
+
+impl std::fmt::Debug for StatsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsCollector")
+    }
+}
+
+/// Stats that go up and down (the rest only go up).
+const GAUGES: &[(&str, &str)] = &[
+    ("in_flight", "Links being served now"),
+    ("workers", "nvJitLink worker processes alive"),
+    ("cache_mem_bytes", "Bytes in the memory cache tier"),
+    ("cache_disk_bytes", "Bytes in the disk cache tier"),
+    ("cache_disk", "Whether the disk cache tier is on (1) or off (0)"),
+    ("decoded_input_bytes", "Bytes of decoded inputs kept for reuse"),
+    ("remote_cache_uploads_pending", "Shared-cache uploads waiting or running"),
+];
+
+/// Per-level cache counters: (level, hits, misses) in the stats.
+const LEVELS: &[(&str, &str, &str)] = &[
+    ("link", "cache_hits", "cache_misses"),
+    ("jit", "jit_hits", "jit_misses"),
+    ("nvvm", "nvvm_hits", "nvvm_misses"),
+    ("ptxas", "ptxas_hits", "ptxas_misses"),
+];
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let json = self.0.stats_json();
+        let Ok(serde_json::Value::Object(stats)) = serde_json::from_str::<serde_json::Value>(&json) else {
+            return Ok(());
+        };
+        let get = |name: &str| stats.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+        for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
+            let name = format!("cache_{hits_or_misses}");
+            let help = format!("Cache {hits_or_misses} per level (link: whole links; jit, nvvm, ptxas: artifacts)");
+            let kind = ConstCounter::new(0u64).metric_type();
+            let mut family = encoder.encode_descriptor(&name, &help, None, kind)?;
+            for level in LEVELS {
+                let counter = if pick == 1 { level.1 } else { level.2 };
+                let labels = [("level", level.0)];
+                ConstCounter::new(get(counter)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        for (name, value) in &stats {
+            let Some(v) = value.as_u64() else { continue };
+            if LEVELS.iter().any(|l| l.1 == name || l.2 == name) {
+                // Already in the per-level families above.
+                continue;
+            }
+            if let Some((_, help)) = GAUGES.iter().find(|(g, _)| g == name) {
+                let g = ConstGauge::new(v as i64);
+                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            } else {
+                let c = ConstCounter::new(v);
+                let help = format!("nvlinkd stats counter {name}");
+                c.encode(encoder.encode_descriptor(name, &help, None, c.metric_type())?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn registry(linker: Arc<Linker>) -> Registry {
+    let mut r = Registry::with_prefix("nvlinkd");
+    let m = links();
+    r.register("links", "Links answered, by engine and whole-link cache result", m.links.clone());
+    r.register("link_duration_seconds", "Time from a link's start to its answer, by engine", m.latency.clone());
+    r.register("link_received_bytes", "Input bytes received from shims", m.received.clone());
+    r.register("link_sent_bytes", "Output bytes (files, stdout, stderr) sent to shims", m.sent.clone());
+    r.register_collector(Box::new(StatsCollector(linker)));
+    r
+}
+
+/// Serve `/metrics` on `listener` until `stop` resolves.
+pub async fn serve(listener: TcpListener, linker: Arc<Linker>, stop: impl std::future::Future<Output = ()>) {
+    let registry = Arc::new(registry(linker));
+    if let Ok(a) = listener.local_addr() {
+        info!(metrics = %a, "serving Prometheus metrics at /metrics");
+    }
+    let accept = async {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let registry = registry.clone();
+                    async move { Ok::<_, std::convert::Infallible>(answer(&req, &registry)) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(10))
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(e) = conn.await {
+                    debug!("metrics connection: {e}");
+                }
+            });
+        }
+    };
+    tokio::select! {
+        _ = accept => {}
+        _ = stop => {}
+    }
+}
+
+fn answer(req: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+    let reply = |status, ctype: &'static str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(ctype));
+        r
+    };
+    if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, "text/plain", "not found: GET /metrics\n".into());
+    }
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
+        Ok(()) => reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", body),
+        Err(_) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "encoding failed\n".into()),
+    }
+}

@@ -1,0 +1,686 @@
+//! The shared cache tier on a Remote Execution API v2 server (REAPI: BuildGrid,
+//! bazel-remote, Buildbarn, NativeLink, BuildBuddy): `--remote-cache`.
+//!
+//! Every cache entry of the core (a whole link's entry, an NVVM, ptxas or JIT
+//! artifact) is an ActionResult in the server's ActionCache, under an action
+//! digest that is a deterministic function of the entry's kind and nvlinkd's
+//! content key:
+//!
+//! - `Command { arguments: ["nvlinkd-cache", FORMAT, <kind>, <key hex>], output_paths: ["value"] }`
+//! - `Action { command_digest: digest(Command), input_root_digest: digest(empty Directory) }`
+//! - action digest = digest(Action), with the server's digest function
+//!   (SHA-256, the REAPI default, unless the server offers only BLAKE3).
+//!
+//! The ActionResult has one output file, `value`, whose CAS blob is the entry
+//! in an envelope naming its kind and key (`nvlkdr01`, kind, key, payload): a
+//! blob is accepted only when it hashes to the digest the ActionResult names
+//! *and* its envelope names the kind and key asked for, so neither a damaged
+//! blob nor an ActionResult pointing at another entry's blob is ever used. The
+//! Action and Command are uploaded too, so REAPI tools can show what an entry
+//! is. Uploads ask `FindMissingBlobs` first and send only what is missing
+//! (`BatchUpdateBlobs` for small blobs, ByteStream `Write` in chunks beyond the
+//! server's batch limit); downloads use `BatchReadBlobs` or ByteStream `Read`.
+//!
+//! The tier is an optimisation, never a condition. Every call has a deadline
+//! (`--remote-timeout`; a lookup as a whole too), failures are misses, and after
+//! [`BREAKER_FAILURES`] failures in a row the tier is skipped for
+//! [`BREAKER_OPEN`] (counted in `remote_cache_skipped`), so an unreachable or
+//! slow server costs each link at most one deadline, and most links nothing.
+//! Uploads run in the background (bounded by [`MAX_PENDING_UPLOAD_BYTES`];
+//! beyond that they are dropped), so a link's answer never waits for them.
+//!
+//! The core is synchronous: [`RemoteCache`] implements the core's
+//! `RemoteTier` by running the async client on the daemon's tokio runtime and
+//! waiting for the answer from the link's (blocking) thread.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+use bazel_remote_apis::google::bytestream as bs;
+use nvlinkd_core::cache::{Key, Kind, RemoteTier};
+use prost::Message;
+use re::action_cache_client::ActionCacheClient;
+use re::capabilities_client::CapabilitiesClient;
+use re::content_addressable_storage_client::ContentAddressableStorageClient;
+use re::digest_function::Value as DigestFunction;
+use tokio::sync::OnceCell;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+
+/// Part of every action: a new format of entries gets new action digests.
+const FORMAT: &str = "1";
+const ENVELOPE_MAGIC: &[u8; 8] = b"nvlkdr01";
+/// The output file of every nvlinkd action.
+const OUTPUT: &str = "value";
+/// Failures in a row after which the tier is skipped for a while.
+const BREAKER_FAILURES: u32 = 3;
+/// How long the tier is skipped after that.
+const BREAKER_OPEN: Duration = Duration::from_secs(30);
+/// Bytes of entries waiting to be uploaded; more are dropped (not shared).
+const MAX_PENDING_UPLOAD_BYTES: u64 = 256 << 20;
+/// Uploads running at once.
+const MAX_UPLOADS: usize = 4;
+/// Largest entry downloaded (a whole link's outputs are far smaller).
+const MAX_BLOB: i64 = 4 << 30;
+/// ByteStream chunk size (well under gRPC's default 4 MiB message limit).
+const CHUNK: usize = 1 << 20;
+/// The batch limit used when the server states none.
+const DEFAULT_BATCH: i64 = 4 << 20;
+
+/// `--remote-*` settings.
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// `grpc://HOST:PORT` or `grpcs://HOST:PORT`.
+    pub url: String,
+    pub instance: String,
+    /// Bearer token sent as `authorization` metadata.
+    pub token: Option<String>,
+    /// PEM CA certificate(s) for `grpcs://` (else the system roots).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Deadline of each call, and of a lookup as a whole.
+    pub timeout: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    errors: AtomicU64,
+    /// Downloaded blobs that failed verification (digest or envelope).
+    rejected: AtomicU64,
+    /// Lookups and uploads skipped while the breaker is open.
+    skipped: AtomicU64,
+    uploads: AtomicU64,
+    upload_errors: AtomicU64,
+    uploads_dropped: AtomicU64,
+    uploaded_bytes: AtomicU64,
+    downloaded_bytes: AtomicU64,
+    pending_uploads: AtomicU64,
+    pending_upload_bytes: AtomicU64,
+    /// Blobs moved with ByteStream (beyond the batch limit).
+    stream_reads: AtomicU64,
+    stream_writes: AtomicU64,
+}
+
+/// What the server said it supports (asked once).
+#[derive(Clone, Copy, Debug)]
+struct Caps {
+    function: DigestFunction,
+    max_batch: i64,
+    update_enabled: bool,
+}
+
+struct Inner {
+    channel: Channel,
+    opts: RemoteOptions,
+    caps: OnceCell<Caps>,
+    counters: Counters,
+    failures: AtomicU32,
+    open_until: Mutex<Option<Instant>>,
+    uploads: tokio::sync::Semaphore,
+    upload_ids: AtomicU64,
+}
+
+/// The REAPI tier; see the module documentation.
+pub struct RemoteCache {
+    inner: Arc<Inner>,
+    rt: tokio::runtime::Handle,
+}
+
+#[derive(Debug)]
+enum Error {
+    Rpc(tonic::Status),
+    Timeout,
+    /// The server's answer cannot be used (bad digest, bad envelope, missing output).
+    Rejected(String),
+    Unsupported(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Rpc(s) => write!(f, "{}: {}", s.code(), s.message()),
+            Error::Timeout => write!(f, "deadline exceeded"),
+            Error::Rejected(w) => write!(f, "rejected: {w}"),
+            Error::Unsupported(w) => write!(f, "unsupported server: {w}"),
+        }
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Error::Rpc(s)
+    }
+}
+
+impl RemoteCache {
+    /// A client for `opts.url`; connects lazily (an unreachable server at
+    /// start is not an error: its lookups fail and are misses).
+    pub fn new(opts: RemoteOptions, rt: tokio::runtime::Handle) -> Result<RemoteCache, String> {
+        let (scheme, rest) = opts
+            .url
+            .split_once("://")
+            .ok_or_else(|| format!("--remote-cache {}: expected grpc://HOST:PORT or grpcs://HOST:PORT", opts.url))?;
+        let tls = match scheme {
+            "grpc" | "http" => false,
+            "grpcs" | "https" => true,
+            _ => return Err(format!("--remote-cache {}: the scheme must be grpc:// or grpcs://", opts.url)),
+        };
+        let uri = format!("{}://{rest}", if tls { "https" } else { "http" });
+        let mut endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| format!("--remote-cache {}: {e}", opts.url))?
+            .connect_timeout(opts.timeout)
+            .timeout(opts.timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(opts.timeout);
+        if tls {
+            let mut cfg = tonic::transport::ClientTlsConfig::new().with_native_roots();
+            if let Some(pem) = &opts.ca_pem {
+                cfg = cfg.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            }
+            endpoint = endpoint.tls_config(cfg).map_err(|e| format!("--remote-ca: {e}"))?;
+        } else if opts.ca_pem.is_some() {
+            return Err("--remote-ca needs a grpcs:// --remote-cache".into());
+        }
+        let channel = {
+            let _in_runtime = rt.enter();
+            endpoint.connect_lazy()
+        };
+        info!(url = %opts.url, instance = %opts.instance, "shared REAPI cache tier");
+        Ok(RemoteCache {
+            inner: Arc::new(Inner {
+                channel,
+                opts,
+                caps: OnceCell::new(),
+                counters: Counters::default(),
+                failures: AtomicU32::new(0),
+                open_until: Mutex::new(None),
+                uploads: tokio::sync::Semaphore::new(MAX_UPLOADS),
+                upload_ids: AtomicU64::new(0),
+            }),
+            rt,
+        })
+    }
+}
+
+impl RemoteTier for RemoteCache {
+    fn get(&self, kind: Kind, key: &Key) -> Option<Vec<u8>> {
+        let inner = &self.inner;
+        let c = &inner.counters;
+        if inner.breaker_open() {
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let task = {
+            let (inner, key) = (inner.clone(), *key);
+            self.rt.spawn(async move {
+                let got = tokio::time::timeout(inner.opts.timeout, inner.lookup(kind, &key)).await;
+                let _ = tx.send(got.unwrap_or(Err(Error::Timeout)));
+            })
+        };
+        // The task has its own deadline; this one only guards against a
+        // runtime that is shutting down.
+        let got = rx.recv_timeout(inner.opts.timeout + Duration::from_millis(200)).unwrap_or(Err(Error::Timeout));
+        task.abort();
+        match got {
+            Ok(Some(v)) => {
+                inner.success();
+                c.hits.fetch_add(1, Ordering::Relaxed);
+                c.downloaded_bytes.fetch_add(v.len() as u64, Ordering::Relaxed);
+                Some(v)
+            }
+            Ok(None) => {
+                inner.success();
+                c.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(Error::Rejected(why)) => {
+                // The server answered: not a failure of the tier, but nothing usable.
+                inner.success();
+                warn!(kind, key = %hex(key), "shared cache entry rejected ({why}): a miss");
+                c.rejected.fetch_add(1, Ordering::Relaxed);
+                c.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                c.errors.fetch_add(1, Ordering::Relaxed);
+                c.misses.fetch_add(1, Ordering::Relaxed);
+                inner.failure(&e);
+                None
+            }
+        }
+    }
+
+    fn put(&self, kind: Kind, key: &Key, value: Arc<[u8]>) {
+        let inner = &self.inner;
+        let c = &inner.counters;
+        if inner.breaker_open() {
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let size = value.len() as u64;
+        if c.pending_upload_bytes.fetch_add(size, Ordering::Relaxed) + size > MAX_PENDING_UPLOAD_BYTES {
+            c.pending_upload_bytes.fetch_sub(size, Ordering::Relaxed);
+            c.uploads_dropped.fetch_add(1, Ordering::Relaxed);
+            debug!("shared cache upload dropped: too many bytes waiting");
+            return;
+        }
+        c.pending_uploads.fetch_add(1, Ordering::Relaxed);
+        let (inner, key) = (inner.clone(), *key);
+        self.rt.spawn(async move {
+            let c = &inner.counters;
+            let uploaded = match inner.uploads.acquire().await {
+                Ok(_permit) => inner.upload(kind, &key, &value).await,
+                Err(_) => Err(Error::Timeout),
+            };
+            match uploaded {
+                Ok(bytes) => {
+                    inner.success();
+                    c.uploads.fetch_add(1, Ordering::Relaxed);
+                    c.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    c.upload_errors.fetch_add(1, Ordering::Relaxed);
+                    if !matches!(e, Error::Unsupported(_)) {
+                        inner.failure(&e);
+                    }
+                }
+            }
+            c.pending_upload_bytes.fetch_sub(size, Ordering::Relaxed);
+            c.pending_uploads.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let c = &self.inner.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("remote_cache_hits", l(&c.hits)),
+            ("remote_cache_misses", l(&c.misses)),
+            ("remote_cache_errors", l(&c.errors)),
+            ("remote_cache_rejected", l(&c.rejected)),
+            ("remote_cache_skipped", l(&c.skipped)),
+            ("remote_cache_uploads", l(&c.uploads)),
+            ("remote_cache_upload_errors", l(&c.upload_errors)),
+            ("remote_cache_uploads_dropped", l(&c.uploads_dropped)),
+            ("remote_cache_uploads_pending", l(&c.pending_uploads)),
+            ("remote_cache_uploaded_bytes", l(&c.uploaded_bytes)),
+            ("remote_cache_downloaded_bytes", l(&c.downloaded_bytes)),
+            ("remote_cache_stream_reads", l(&c.stream_reads)),
+            ("remote_cache_stream_writes", l(&c.stream_writes)),
+        ]
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The digest of `data` with `f`.
+fn digest(f: DigestFunction, data: &[u8]) -> re::Digest {
+    let hash = match f {
+        DigestFunction::Blake3 => hex(blake3::hash(data).as_bytes()),
+        _ => {
+            use sha2::Digest as _;
+            hex(&sha2::Sha256::digest(data))
+        }
+    };
+    re::Digest { hash, size_bytes: data.len() as i64 }
+}
+
+/// The blob of an entry: the payload in an envelope naming its kind and key.
+fn envelope(kind: Kind, key: &Key, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 8 + kind.len() + 32 + payload.len());
+    out.extend_from_slice(ENVELOPE_MAGIC);
+    out.extend_from_slice(&(kind.len() as u64).to_le_bytes());
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of an envelope, if it is the one of `kind` and `key`.
+fn open_envelope(kind: Kind, key: &Key, mut blob: Vec<u8>) -> Option<Vec<u8>> {
+    let head = 8 + 8 + kind.len() + 32;
+    let ok = blob.len() >= head
+        && &blob[..8] == ENVELOPE_MAGIC
+        && blob[8..16] == (kind.len() as u64).to_le_bytes()
+        && &blob[16..16 + kind.len()] == kind.as_bytes()
+        && &blob[16 + kind.len()..head] == key;
+    ok.then(|| blob.split_off(head))
+}
+
+/// The Action and Command of an entry, encoded: see the module documentation.
+fn action_of(f: DigestFunction, kind: Kind, key: &Key) -> (Vec<u8>, Vec<u8>) {
+    let command = re::Command {
+        arguments: vec!["nvlinkd-cache".into(), FORMAT.into(), kind.into(), hex(key)],
+        output_paths: vec![OUTPUT.into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let action = re::Action {
+        command_digest: Some(digest(f, &command)),
+        input_root_digest: Some(digest(f, &re::Directory::default().encode_to_vec())),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    (action, command)
+}
+
+impl Inner {
+    fn breaker_open(&self) -> bool {
+        let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
+        match *open {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                // Half open: let calls try again; one more failure reopens it.
+                *open = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    fn failure(&self, e: &Error) {
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= BREAKER_FAILURES {
+            let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
+            if open.is_none() {
+                warn!(url = %self.opts.url, failures = n, "shared cache unreachable or failing ({e}): skipped for {}s", BREAKER_OPEN.as_secs());
+            }
+            *open = Some(Instant::now() + BREAKER_OPEN);
+        } else {
+            warn!(url = %self.opts.url, "shared cache call failed ({e}): treated as a miss");
+        }
+    }
+
+    /// A request with the deadline and the token.
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(self.opts.timeout);
+        if let Some(t) = &self.opts.token {
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                r.metadata_mut().insert("authorization", v);
+            }
+        }
+        r
+    }
+
+    fn digest_function_field(&self, caps: &Caps) -> i32 {
+        // SHA-256 is the default: left unset for servers older than the field.
+        if caps.function == DigestFunction::Sha256 {
+            0
+        } else {
+            caps.function as i32
+        }
+    }
+
+    async fn caps(&self) -> Result<Caps, Error> {
+        self.caps
+            .get_or_try_init(|| async {
+                let mut client = CapabilitiesClient::new(self.channel.clone());
+                let caps = client
+                    .get_capabilities(
+                        self.request(re::GetCapabilitiesRequest { instance_name: self.opts.instance.clone() }),
+                    )
+                    .await?
+                    .into_inner();
+                let cache = caps.cache_capabilities.unwrap_or_default();
+                let offered = &cache.digest_functions;
+                let function = if offered.is_empty() || offered.contains(&(DigestFunction::Sha256 as i32)) {
+                    DigestFunction::Sha256
+                } else if offered.contains(&(DigestFunction::Blake3 as i32)) {
+                    DigestFunction::Blake3
+                } else {
+                    return Err(Error::Unsupported(format!("digest functions {offered:?} (need SHA256 or BLAKE3)")));
+                };
+                let mut max_batch =
+                    if cache.max_batch_total_size_bytes > 0 { cache.max_batch_total_size_bytes } else { DEFAULT_BATCH };
+                // Test hook: a smaller batch limit sends every blob through ByteStream.
+                if let Some(n) = std::env::var("NVLINKD_TEST_REMOTE_BATCH_BYTES").ok().and_then(|v| v.parse().ok()) {
+                    max_batch = n;
+                }
+                let update_enabled = cache.action_cache_update_capabilities.is_some_and(|u| u.update_enabled);
+                let caps = Caps { function, max_batch, update_enabled };
+                info!(?caps, "shared cache capabilities");
+                Ok(caps)
+            })
+            .await
+            .copied()
+    }
+
+    /// The verified entry of `kind`/`key`, or None when the server has none.
+    async fn lookup(&self, kind: Kind, key: &Key) -> Result<Option<Vec<u8>>, Error> {
+        let caps = self.caps().await?;
+        let (action, _) = action_of(caps.function, kind, key);
+        let mut ac = ActionCacheClient::new(self.channel.clone());
+        let result = ac
+            .get_action_result(self.request(re::GetActionResultRequest {
+                instance_name: self.opts.instance.clone(),
+                action_digest: Some(digest(caps.function, &action)),
+                digest_function: self.digest_function_field(&caps),
+                ..Default::default()
+            }))
+            .await;
+        let result = match result {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
+            Err(s) => return Err(s.into()),
+        };
+        let Some(file) = result.output_files.iter().find(|f| f.path == OUTPUT) else {
+            return Err(Error::Rejected("no output file".into()));
+        };
+        let Some(d) = file.digest.clone() else { return Err(Error::Rejected("output without digest".into())) };
+        if !(0..=MAX_BLOB).contains(&d.size_bytes) {
+            return Err(Error::Rejected(format!("blob size {}", d.size_bytes)));
+        }
+        let blob = if d.size_bytes + 1024 <= caps.max_batch.min(DEFAULT_BATCH) {
+            let mut cas = ContentAddressableStorageClient::new(self.channel.clone());
+            let r = cas
+                .batch_read_blobs(self.request(re::BatchReadBlobsRequest {
+                    instance_name: self.opts.instance.clone(),
+                    digests: vec![d.clone()],
+                    digest_function: self.digest_function_field(&caps),
+                    ..Default::default()
+                }))
+                .await?
+                .into_inner();
+            let Some(r) = r.responses.into_iter().find(|r| r.digest.as_ref() == Some(&d)) else {
+                return Err(Error::Rejected("blob not in the batch answer".into()));
+            };
+            match r.status.map(|s| s.code).unwrap_or(0) {
+                0 => r.data,
+                // The ActionResult outlived its blob (evicted): a miss.
+                5 => return Ok(None),
+                c => return Err(Error::Rpc(tonic::Status::new(tonic::Code::from(c), "BatchReadBlobs"))),
+            }
+        } else {
+            match self.read_stream(&caps, &d).await {
+                Err(Error::Rpc(s)) if s.code() == tonic::Code::NotFound => return Ok(None),
+                r => r?,
+            }
+        };
+        if digest(caps.function, &blob) != d {
+            return Err(Error::Rejected("blob does not match its digest".into()));
+        }
+        open_envelope(kind, key, blob).map(Some).ok_or_else(|| Error::Rejected("blob is another entry's".into()))
+    }
+
+    fn blob_name(&self, caps: &Caps, d: &re::Digest) -> String {
+        let f = if caps.function == DigestFunction::Blake3 { "blake3/" } else { "" };
+        format!("blobs/{f}{}/{}", d.hash, d.size_bytes)
+    }
+
+    fn resource(&self, tail: String) -> String {
+        if self.opts.instance.is_empty() {
+            tail
+        } else {
+            format!("{}/{tail}", self.opts.instance)
+        }
+    }
+
+    async fn read_stream(&self, caps: &Caps, d: &re::Digest) -> Result<Vec<u8>, Error> {
+        let mut client = bs::byte_stream_client::ByteStreamClient::new(self.channel.clone());
+        let mut stream = client
+            .read(self.request(bs::ReadRequest {
+                resource_name: self.resource(self.blob_name(caps, d)),
+                read_offset: 0,
+                read_limit: 0,
+            }))
+            .await?
+            .into_inner();
+        let mut out = Vec::with_capacity(d.size_bytes as usize);
+        while let Some(chunk) = stream.message().await? {
+            if out.len() + chunk.data.len() > d.size_bytes as usize {
+                return Err(Error::Rejected("blob longer than its digest says".into()));
+            }
+            out.extend_from_slice(&chunk.data);
+        }
+        self.counters.stream_reads.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Upload an entry: the blobs the server lacks, then the ActionResult.
+    /// Returns the bytes sent.
+    async fn upload(&self, kind: Kind, key: &Key, value: &[u8]) -> Result<u64, Error> {
+        let caps = self.caps().await?;
+        if !caps.update_enabled {
+            return Err(Error::Unsupported("the ActionCache does not accept updates".into()));
+        }
+        let f = caps.function;
+        let (action, command) = action_of(f, kind, key);
+        let blob = envelope(kind, key, value);
+        let blobs = [(digest(f, &action), &action), (digest(f, &command), &command), (digest(f, &blob), &blob)];
+        let mut cas = ContentAddressableStorageClient::new(self.channel.clone());
+        let missing = cas
+            .find_missing_blobs(self.request(re::FindMissingBlobsRequest {
+                instance_name: self.opts.instance.clone(),
+                blob_digests: blobs.iter().map(|(d, _)| d.clone()).collect(),
+                digest_function: self.digest_function_field(&caps),
+            }))
+            .await?
+            .into_inner()
+            .missing_blob_digests;
+        let mut sent = 0u64;
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0i64;
+        for (d, data) in blobs.iter().filter(|(d, _)| missing.contains(d)) {
+            if d.size_bytes + 1024 + batch_bytes <= caps.max_batch.min(DEFAULT_BATCH) {
+                batch_bytes += d.size_bytes + 1024;
+                batch.push(re::batch_update_blobs_request::Request {
+                    digest: Some(d.clone()),
+                    data: data.to_vec(),
+                    compressor: 0,
+                });
+            } else {
+                self.write_stream(&caps, d, data).await?;
+            }
+            sent += d.size_bytes as u64;
+        }
+        if !batch.is_empty() {
+            let r = cas
+                .batch_update_blobs(self.request(re::BatchUpdateBlobsRequest {
+                    instance_name: self.opts.instance.clone(),
+                    requests: batch,
+                    digest_function: self.digest_function_field(&caps),
+                }))
+                .await?
+                .into_inner();
+            if let Some(bad) = r.responses.iter().find(|r| r.status.as_ref().is_some_and(|s| s.code != 0)) {
+                let s = bad.status.clone().unwrap_or_default();
+                return Err(Error::Rpc(tonic::Status::new(tonic::Code::from(s.code), s.message)));
+            }
+        }
+        let mut ac = ActionCacheClient::new(self.channel.clone());
+        ac.update_action_result(self.request(re::UpdateActionResultRequest {
+            instance_name: self.opts.instance.clone(),
+            action_digest: Some(digest(f, &action)),
+            action_result: Some(re::ActionResult {
+                output_files: vec![re::OutputFile {
+                    path: OUTPUT.into(),
+                    digest: Some(digest(f, &blob)),
+                    ..Default::default()
+                }],
+                exit_code: 0,
+                ..Default::default()
+            }),
+            digest_function: self.digest_function_field(&caps),
+            ..Default::default()
+        }))
+        .await?;
+        debug!(kind, key = %hex(key), bytes = blob.len(), "uploaded to the shared cache");
+        Ok(sent)
+    }
+
+    async fn write_stream(&self, caps: &Caps, d: &re::Digest, data: &[u8]) -> Result<(), Error> {
+        let id = self.upload_ids.fetch_add(1, Ordering::Relaxed);
+        // Any unique string will do; REAPI suggests a UUID.
+        let h = blake3::hash(format!("{}-{id}-{:?}", std::process::id(), Instant::now()).as_bytes());
+        let u = hex(&h.as_bytes()[..16]);
+        let uuid = format!("{}-{}-{}-{}-{}", &u[..8], &u[8..12], &u[12..16], &u[16..20], &u[20..]);
+        let name = self.resource(format!("uploads/{uuid}/{}", self.blob_name(caps, d)));
+        let total = data.len();
+        let mut chunks = Vec::new();
+        let mut offset = 0;
+        loop {
+            let end = (offset + CHUNK).min(total);
+            chunks.push(bs::WriteRequest {
+                resource_name: if offset == 0 { name.clone() } else { String::new() },
+                write_offset: offset as i64,
+                finish_write: end == total,
+                data: data[offset..end].to_vec(),
+            });
+            offset = end;
+            if offset == total {
+                break;
+            }
+        }
+        let mut client = bs::byte_stream_client::ByteStreamClient::new(self.channel.clone());
+        let r = client.write(self.request(tokio_stream::iter(chunks))).await?.into_inner();
+        if r.committed_size != total as i64 {
+            return Err(Error::Rpc(tonic::Status::data_loss(format!(
+                "ByteStream committed {} of {total} bytes",
+                r.committed_size
+            ))));
+        }
+        self.counters.stream_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_only_open_for_their_own_entry() {
+        let (k1, k2) = ([1u8; 32], [2u8; 32]);
+        let e = envelope("link", &k1, b"payload");
+        assert_eq!(open_envelope("link", &k1, e.clone()).as_deref(), Some(&b"payload"[..]));
+        assert!(open_envelope("link", &k2, e.clone()).is_none());
+        assert!(open_envelope("nvvm", &k1, e.clone()).is_none());
+        for n in 0..8 + 8 + 4 + 32 {
+            assert!(open_envelope("link", &k1, e[..n].to_vec()).is_none());
+        }
+    }
+
+    #[test]
+    fn action_digests_are_deterministic_per_kind_and_key() {
+        let f = DigestFunction::Sha256;
+        let a = |kind, key: &Key| digest(f, &action_of(f, kind, key).0);
+        assert_eq!(a("link", &[7; 32]), a("link", &[7; 32]));
+        assert_ne!(a("link", &[7; 32]), a("nvvm", &[7; 32]));
+        assert_ne!(a("link", &[7; 32]), a("link", &[8; 32]));
+        // SHA-256 of the empty string, as REAPI names the empty blob.
+        assert_eq!(digest(f, b"").hash, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(digest(DigestFunction::Blake3, b"").hash, hex(blake3::hash(b"").as_bytes()));
+    }
+}

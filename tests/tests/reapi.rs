@@ -1,0 +1,212 @@
+//! The shared cache tier on a real Remote Execution API server (BuildGrid):
+//! two daemons with their own cache directories share whole links and LTO
+//! artifacts through it; a tampered blob in BuildGrid's storage is rejected; an
+//! unreachable or silent server never fails a link. Every result is compared
+//! with the real nvlink's.
+
+use std::time::{Duration, Instant};
+
+use nvlinkd_tests::buildgrid::BuildGrid;
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+
+const LINK: &str =
+    "--arch=sm_90 -L{L} --register-link-binaries={OUT}/reg.c cdp.o accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin";
+const LTO: &str =
+    "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";
+
+fn inv(args: &str, out: &TempDir) -> Invocation {
+    Invocation::templated(args, corpus::dir(), out)
+}
+
+fn same(expected: &Run, actual: &Run) {
+    let cmp = compare::runs(expected, actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}
+
+fn daemon(url: &str) -> Daemon {
+    Daemon::start_with(&["--remote-cache", url, "--remote-timeout", "5s"])
+}
+
+/// Wait until `d` has uploaded at least `n` entries and has none waiting.
+fn wait_uploads(d: &Daemon, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = d.stats();
+        let (done, pending) = (s["remote_cache_uploads"].as_u64(), s["remote_cache_uploads_pending"].as_u64());
+        if done.is_some_and(|d| d >= n) && pending == Some(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "uploads did not finish: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn two_daemons_share_links_and_lto_artifacts_through_buildgrid() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let out = TempDir::new("rp1");
+    let lto_registered = format!("{LTO} --register-link-binaries={{OUT}}/reg.c");
+    let expected: Vec<Run> =
+        [LINK, LTO, &lto_registered].iter().map(|l| run(&real_nvlink(), &inv(l, &out), &[])).collect();
+
+    // Daemon A computes both links and uploads them (and its NVVM and ptxas artifacts).
+    let a = daemon(&bg.url());
+    same(&expected[0], &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    same(&expected[1], &run(&shim(), &inv(LTO, &out), &a.shim_env()));
+    assert_eq!(a.stat("cache_misses"), 2);
+    assert_eq!(a.stat("remote_cache_hits"), 0, "BuildGrid started empty");
+    // Two whole links, one NVVM and one ptxas artifact at least.
+    wait_uploads(&a, 4);
+    assert_eq!(a.stat("remote_cache_upload_errors"), 0, "{}", bg.log());
+
+    // Daemon B, with its own empty cache directory: the LTO link with another
+    // output set is a different whole link, but its NVVM and ptxas steps are
+    // A's, served by BuildGrid.
+    let b = daemon(&bg.url());
+    assert_ne!(a.cache_dir(), b.cache_dir());
+    same(&expected[2], &run(&shim(), &inv(&lto_registered, &out), &b.shim_env()));
+    assert_eq!(b.stat("cache_misses"), 1, "the whole link differs from A's");
+    assert_eq!((b.stat("nvvm_hits"), b.stat("ptxas_hits")), (1, 1), "A's LTO steps were not shared");
+    assert_eq!(b.stat("remote_cache_hits"), 2);
+
+    // A's whole links: hits in B, byte-identical to nvlink's.
+    same(&expected[0], &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    same(&expected[1], &run(&shim(), &inv(LTO, &out), &b.shim_env()));
+    assert_eq!(b.stat("cache_hits"), 2, "A's links were not found through BuildGrid");
+    let remote_hits = b.stat("remote_cache_hits");
+    assert!(remote_hits >= 4, "remote hits {remote_hits}");
+    assert_eq!(b.stat("remote_cache_rejected"), 0);
+
+    // A remote hit fills the local tiers: the next time is local.
+    same(&expected[0], &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    assert_eq!(b.stat("cache_hits"), 3);
+    assert_eq!(b.stat("remote_cache_hits"), remote_hits, "a remote hit was not kept locally");
+}
+
+#[test]
+fn tampered_blobs_in_buildgrid_are_rejected() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let out = TempDir::new("rp2");
+    let link = "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(link, &out), &[]);
+    let a = daemon(&bg.url());
+    same(&expected, &run(&shim(), &inv(link, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+
+    // Damage every nvlinkd entry in BuildGrid's disk storage, keeping sizes:
+    // the server still serves them (it does not check), nvlinkd must not.
+    let mut tampered = 0;
+    for blob in bg.blobs() {
+        let mut b = std::fs::read(&blob).unwrap();
+        if b.starts_with(b"nvlkdr01") {
+            let n = b.len();
+            b[n - 1] ^= 0x5a;
+            std::fs::write(&blob, b).unwrap();
+            tampered += 1;
+        }
+    }
+    assert!(tampered >= 1, "no nvlinkd entry found in BuildGrid's storage");
+
+    let b = daemon(&bg.url());
+    same(&expected, &run(&shim(), &inv(link, &out), &b.shim_env()));
+    assert_eq!(b.stat("remote_cache_hits"), 0, "a tampered blob was served");
+    assert!(b.stat("remote_cache_rejected") >= 1, "{}", b.stats());
+    assert_eq!(b.stat("cache_misses"), 1);
+}
+
+#[test]
+fn entries_beyond_the_batch_limit_go_through_bytestream() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let out = TempDir::new("rp4");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    // Every blob is over this limit: uploads are ByteStream writes (in chunks
+    // past 1 MiB), downloads ByteStream reads.
+    let env = [("NVLINKD_TEST_REMOTE_BATCH_BYTES", "100")];
+    let url = bg.url();
+    let args = ["--remote-cache", &url, "--remote-timeout", "5s"];
+    let a = Daemon::start_env(&args, &env);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+    assert_eq!(a.stat("remote_cache_upload_errors"), 0, "{}", bg.log());
+    let b = Daemon::start_env(&args, &env);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    assert_eq!((b.stat("cache_hits"), b.stat("remote_cache_hits")), (1, 1), "{}", b.stats());
+    // The envelope (and the Action and Command) went up, the envelope came down, by ByteStream.
+    assert!(a.stat("remote_cache_stream_writes") >= 1);
+    assert_eq!(b.stat("remote_cache_stream_reads"), 1);
+}
+
+#[test]
+fn tls_and_a_token_reach_a_secured_buildgrid() {
+    let Some((bg, secured)) = BuildGrid::start_secure() else { return };
+    let out = TempDir::new("rp5");
+    let link = "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(link, &out), &[]);
+    let url = bg.url();
+    assert!(url.starts_with("grpcs://"));
+    let (ca, token) = (secured.ca.display().to_string(), secured.token_file.display().to_string());
+    let with_token =
+        ["--remote-cache", &url, "--remote-timeout", "5s", "--remote-ca", &ca, "--remote-token-file", &token];
+
+    // Without the token: refused (UNAUTHENTICATED), the link is still right.
+    let anonymous = Daemon::start_with(&with_token[..6]);
+    same(&expected, &run(&shim(), &inv(link, &out), &anonymous.shim_env()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while anonymous.stat("remote_cache_uploads_pending") > 0 {
+        assert!(Instant::now() < deadline, "upload still pending");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(anonymous.stat("remote_cache_uploads"), 0, "BuildGrid accepted an upload without the token");
+    assert!(anonymous.stat("remote_cache_errors") + anonymous.stat("remote_cache_upload_errors") >= 1);
+
+    // With TLS checked against the test CA and the token: shared.
+    let a = Daemon::start_with(&with_token);
+    same(&expected, &run(&shim(), &inv(link, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+    let b = Daemon::start_with(&with_token);
+    same(&expected, &run(&shim(), &inv(link, &out), &b.shim_env()));
+    assert_eq!(b.stat("remote_cache_hits"), 1, "{}", b.stats());
+}
+
+/// Links that differ (so none is a cache hit of another).
+const DISTINCT: [&str; 4] = [
+    "--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin",
+    "--arch=sm_90 -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin",
+    "--arch=sm_90 vars_def.o vars_use.o -o {OUT}/out.cubin",
+    "--arch=sm_90 -L{L} cdp.o accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin",
+];
+
+/// Links through a daemon whose shared tier never answers: all correct, the
+/// failures counted, and after repeated failures the tier skipped.
+fn links_survive(url: &str) {
+    let d = Daemon::start_with(&["--remote-cache", url, "--remote-timeout", "300ms"]);
+    let out = TempDir::new("rp3");
+    for link in DISTINCT {
+        let expected = run(&real_nvlink(), &inv(link, &out), &[]);
+        same(&expected, &run(&shim(), &inv(link, &out), &d.shim_env()));
+    }
+    let s = d.stats();
+    assert_eq!(s["cache_misses"].as_u64(), Some(DISTINCT.len() as u64), "{s}");
+    assert_eq!(s["remote_cache_hits"].as_u64(), Some(0), "{s}");
+    assert!(s["remote_cache_errors"].as_u64().unwrap() >= 1, "{s}");
+    // The breaker opened after three failures in a row: later calls are skipped.
+    assert!(s["remote_cache_skipped"].as_u64().unwrap() >= 1, "{s}");
+}
+
+#[test]
+fn a_silent_remote_cache_never_fails_a_link() {
+    // A port that accepts connections (the kernel's backlog) and never answers.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    links_survive(&format!("grpc://{}", blackhole.local_addr().unwrap()));
+}
+
+#[test]
+fn a_stopped_remote_cache_never_fails_a_link() {
+    // A port nothing listens on any more: connections are refused.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    links_survive(&format!("grpc://{addr}"));
+}

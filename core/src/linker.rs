@@ -655,7 +655,8 @@ impl Linker {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, mode, plan.module_ids(), fs));
+            let order = if plan.partial_lto { Mode::Executable } else { mode };
+            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, order, plan.module_ids(), fs));
         }
         Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
     }

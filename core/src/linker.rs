@@ -568,7 +568,14 @@ impl Linker {
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings");
+            // nvlink stops at the first warning, printed as an error, with its
+            // link step's fatal (`-w` or not).
+            if plan.notes.is_empty() {
+                let first = Diagnostic::error(plan.warnings[0].message.clone());
+                let ds = vec![first, Diagnostic::fatal("elfLink internal error")];
+                return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
+            }
+            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings beside infos");
             return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         }
         Ok(plan)

@@ -580,7 +580,14 @@ impl Linker {
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
-            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings");
+            // nvlink stops at the first warning, printed as an error, with its
+            // link step's fatal (`-w` or not).
+            if plan.notes.is_empty() {
+                let first = Diagnostic::error(plan.warnings[0].message.clone());
+                let ds = vec![first, Diagnostic::fatal("elfLink internal error")];
+                return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
+            }
+            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings beside infos");
             return Err(Box::new(self.route(tk, req, spec, cancel, why)));
         }
         Ok(plan)
@@ -667,7 +674,8 @@ impl Linker {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
-            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, mode, plan.module_ids(), fs));
+            let order = if plan.partial_lto { Mode::Executable } else { mode };
+            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, order, plan.module_ids(), fs));
         }
         Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
     }

@@ -41,6 +41,11 @@ pub struct Plan {
     /// An archive had members without device code (skipped, but they turn
     /// host-reference pruning off).
     pub codeless_archive_members: bool,
+    /// The device runtime's members, to choose again (partial LTO).
+    pub system_library: Option<SystemLibrary>,
+    /// The LTO modules were compiled into one relocatable cubin (nvlink's
+    /// partial LTO): registration follows load order, as in a non-LTO link.
+    pub partial_lto: bool,
 }
 
 impl Plan {
@@ -69,6 +74,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
     let mut seen_archives = HashSet::new();
     let mut skipped_host_objects = false;
     let mut system_library_found = false;
+    let mut system_library = None;
     for input in &spec.inputs {
         let loaded = ctx.input(input)?;
         warnings.extend(loaded.warnings);
@@ -78,7 +84,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
                 skipped_host_objects |= l.skipped_host_objects;
                 system_library_found |= l.is_system();
                 if seen_archives.insert(l.path.clone()) {
-                    add_library(&mut units, l, spec.keep_system_libraries);
+                    add_library(&mut units, l, spec.keep_system_libraries, &mut system_library);
                 }
             }
             InputItem::Nothing => {}
@@ -92,7 +98,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
             skipped_host_objects |= lib.skipped_host_objects;
             system_library_found |= lib.is_system();
             if seen_archives.insert(lib.path.clone()) {
-                add_library(&mut units, lib, spec.keep_system_libraries);
+                add_library(&mut units, lib, spec.keep_system_libraries, &mut system_library);
             }
         }
     }
@@ -115,6 +121,8 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
         notes,
         system_library_found,
         codeless_archive_members: skipped_host_objects,
+        system_library,
+        partial_lto: false,
     })
 }
 
@@ -225,12 +233,42 @@ fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
 /// nvlink links every member of an archive, except that the CUDA device
 /// runtime (a "system library") contributes only what resolves an undefined
 /// symbol, unless `--keep-system-libraries`.
-fn add_library(units: &mut Vec<Unit>, lib: Library, keep_system: bool) {
+fn add_library(units: &mut Vec<Unit>, lib: Library, keep_system: bool, system: &mut Option<SystemLibrary>) {
     if lib.is_system() && !keep_system {
+        let at = units.len();
+        let kept = system.is_none().then(|| (lib.name.clone(), lib.path.clone(), lib.members.clone()));
         let chosen = select_members(units, lib);
+        if let Some((name, path, members)) = kept {
+            *system = Some(SystemLibrary { at, chosen: chosen.len(), name, path, members });
+        }
         units.extend(chosen);
     } else {
         units.extend(lib.members);
+    }
+}
+
+/// The device runtime as the plan took it: where its chosen members sit in
+/// `units` and all its members, to choose again when device code appears
+/// later (the cubin of partial LTO).
+#[derive(Debug)]
+pub struct SystemLibrary {
+    pub at: usize,
+    pub chosen: usize,
+    name: String,
+    path: std::path::PathBuf,
+    members: Vec<Unit>,
+}
+
+impl Plan {
+    /// Choose the device runtime's members again for the units as they are
+    /// now (after `shift` units were inserted before it).
+    pub(crate) fn reselect_system_library(&mut self, shift: usize) {
+        let Some(sys) = self.system_library.take() else { return };
+        let at = sys.at + shift;
+        self.units.drain(at..at + sys.chosen);
+        let lib = Library { name: sys.name, path: sys.path, members: sys.members, skipped_host_objects: false };
+        let chosen = select_members(&self.units, lib);
+        self.units.splice(at..at, chosen);
     }
 }
 
@@ -434,7 +472,7 @@ mod tests {
                 members: members.iter().enumerate().map(|(i, m)| unit(&format!("m{i}"), Some(&[]), m)).collect(),
                 skipped_host_objects: false,
             };
-            add_library(&mut units, lib, *keep);
+            add_library(&mut units, lib, *keep, &mut None);
             let got: Vec<String> = units[before.len()..].iter().map(|u| u.name.clone()).collect();
             let want: Vec<String> = taken.iter().map(|i| format!("m{i}")).collect();
             assert_eq!(got, want, "{name} keep={keep} after {before:?} from {members:?}");

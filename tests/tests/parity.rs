@@ -45,6 +45,14 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Partial LTO: one LTO module beside non-LTO code (an archive, dynamic
+    // parallelism in a non-LTO unit, nvcc's command line, an undefined
+    // reference from the LTO module), and two LTO modules (routed).
+    ("lto-partial-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto.o -lxcall -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-partial-cdp-object", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o cdp.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-partial-nvcc", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} saxpy.o accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("lto-partial-undefined", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp.o accumulate_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-partial-two-modules", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o saxpy.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-relocatable", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.o", ""),
     ("emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
     ("lto-registered", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c saxpy_lto.o accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -150,6 +158,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
+    ("opt-warning-as-error-library", "--arch=sm_90 -Werror -report-arch -Ltinylib -Llib accumulate.o scale.o -ltiny -o {OUT}/out.cubin", ""),
+    ("opt-warning-as-error-w", "--arch=sm_80 -Werror -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-disable-infos", "--arch=sm_90 --disable-infos -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-suppress-stack-size-warning", "--arch=sm_90 --suppress-stack-size-warning accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-cpu-arch", "--arch=sm_90 --cpu-arch=AARCH64 -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -310,6 +320,13 @@ const IN_PROCESS: &[&str] = &[
     "opt-kernels-used-cdp",
     "opt-kernels-used-none",
     "opt-variables-used",
+    // Partial LTO of one LTO module.
+    "lto-partial",
+    "opt-disable-infos",
+    "lto-partial-archive",
+    "lto-partial-cdp-object",
+    "lto-partial-nvcc",
+    "lto-partial-undefined",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -318,16 +335,14 @@ const IN_PROCESS: &[&str] = &[
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
     ("lto-cdp", "partial_lto"),
-    ("lto-partial", "partial_lto"),
+    ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),
-    ("opt-disable-infos", "partial_lto"),
     ("opt-lto-force-partial", "partial_lto"),
     ("keep-system-libraries-lto", "lto_options"),
     ("opt-lto-nvvm-latest", "lto_options"),
     ("opt-lto-debug", "lto_options"),
     ("opt-device-stack-protector-ptx", "ptx_jit"),
-    ("opt-warning-as-error", "diagnostics"),
     ("opt-verbose", "options"),
     ("opt-verbose2", "options"),
     ("opt-dump-callgraph", "options"),

@@ -148,6 +148,7 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
 pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
     match mode {
         Mode::Executable | Mode::Relocatable => {}
+        Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, plan)?,
         Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
         Mode::LtoPartial => {
             return no(
@@ -232,6 +233,102 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     };
     let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
+}
+
+/// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside
+/// non-LTO device code.
+fn is_partial(plan: &Plan) -> bool {
+    let modules = || plan.units.iter().flat_map(|u| &u.modules);
+    if !modules().any(|m| matches!(m.code, Code::LtoObject(_))) {
+        return false;
+    }
+    if modules().any(|m| !matches!(m.code, Code::LtoObject(_))) {
+        return true;
+    }
+    // LTO modules needing what only libcudadevrt defines (dynamic parallelism).
+    let symbols: Option<Vec<&PtxSymbols>> = modules().map(|m| m.lto.as_ref()).collect();
+    symbols.is_some_and(|s| plan.system_library.is_some() && open_extern(&s).is_some())
+}
+
+/// Partial LTO as nvlink does it: NVVM compiles the LTO modules relocatable
+/// (`--device-c`), ptxas `-c` makes one cubin of them, which goes first into
+/// an ordinary link with the rest.
+fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
+    check_lto_options(spec)?;
+    if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
+        return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
+    }
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let mut objects = Vec::new();
+    for unit in &plan.units {
+        for m in &unit.modules {
+            if let Code::LtoObject(data) = &m.code {
+                objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
+            }
+        }
+    }
+    if objects.len() > 1 {
+        // Same code, but nvlink's merged debug frames and strings differ.
+        return no(Reason::PartialLto, "partial LTO of several LTO modules");
+    }
+    // Partial only for the device runtime (dynamic parallelism): nvlink's NVVM
+    // then removes the kernels host code does not reference, which nvJitLink's
+    // options do not do under `--device-c`.
+    let only_runtime = plan
+        .units
+        .iter()
+        .filter(|u| !u.is_cudadevrt)
+        .flat_map(|u| &u.modules)
+        .all(|m| matches!(m.code, Code::LtoObject(_)));
+    if only_runtime {
+        return no(
+            Reason::PartialLto,
+            "partial LTO for libcudadevrt alone (NVVM host-reference removal under --device-c)",
+        );
+    }
+    if !plan.warnings.is_empty() || !plan.notes.is_empty() {
+        return no(Reason::PartialLto, "partial LTO with input messages (their order is not reproduced)");
+    }
+    // Beside other non-LTO code NVVM gets no host references, and nothing is
+    // pruned afterwards: the link goes on as a plain executable link without
+    // host information.
+    let mut options =
+        vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
+    let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
+    options.extend(nvvm_extra);
+    let ptx = nvvm(cx, &objects, &options)?;
+    let mut args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
+    args.extend(ptxas_extra);
+    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+    let cubin = cx
+        .artifacts
+        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
+    let info = cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
+    for unit in &mut plan.units {
+        unit.modules.retain(|m| !matches!(m.code, Code::LtoObject(_)));
+    }
+    let module = crate::input::load::Module {
+        code: Code::Cubin(cubin.to_vec().into()),
+        arch: info.sm,
+        options: String::new(),
+        info: Some(std::sync::Arc::new(info)),
+        lto: None,
+    };
+    // nvlink's info for each non-LTO unit (libcudadevrt's aside), which
+    // --disable-infos does not silence.
+    for u in
+        plan.units.iter().filter(|u| !u.is_cudadevrt && u.modules.iter().any(|m| !matches!(m.code, Code::LtoObject(_))))
+    {
+        plan.notes
+            .push(Diagnostic::info(format!("requested LTO but '{}' not built for LTO so doing partial LTO", u.name)));
+    }
+    // nvlink names it so in messages (`Undefined reference to 'f' in 'lto.cubin'`).
+    let unit = crate::input::load::Unit { name: "lto.cubin".to_owned(), modules: vec![module], ..Default::default() };
+    plan.units.insert(0, unit);
+    // The LTO cubin may need the device runtime (dynamic parallelism).
+    plan.reselect_system_library(1);
+    plan.partial_lto = true;
+    Ok(())
 }
 
 /// Compile every PTX module of the plan to a relocatable cubin, as nvlink's
@@ -467,22 +564,26 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     if mode == Mode::LtoWhole && !plan.system_library_found {
         return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
-    if let Some(symbols) = &symbols {
-        // A closed program: every extern is defined by an LTO module.
-        let defined: std::collections::HashSet<&str> = symbols
-            .iter()
-            .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
-            .map(String::as_str)
-            .collect();
-        if let Some(open) = symbols
-            .iter()
-            .flat_map(|s| &s.externs)
-            .find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
-        {
-            return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
-        }
+    // A closed program: every extern is defined by an LTO module.
+    if let Some(open) = symbols.as_deref().and_then(open_extern) {
+        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
     Ok((objects, symbols))
+}
+
+/// An extern of the LTO modules that none of them defines (and the driver
+/// does not provide).
+fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
+    let defined: std::collections::HashSet<&str> = symbols
+        .iter()
+        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
+        .map(String::as_str)
+        .collect();
+    symbols
+        .iter()
+        .flat_map(|s| &s.externs)
+        .map(String::as_str)
+        .find(|e| !defined.contains(e) && !SYSTEM_EXTERNS.contains(e))
 }
 
 /// Host-referenced device variables under `-dlto` are left to nvlink.
@@ -557,7 +658,16 @@ fn check_nvvm_output(ptx: &[u8], patterns: Option<&[String]>) -> Result<(), Decl
     {
         return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
-    let Some(patterns) = patterns else { return Ok(()) };
+    match patterns {
+        Some(p) => check_nvvm_kernels(ptx, p),
+        None => Ok(()),
+    }
+}
+
+/// NVVM's PTX under host references it could not be told exactly: every
+/// kernel left matches a host pattern, at least one.
+fn check_nvvm_kernels(ptx: &[u8], patterns: &[String]) -> Result<(), Declined> {
+    let out = crate::input::ptx::symbols(&String::from_utf8_lossy(ptx));
     if out.kernels.is_empty() {
         return no(Reason::KernelsUsed, "host references keep no kernel");
     }

@@ -13,7 +13,10 @@
 //!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
 //!       link before it) vs 16 concurrent nvlink processes: p50 latency and total;
 //!   (h) the first link of a daemon the shim starts itself (no daemon running,
-//!       auto-start included) vs nvlink.
+//!       auto-start included) vs nvlink;
+//!   (i) links once routed to the real nvlink, now in process (nvcc's -dlto
+//!       line with `code=lto_XY` objects, partial LTO, `--kernels-used`), cold
+//!       and warm.
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -115,14 +118,63 @@ fn fresh_daemon(corpus: &Path) -> Daemon {
     d
 }
 
+/// (i) links the real nvlink used to serve (issue 12, item 3), now in
+/// process: nvcc's -dlto line (LTO IR without PTX), partial LTO, the user's
+/// --kernels-used; cold (a fresh daemon each time) and warm.
+fn routed_rows(report: &mut Report, reps: usize, corpus: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    // (i) links the real nvlink used to serve (issue 12, item 3), now in
+    // process: nvcc's -dlto line (LTO IR without PTX), partial LTO, the
+    // user's --kernels-used; cold (a fresh daemon each time) and warm.
+    let links = [
+            ("nvcc -dlto (lto_XY only)", "--arch=sm_90 -report-arch -cpu-arch=X86_64 -dlto -nvvmpath={NVVM} -L{L} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}"),
+            ("partial LTO", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}"),
+            ("--kernels-used", "--arch=sm_90 --kernels-used=accum accumulate.o scale.o -o {OUT}"),
+        ];
+    for (name, link) in links {
+        let (mut nv, mut cold, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            nv.push(timed(&real_nvlink(), &args(link, &o("i.nvlink")), corpus, &[]).wall);
+            let d = fresh_daemon(corpus);
+            cold.push(timed(&shim(), &args(link, &o("i.cold")), corpus, &d.shim_env()).wall);
+            warm.push(timed(&shim(), &args(link, &o("i.warm")), corpus, &d.shim_env()).wall);
+            identical &= same(&o("i.nvlink"), &o("i.cold")) && same(&o("i.nvlink"), &o("i.warm"));
+        }
+        report.row(&format!("(i) {name}, cold"), median(nv.clone()), median(cold), identical, "");
+        report.row(&format!("(i) {name}, warm"), median(nv), median(warm), identical, "");
+    }
+}
+
+fn print_rows(report: &Report) {
+    println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
+    for (name, a, b, note) in &report.rows {
+        println!(
+            "{:<52} {:>8.3} s {:>8.3} s {:>7.1}x  {}",
+            name,
+            a.as_secs_f64(),
+            b.as_secs_f64(),
+            a.as_secs_f64() / b.as_secs_f64(),
+            note
+        );
+    }
+    println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
+}
+
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
     let corpus = corpus::dir().clone();
     eprintln!("building the workload (once per machine)...");
-    let work: PathBuf = corpus::workload().clone();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let out = TempDir::new("bench");
     let o = |n: &str| out.path().join(n);
+    // `NVLINKD_BENCH_ONLY=routed`: only the rows (i), without the workload.
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "routed") {
+        let mut report = Report { rows: Vec::new(), all_identical: true };
+        routed_rows(&mut report, reps, &corpus, &o);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
+    }
+    let work: PathBuf = corpus::workload().clone();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut report = Report { rows: Vec::new(), all_identical: true };
     println!("nvlinkd-bench: {reps} repetitions, medians, {cpus} CPUs, toolkit {}", cuda_home().display());
 
@@ -306,6 +358,10 @@ fn main() {
     report.row("(g) 16-link burst on a fresh daemon, p50 latency", median(p50_nv), median(p50_d), identical, "");
     report.row("(g) 16-link burst on a fresh daemon, total", median(tot_nv), median(tot_d), identical, "");
 
+    if !only_fresh {
+        routed_rows(&mut report, reps, &corpus, &o);
+    }
+
     // (h) the first link of an auto-started daemon: no daemon runs on the
     // socket; the shim starts one (`nvlinkd start`) and links through it.
     let (mut nv_first, mut d_first) = (Vec::new(), Vec::new());
@@ -328,18 +384,7 @@ fn main() {
     }
     report.row("(h) first link of an auto-started daemon", median(nv_first), median(d_first), identical, "");
 
-    println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
-    for (name, a, b, note) in &report.rows {
-        println!(
-            "{:<52} {:>8.3} s {:>8.3} s {:>7.1}x  {}",
-            name,
-            a.as_secs_f64(),
-            b.as_secs_f64(),
-            a.as_secs_f64() / b.as_secs_f64(),
-            note
-        );
-    }
-    println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
+    print_rows(&report);
     if !only_fresh {
         println!("\n(f) memory");
         println!("  nvlink peak RSS, LTO link:               {:>8} KiB", nv_rss);

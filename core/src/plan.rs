@@ -431,6 +431,8 @@ mod tests {
                 notes: Vec::new(),
                 system_library_found: false,
                 codeless_archive_members: *codeless,
+                system_library: None,
+                partial_lto: false,
             };
             plan.prune(&spec, mode);
             assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");

@@ -361,12 +361,14 @@ const ROUTED: &[(&str, &str)] = &[
     ("corrupted-fatbin", "input"),
 ];
 
-/// The `reason` the daemon's log gives a link with these arguments.
-fn reason_of<'a>(log: &'a str, args: &str) -> Option<&'a str> {
-    let needle = format!("args={args} exit=");
-    let line = log.lines().find(|l| l.contains(&needle))?;
-    let at = line.find(" reason=")? + " reason=".len();
-    line[at..].split_whitespace().next().map(|r| r.trim_matches('"'))
+/// The routing reason counted (`stats --json` `routed`, reason → count) for
+/// the one link run between two reads of a daemon's stats.
+fn reason_between(before: &serde_json::Value, after: &serde_json::Value) -> Option<String> {
+    let routed = after["routed"].as_object()?;
+    routed
+        .iter()
+        .find(|(reason, n)| n.as_u64() > before["routed"][reason.as_str()].as_u64().or(Some(0)))
+        .map(|(reason, _)| reason.clone())
 }
 
 fn expand(s: &str, out: &str) -> String {
@@ -379,6 +381,8 @@ struct Row {
     name: &'static str,
     /// Which engine served the cold link (see [`engine_between`]).
     engine: String,
+    /// The routing reason counted for it, if it was routed.
+    reason: Option<String>,
     cmp: Comparison,
 }
 
@@ -490,7 +494,9 @@ fn parity_with_nvlink() {
                 let mut expected = run(&real_nvlink(), &inv, &[]);
                 let before = daemon.stats();
                 let mut actual = run(&shim(), &inv, &daemon.shim_env());
-                let engine = engine_between(&before, &daemon.stats());
+                let after = daemon.stats();
+                let engine = engine_between(&before, &after);
+                let reason = reason_between(&before, &after);
                 if name.starts_with("opt-time") {
                     mask_times(&mut expected);
                     mask_times(&mut actual);
@@ -505,7 +511,7 @@ fn parity_with_nvlink() {
                 let warm = compare::runs(&expected, &again);
                 cmp.problems.extend(warm.problems.into_iter().map(|p| format!("warm: {p}")));
                 cmp.identical &= warm.identical;
-                rows.lock().unwrap().push(Row { name, engine, cmp });
+                rows.lock().unwrap().push(Row { name, engine, reason, cmp });
             });
         }
     });
@@ -545,17 +551,17 @@ fn parity_with_nvlink() {
     let mut misrouted = Vec::new();
     for r in &rows {
         let listed = ROUTED.iter().find(|(n, _)| *n == r.name).map(|(_, why)| *why);
-        let engine = engine_of(&log, &r.args);
+        let engine = r.engine.as_str();
         match (listed, engine == "nvlink engine") {
-            (None, true) => misrouted.push(format!("{} routed ({:?}), not listed", r.name, reason_of(&log, &r.args))),
+            (None, true) => misrouted.push(format!("{} routed ({:?}), not listed", r.name, r.reason)),
             (Some(_), false) => misrouted.push(format!("{} listed as routed, served by {engine}", r.name)),
-            (Some(why), true) if reason_of(&log, &r.args) != Some(why) => {
-                misrouted.push(format!("{} routed for {:?}, listed for {why}", r.name, reason_of(&log, &r.args)))
+            (Some(why), true) if r.reason.as_deref() != Some(why) => {
+                misrouted.push(format!("{} routed for {:?}, listed for {why}", r.name, r.reason))
             }
             _ => {}
         }
     }
-    let total_routed = rows.iter().filter(|r| engine_of(&log, &r.args) == "nvlink engine").count();
+    let total_routed = rows.iter().filter(|r| r.engine == "nvlink engine").count();
     println!("routed to the real nvlink: {total_routed} of {} cases", rows.len());
     assert!(misrouted.is_empty(), "routing differs from ROUTED: {misrouted:#?}");
     assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");

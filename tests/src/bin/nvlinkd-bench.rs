@@ -160,6 +160,41 @@ fn print_rows(report: &Report) {
     println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
 }
 
+/// Rows (r), the shared REAPI tier: a fresh daemon (empty cache directory)
+/// whose LTO link another daemon already uploaded to a BuildGrid on loopback;
+/// and a fresh daemon whose whole link differs (a register file asked for too)
+/// but whose NVVM and ptxas steps come from BuildGrid. Skipped without BuildGrid.
+fn remote_rows(report: &mut Report, work: &Path, reps: usize, o: &dyn Fn(&str) -> PathBuf) {
+    let Some(bg) = nvlinkd_tests::buildgrid::BuildGrid::start() else { return };
+    let url = bg.url();
+    let remote = ["--remote-cache", url.as_str()];
+    let uploader = Daemon::start_with(&remote);
+    let registered = format!("{LTO} --register-link-binaries={}", o("reg.c").display());
+    assert!(timed(&shim(), &args(LTO, &o("r.prime")), work, &uploader.shim_env()).ok);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while uploader.stat("remote_cache_uploads_pending") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut nv, mut nv_reg, mut hit, mut steps) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        nv.push(timed(&real_nvlink(), &args(LTO, &o("r.nvlink")), work, &[]).wall);
+        let d = Daemon::start_with(&remote);
+        let t = timed(&shim(), &args(LTO, &o("r.hit")), work, &d.shim_env());
+        assert!(t.ok && d.stat("remote_cache_hits") >= 1, "no shared-tier hit: {}", d.stats());
+        hit.push(t.wall);
+        identical &= same(&o("r.nvlink"), &o("r.hit"));
+        let d = Daemon::start_with(&remote);
+        let t = timed(&shim(), &args(&registered, &o("r.steps")), work, &d.shim_env());
+        assert!(t.ok, "LTO link with shared steps failed");
+        steps.push(t.wall);
+        nv_reg.push(timed(&real_nvlink(), &args(&registered, &o("r.nvlink-reg")), work, &[]).wall);
+        identical &= same(&o("r.nvlink-reg"), &o("r.steps"));
+    }
+    report.row("(r) LTO link, fresh daemon, shared-tier hit", median(nv.clone()), median(hit), identical, "");
+    report.row("(r) LTO link, fresh daemon, shared NVVM+ptxas", median(nv_reg), median(steps), identical, "");
+}
+
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
     let corpus = corpus::dir().clone();
@@ -180,6 +215,14 @@ fn main() {
 
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
+    // `NVLINKD_BENCH_ONLY=remote`: only the shared-tier rows (r).
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "remote") {
+        remote_rows(&mut report, &work, reps, &o);
+        for (name, a, b, note) in &report.rows {
+            println!("{name:<52} {:>8.3} s {:>8.3} s  {note}", a.as_secs_f64(), b.as_secs_f64());
+        }
+        return;
+    }
     let (mut nv_rss, mut d_hwm, mut rss_10, mut rss_1000) = (0i64, 0u64, 0u64, 0u64);
     if !only_fresh {
         // (a) cold LTO, (f) peak memory.
@@ -383,6 +426,11 @@ fn main() {
         let _ = Command::new(nvlinkd_tests::env::nvlinkd()).arg("stop").arg("--socket").arg(&socket).output();
     }
     report.row("(h) first link of an auto-started daemon", median(nv_first), median(d_first), identical, "");
+
+    // (r) the shared REAPI tier, when BuildGrid is installed.
+    if !only_fresh && nvlinkd_tests::buildgrid::bgd().is_some() {
+        remote_rows(&mut report, &work, reps, &o);
+    }
 
     print_rows(&report);
     if !only_fresh {

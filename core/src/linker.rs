@@ -397,6 +397,9 @@ impl Linker {
             while hold.exists() && !cancel.is_cancelled() {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
+            if cancel.is_cancelled() {
+                return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled"))));
+            }
         }
         Ok(Some(admitted))
     }

@@ -76,8 +76,8 @@ impl Events {
         loop {
             let r = run(&shim(), &inv("--version", &probe), &d.shim_env());
             assert_eq!(r.code, 0);
-            if let Some(e) = ev.next(Duration::from_millis(200)) {
-                assert_eq!(e["event"], "link_started", "{e}");
+            // (The subscription may start in the middle of a probe.)
+            if ev.next(Duration::from_millis(200)).is_some() {
                 break;
             }
             assert!(Instant::now() < deadline, "no event came from nvlinkd events");
@@ -285,11 +285,11 @@ fn queued_links_start_by_priority_then_arrival() {
         ids.push((tag, id));
     }
     std::fs::remove_file(&hold).unwrap();
-    for mut s in shims {
-        assert!(s.wait().unwrap().success());
-    }
     for (_, id) in &ids {
         ev.of("link_finished", *id);
+    }
+    for mut s in shims {
+        assert!(s.wait().unwrap().success());
     }
     let admitted: Vec<&str> = ev
         .seen

@@ -427,3 +427,37 @@ fn background_links_compute_at_idle_priority() {
         let _ = std::fs::remove_file(format!("{}.{pid}", hold.display()));
     }
 }
+
+/// `NVLINKD_PROGRESS=1`: a link longer than a second shows one progress line
+/// on stderr (not a terminal here: printed once); the link's answer is
+/// nvlink's otherwise.
+#[test]
+fn progress_line_for_a_long_link() {
+    let work = TempDir::new("progress");
+    let hold = work.path().join("hold");
+    let d = held_daemon(&hold, &[]);
+    let mut ev = Events::follow(&d);
+    let out = TempDir::new("progress-out");
+    std::fs::write(&hold, b"").unwrap();
+    let mut shim = spawn_shim(&inv(LINK, &out), &with(d.shim_env(), &[("NVLINKD_PROGRESS", "1")]));
+    let id = ev.started("out.cubin");
+    ev.of("link_admitted", id);
+    // The line comes once the link has run for a second (it is held until then).
+    let stderr = BufReader::new(shim.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let line = rx.recv_timeout(PATIENCE).expect("no progress line from a held link");
+    assert!(line.starts_with("nvlinkd: linking ") && line.contains("out.cubin"), "{line:?}");
+    std::fs::remove_file(&hold).unwrap();
+    assert!(shim.wait().unwrap().success());
+    reader.join().unwrap();
+    let rest: Vec<String> = rx.try_iter().collect();
+    assert!(rest.is_empty(), "more than one progress line: {rest:?}");
+    let reference = TempDir::new("progress-ref");
+    let expected = run(&real_nvlink(), &inv(LINK, &reference), &[]);
+    assert_eq!(std::fs::read(out.path().join("out.cubin")).ok().as_ref(), expected.files.get("out.cubin"));
+}

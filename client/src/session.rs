@@ -55,6 +55,9 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
         toolkit: tk.cuda_home.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
         cwd_dev: dev,
         cwd_ino: ino,
+        // Forwarded as set; the daemon treats an unknown class as foreground.
+        priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
+        progress: progress_wanted(),
     };
 
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
@@ -68,8 +71,16 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
         .into_inner();
     mark("request sent");
 
+    let mut progress = ProgressLine::new(start_progress(args));
     loop {
-        let msg = inbound.message().await.map_err(|s| format!("daemon stream failed: {}", s.message()))?;
+        let next = tokio::select! {
+            m = inbound.message() => m,
+            _ = progress.due() => {
+                progress.show();
+                continue;
+            }
+        };
+        let msg = next.map_err(|s| format!("daemon stream failed: {}", s.message()))?;
         let Some(msg) = msg.and_then(|m| m.msg) else {
             return Err("daemon closed the link without a result".into());
         };
@@ -81,13 +92,100 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
                     .await
                     .map_err(|_| "daemon stopped reading".to_string())?;
             }
+            server_message::Msg::Progress(p) => progress.phase(p.phase),
             server_message::Msg::Result(result) => {
+                progress.done();
                 mark("result");
                 let code = finish(result, args, &cwd);
                 mark("outputs written");
                 return code;
             }
         }
+    }
+}
+
+/// `NVLINKD_PROGRESS=1` (or any value but empty and `0`).
+fn progress_wanted() -> bool {
+    std::env::var(paths::ENV_PROGRESS).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// What the progress line names: the output file, or nothing.
+fn start_progress(args: &[String]) -> Option<String> {
+    if !progress_wanted() {
+        return None;
+    }
+    let mut it = args.iter();
+    let mut out = None;
+    while let Some(a) = it.next() {
+        if a == "-o" || a == "--output-file" {
+            out = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix("--output-file=") {
+            out = Some(v.to_owned());
+        }
+    }
+    Some(out.unwrap_or_else(|| "link".into()))
+}
+
+/// `NVLINKD_PROGRESS=1`: one line on stderr for a link longer than a second
+/// (nvlink itself prints no progress, so nothing by default). On a terminal
+/// the line is rewritten in place with each phase and erased at the end;
+/// elsewhere it is printed once.
+struct ProgressLine {
+    what: Option<String>,
+    t0: tokio::time::Instant,
+    phase: String,
+    shown: bool,
+    tty: bool,
+}
+
+impl ProgressLine {
+    fn new(what: Option<String>) -> ProgressLine {
+        use std::io::IsTerminal;
+        ProgressLine {
+            what,
+            t0: tokio::time::Instant::now(),
+            phase: String::new(),
+            shown: false,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Ready when the line is first due (never when off or shown).
+    async fn due(&self) {
+        if self.what.is_none() || self.shown {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep_until(self.t0 + Duration::from_secs(1)).await;
+    }
+
+    fn phase(&mut self, phase: String) {
+        self.phase = phase;
+        if self.shown && self.tty {
+            self.show();
+        }
+    }
+
+    fn show(&mut self) {
+        let Some(what) = &self.what else { return };
+        if self.shown && !self.tty {
+            return;
+        }
+        let secs = self.t0.elapsed().as_secs_f64();
+        let phase = if self.phase.is_empty() { String::new() } else { format!(", after {}", self.phase) };
+        let line = format!("nvlinkd: linking {what} ({secs:.1} s{phase})");
+        if self.tty {
+            eprint!("\r\x1b[K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+        self.shown = true;
+    }
+
+    fn done(&mut self) {
+        if self.shown && self.tty {
+            eprint!("\r\x1b[K");
+        }
+        self.what = None;
     }
 }
 
@@ -120,6 +218,13 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
 }
 
 fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String> {
+    if !result.cancelled.is_empty() {
+        // Superseded by a newer link of the same output: the daemon's one-line
+        // message, no output, a failure, and no nvlink run (the newer link is
+        // the one wanted).
+        let _ = std::io::stderr().write_all(&result.stderr);
+        return Ok(if result.exit_code == 0 { 1 } else { result.exit_code });
+    }
     if result.fallback {
         return Err(format!("daemon declined: {}", result.fallback_reason));
     }

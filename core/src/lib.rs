@@ -27,6 +27,7 @@ mod lru;
 pub mod plan;
 pub mod regbin;
 pub mod request;
+pub mod sched;
 pub mod stats;
 pub mod toolkit;
 pub mod worker;

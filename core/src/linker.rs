@@ -31,9 +31,10 @@ use crate::linkcache::{self, MemoFs};
 use crate::plan;
 use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
+use crate::sched::{Priority, Scheduler, Slot};
 use crate::stats::{bump, Stats};
 use crate::toolkit::Toolkit;
-use crate::worker::{Cancel, PoolConfig, WorkerPool};
+use crate::worker::{Cancel, PoolConfig, Stopped, WorkerPool};
 
 /// How a linker is set up.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +75,16 @@ pub struct Linker {
     cache: Option<LinkCache>,
     /// Workers for parallel compile steps (`--jobs`).
     pool: rayon::ThreadPool,
+    /// The same for background links, threads at idle CPU priority (`sched.rs`).
+    bg_pool: rayon::ThreadPool,
+    /// Admission of links that must compute (`sched.rs`).
+    sched: Scheduler,
+    /// Links running now by (working directory, output file): a newer link of
+    /// the same output supersedes the older one (see [`Linker::claim_output`]).
+    outputs: std::sync::Mutex<std::collections::HashMap<(PathBuf, PathBuf), Cancel>>,
+    /// Test hook (`NVLINKD_TEST_HOLD_SLOT`): an admitted link waits while this
+    /// file exists (cancellably), so tests can fill every slot.
+    test_hold_slot: Option<PathBuf>,
     /// Single flight for artifacts when there is no cache.
     no_cache_flights: Flights<Arc<[u8]>>,
     /// Decoded SASS members of inputs, kept across requests.
@@ -167,6 +178,13 @@ impl Linker {
             pool = pool.num_threads(j);
         }
         let pool = pool.build().unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        let jobs = pool.current_num_threads();
+        let bg_pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("nvlinkd-idle-{i}"))
+            .num_threads(jobs)
+            .start_handler(|_| crate::sched::idle_priority())
+            .build()
+            .unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
         let workers = config.worker_exe.clone().map(|exe| {
             Arc::new(WorkerPool::new(PoolConfig {
                 exe,
@@ -191,6 +209,10 @@ impl Linker {
             last_link_id: Default::default(),
             cache,
             pool,
+            bg_pool,
+            sched: Scheduler::new(jobs),
+            outputs: Default::default(),
+            test_hold_slot: std::env::var_os("NVLINKD_TEST_HOLD_SLOT").map(PathBuf::from),
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             hashes: HashMemo::default(),
@@ -234,6 +256,9 @@ impl Linker {
                 self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
             ),
             ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
+            ("queued", self.sched.queued()),
+            ("running_foreground", self.sched.running().0),
+            ("running_background", self.sched.running().1),
         ];
         extra.extend(remote);
         let mut json = self.stats.to_json(&extra);
@@ -308,13 +333,89 @@ impl Linker {
     /// entered again on the `--jobs` pool for parallel work. The daemon enters
     /// it around the whole link, its own lines included.
     pub fn link_span(&self, req: &Request) -> Span {
-        let id = self.last_link_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        info_span!("link", id, args = %args_summary(&req.args))
+        self.link_span_with_id(req).1
     }
 
-    /// [`Linker::link`], with a handle that cancels the link: the worker
-    /// process serving it is killed at once and the link answers "fall back".
+    /// [`Linker::link_span`] and the link id it carries (events name links by it).
+    pub fn link_span_with_id(&self, req: &Request) -> (u64, Span) {
+        let id = self.last_link_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        (id, info_span!("link", id, args = %args_summary(&req.args)))
+    }
+
+    /// The admission of links that must compute (`sched.rs`): for work that
+    /// computes outside [`Linker::link_cancellable`].
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// [`Linker::link`], with the link's control handle: its priority class
+    /// (`Cancel::with_priority`; background links are admitted only into idle
+    /// slots and compute at idle CPU priority, see `sched.rs`), and the power to
+    /// cancel it: the worker or child process serving it is killed at once, a
+    /// queued link leaves the queue, and the link answers "fall back"
+    /// ([`Cancel::stopped`] says why). A link with an output file supersedes an
+    /// older link of the same output from the same working directory still
+    /// running (see [`Linker::claim_output`]).
     pub fn link_cancellable(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
+        let outcome = self.link_controlled(req, fs, cancel);
+        if outcome.fallback.is_some() {
+            match cancel.stopped() {
+                Some(Stopped::Cancelled) => bump(&self.stats.cancelled),
+                Some(Stopped::Superseded) => {
+                    bump(&self.stats.cancelled);
+                    bump(&self.stats.cancelled_superseded);
+                }
+                _ => {}
+            }
+        }
+        outcome
+    }
+
+    /// Register this link as the one computing `(cwd, output)`, superseding
+    /// (cancelling) an older link of the same output still running: an IDE or
+    /// a build on save starts a new link and abandons the old one, whose output
+    /// would be overwritten anyway. A background link never supersedes a
+    /// foreground one (it then does not register). The registration ends when
+    /// the guard drops.
+    fn claim_output(&self, req: &Request, spec: &Spec, cancel: &Cancel) -> Option<OutputClaim<'_>> {
+        let out = spec.output.as_ref()?;
+        let key = (req.cwd.clone(), absolute(&req.cwd, out));
+        let mut map = self.outputs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(older) = map.get(&key).filter(|older| !older.same(cancel)) {
+            if older.priority() == Priority::Foreground && cancel.priority() == Priority::Background {
+                return None;
+            }
+            debug!(output = %key.1.display(), "superseding an older link of the same output");
+            older.supersede();
+        }
+        map.insert(key.clone(), cancel.clone());
+        Some(OutputClaim { linker: self, key, cancel: cancel.clone() })
+    }
+
+    /// Wait for a scheduler slot before computing (`sched.rs`): None when the
+    /// link already holds one; Err with the answer when it was cancelled while
+    /// queued.
+    fn admit(&self, cancel: &Cancel) -> Result<Option<Admission<'_>>, Box<Outcome>> {
+        if !cancel.take_admission() {
+            return Ok(None);
+        }
+        let Some(slot) = self.sched.admit(cancel.priority(), cancel) else {
+            cancel.end_admission();
+            return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued"))));
+        };
+        let admitted = Admission { _slot: slot, cancel: cancel.clone() };
+        if let Some(hold) = &self.test_hold_slot {
+            while hold.exists() && !cancel.is_cancelled() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if cancel.is_cancelled() {
+                return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled"))));
+            }
+        }
+        Ok(Some(admitted))
+    }
+
+    fn link_controlled(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
         bump(&self.stats.requests);
         // One view of the files for the whole link: options files, the key and
         // the link all see the same reads and stats.
@@ -344,6 +445,10 @@ impl Linker {
             Err(d) => return self.fatal(report_arch(&spec, d)).after(warnings),
         };
         debug!(?mode, "dispatch");
+        let _claim = match mode {
+            Mode::Help | Mode::Version => None,
+            _ => self.claim_output(req, &spec, cancel),
+        };
         let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
@@ -410,15 +515,37 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
-        let Some(cache) = &self.cache else { return self.compute_link(tk, req, memo, spec, mode, cancel) };
+        let Some(cache) = &self.cache else {
+            let _admitted = match self.admit(cancel) {
+                Ok(a) => a,
+                Err(cancelled) => return *cancelled,
+            };
+            return self.compute_link(tk, req, memo, spec, mode, cancel);
+        };
         let keys =
             debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
         let Some(keys) = keys else {
+            let _admitted = match self.admit(cancel) {
+                Ok(a) => a,
+                Err(cancelled) => return *cancelled,
+            };
             return self.compute_link(tk, req, memo, spec, mode, cancel);
         };
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
             bump(&self.stats.cache_hits);
             return o;
+        }
+        // Only a link that must compute waits for a slot; one that waited looks
+        // again (an identical link may have filled the cache meanwhile).
+        let _admitted = match self.admit(cancel) {
+            Ok(a) => a,
+            Err(cancelled) => return *cancelled,
+        };
+        if _admitted.as_ref().is_some_and(|a| a._slot.queued) {
+            if let Some(o) = self.lookup(cache, &keys, req, spec) {
+                bump(&self.stats.cache_hits);
+                return o;
+            }
         }
         bump(&self.stats.cache_misses);
         if self.test_pause_after_key > 0 {
@@ -623,7 +750,11 @@ impl Linker {
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
-        let linked = self.pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, plan)));
+        let pool = match cancel.priority() {
+            Priority::Foreground => &self.pool,
+            Priority::Background => &self.bg_pool,
+        };
+        let linked = pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, plan)));
         let cancelled = cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
@@ -703,6 +834,11 @@ impl Linker {
                 "this link needs the real nvlink and the daemon does not share the caller's files",
             ));
         }
+        // Routed from a computing link, this link holds its slot already.
+        let _admitted = match self.admit(cancel) {
+            Ok(a) => a,
+            Err(cancelled) => return *cancelled,
+        };
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
         let _phase = debug_span!("nvlink").entered();
         match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
@@ -725,6 +861,35 @@ impl Linker {
                 };
                 self.fall_back(Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display())))
             }
+        }
+    }
+}
+
+/// A link's scheduler slot (see [`Linker::admit`]).
+struct Admission<'a> {
+    _slot: Slot<'a>,
+    cancel: Cancel,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.cancel.end_admission();
+    }
+}
+
+/// A link's registration as the one computing an output (see [`Linker::claim_output`]).
+struct OutputClaim<'a> {
+    linker: &'a Linker,
+    key: (PathBuf, PathBuf),
+    cancel: Cancel,
+}
+
+impl Drop for OutputClaim<'_> {
+    fn drop(&mut self) {
+        let mut map = self.linker.outputs.lock().unwrap_or_else(|p| p.into_inner());
+        // A newer link may have taken the output over: leave its registration.
+        if map.get(&self.key).is_some_and(|c| c.same(&self.cancel)) {
+            map.remove(&self.key);
         }
     }
 }

@@ -53,6 +53,11 @@ counters! {
     /// LTO: ptxas step (PTX to cubin) cache hits and misses.
     ptxas_hits,
     ptxas_misses,
+    /// Links stopped before their answer: their caller went away, or a newer
+    /// link of the same output superseded them (also counted in
+    /// `cancelled_superseded`). Nothing of theirs is cached but finished artifacts.
+    cancelled,
+    cancelled_superseded,
 }
 
 pub fn bump(c: &AtomicU64) {

@@ -35,6 +35,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::jitlink::{InputType, JitInput, JitLink, JitLinkError, JitOutput};
+use crate::sched::Priority;
 
 /// Why a link through a worker failed.
 #[derive(Debug, thiserror::Error)]
@@ -316,6 +317,29 @@ pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
 const LIVE: u8 = 0;
 const CANCELLED: u8 = 1;
 const TIMED_OUT: u8 = 2;
+const SUPERSEDED: u8 = 3;
+
+/// Why a link was stopped (see [`Cancel::stopped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// [`Cancel::cancel`]: its caller went away.
+    Cancelled,
+    /// [`Cancel::supersede`]: a newer link of the same output replaced it.
+    Superseded,
+    /// Its worker or child outlived the time limit.
+    TimedOut,
+}
+
+impl Stopped {
+    /// The name in events and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stopped::Cancelled => "caller_gone",
+            Stopped::Superseded => "superseded",
+            Stopped::TimedOut => "timed_out",
+        }
+    }
+}
 
 #[derive(Default)]
 struct CancelInner {
@@ -323,16 +347,35 @@ struct CancelInner {
     /// The worker serving this link right now (not yet reaped: its pid cannot
     /// have been reused while it is recorded here).
     pid: Mutex<Option<u32>>,
+    /// The class of the link's computation (`sched.rs`).
+    priority: Priority,
+    /// Whether the link holds a scheduler slot now (nested admissions of the
+    /// same link take none).
+    admitted: std::sync::atomic::AtomicBool,
 }
 
-/// Kills the worker serving a link, at once, and refuses the link's later
-/// worker requests. Clones share the state.
+/// A link's control handle: its priority class, and the power to stop it. A
+/// cancel kills the worker or child process serving the link, at once, and
+/// refuses the link's later worker requests and its scheduler admission.
+/// Clones share the state.
 #[derive(Clone, Default)]
 pub struct Cancel(Arc<CancelInner>);
 
 impl Cancel {
+    /// A foreground link's handle.
     pub fn new() -> Cancel {
         Cancel::default()
+    }
+
+    /// A handle for a link of class `priority` (background: idle CPU priority,
+    /// admitted only into idle slots; see `sched.rs`).
+    pub fn with_priority(priority: Priority) -> Cancel {
+        Cancel(Arc::new(CancelInner { priority, ..Default::default() }))
+    }
+
+    /// The link's class.
+    pub fn priority(&self) -> Priority {
+        self.0.priority
     }
 
     /// Cancel the link: its worker (if one is linking for it) gets SIGKILL.
@@ -340,8 +383,37 @@ impl Cancel {
         self.stop(CANCELLED);
     }
 
-    pub(crate) fn is_cancelled(&self) -> bool {
+    /// Cancel the link because a newer one replaces it.
+    pub fn supersede(&self) {
+        self.stop(SUPERSEDED);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
         self.0.state.load(Ordering::Acquire) != LIVE
+    }
+
+    /// Why the link was stopped, if it was.
+    pub fn stopped(&self) -> Option<Stopped> {
+        match self.0.state.load(Ordering::Acquire) {
+            CANCELLED => Some(Stopped::Cancelled),
+            SUPERSEDED => Some(Stopped::Superseded),
+            TIMED_OUT => Some(Stopped::TimedOut),
+            _ => None,
+        }
+    }
+
+    /// Whether `other` is a clone of this handle (the same link).
+    pub fn same(&self, other: &Cancel) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Mark the link as holding a slot; false when it already held one.
+    pub(crate) fn take_admission(&self) -> bool {
+        !self.0.admitted.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn end_admission(&self) {
+        self.0.admitted.store(false, Ordering::Release);
     }
 
     fn stop(&self, why: u8) {
@@ -428,6 +500,10 @@ pub struct PoolConfig {
 
 struct Worker {
     lib: LibSpec,
+    /// Background workers run at idle CPU priority, set when they start (a
+    /// process cannot leave `SCHED_IDLE` again without privileges, and its
+    /// threads inherit the policy it had when they were made).
+    class: Priority,
     child: Child,
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -436,8 +512,10 @@ struct Worker {
 #[derive(Default)]
 struct State {
     idle: Vec<Worker>,
-    /// Live worker processes (idle or busy).
-    live: usize,
+    /// Live worker processes (idle or busy), per class: each class has its
+    /// own `max` (background workers are idle-priority processes of their own,
+    /// so a foreground link never waits for one; see `sched.rs`).
+    live: [usize; 2],
     /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
     /// a request for one waits for that worker rather than starting another.
     prewarming: Vec<LibSpec>,
@@ -475,7 +553,8 @@ impl WorkerPool {
 
     /// Live worker processes.
     pub fn live(&self) -> u64 {
-        self.lock().live as u64
+        let st = self.lock();
+        (st.live[0] + st.live[1]) as u64
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -486,20 +565,21 @@ impl WorkerPool {
     pub(crate) fn prewarm(&self, lib: &LibSpec) {
         {
             let mut st = self.lock();
-            if st.live >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {
+            let fg = Priority::Foreground as usize;
+            if st.live[fg] >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {
                 return;
             }
-            st.live += 1;
+            st.live[fg] += 1;
             st.prewarming.push(lib.clone());
         }
-        let spawned = self.spawn(lib);
+        let spawned = self.spawn(lib, Priority::Foreground);
         let mut st = self.lock();
         st.prewarming.retain(|l| l != lib);
         match spawned {
             Ok(w) => st.idle.push(w),
             Err(e) => {
                 tracing::warn!("cannot start an nvJitLink worker: {e}");
-                st.live -= 1;
+                st.live[Priority::Foreground as usize] -= 1;
             }
         }
         drop(st);
@@ -518,7 +598,8 @@ impl WorkerPool {
         if cancel.is_cancelled() {
             return Err(WorkerError::Cancelled);
         }
-        let mut w = self.checkout(lib)?;
+        let class = cancel.priority();
+        let mut w = self.checkout(lib, class)?;
         let pid = w.child.id();
         if !cancel.attach(pid) {
             self.checkin(w);
@@ -537,13 +618,13 @@ impl WorkerPool {
                 // The worker is gone (or speaks nonsense): reap it, free its slot.
                 let _ = w.child.kill();
                 let status = w.child.wait();
-                self.release_slot();
+                self.release_slot(class);
                 let how = match status {
                     Ok(s) => describe(s),
                     Err(_) => format!("{e}"),
                 };
                 match cancel.0.state.load(Ordering::Acquire) {
-                    CANCELLED => Err(WorkerError::Cancelled),
+                    CANCELLED | SUPERSEDED => Err(WorkerError::Cancelled),
                     TIMED_OUT => Err(WorkerError::TimedOut(self.config.timeout)),
                     _ => {
                         self.crashes.fetch_add(1, Ordering::Relaxed);
@@ -557,22 +638,24 @@ impl WorkerPool {
 
     /// An idle worker for `lib`, or a new one when there is room; waits while
     /// all `max` workers are busy.
-    fn checkout(&self, lib: &LibSpec) -> Result<Worker, WorkerError> {
+    fn checkout(&self, lib: &LibSpec, class: Priority) -> Result<Worker, WorkerError> {
         let mut st = self.lock();
+        let c = class as usize;
         loop {
-            if let Some(i) = st.idle.iter().rposition(|w| &w.lib == lib) {
+            if let Some(i) = st.idle.iter().rposition(|w| &w.lib == lib && w.class == class) {
                 return Ok(st.idle.swap_remove(i));
             }
-            if st.prewarming.contains(lib) {
+            if class == Priority::Foreground && st.prewarming.contains(lib) {
                 st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            if st.live < self.config.max {
-                st.live += 1;
+            if st.live[c] < self.config.max {
+                st.live[c] += 1;
                 break;
             }
             // Full: retire an idle worker of another toolkit, or wait.
-            if let Some(mut other) = st.idle.pop() {
+            if let Some(i) = st.idle.iter().rposition(|w| w.class == class) {
+                let mut other = st.idle.swap_remove(i);
                 drop(st);
                 let _ = other.child.kill();
                 let _ = other.child.wait();
@@ -583,7 +666,7 @@ impl WorkerPool {
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         drop(st);
-        self.spawn(lib).inspect_err(|_| self.release_slot())
+        self.spawn(lib, class).inspect_err(|_| self.release_slot(class))
     }
 
     fn checkin(&self, w: Worker) {
@@ -591,13 +674,15 @@ impl WorkerPool {
         self.freed.notify_all();
     }
 
-    fn release_slot(&self) {
-        self.lock().live -= 1;
+    fn release_slot(&self, class: Priority) {
+        self.lock().live[class as usize] -= 1;
         self.freed.notify_all();
     }
 
-    fn spawn(&self, lib: &LibSpec) -> Result<Worker, WorkerError> {
-        let mut child = Command::new(&self.config.exe)
+    fn spawn(&self, lib: &LibSpec, class: Priority) -> Result<Worker, WorkerError> {
+        let mut cmd = Command::new(&self.config.exe);
+        crate::sched::apply_to_command(&mut cmd, class);
+        let mut child = cmd
             .arg("worker")
             .arg("--lib")
             .arg(&lib.path)
@@ -626,6 +711,7 @@ impl WorkerPool {
         });
         let mut w = Worker {
             lib: lib.clone(),
+            class,
             child,
             stdin: BufWriter::with_capacity(1 << 16, stdin),
             stdout: BufReader::with_capacity(1 << 16, stdout),

@@ -16,6 +16,10 @@ pub const ENV_FALLBACK: &str = "NVLINKD_FALLBACK";
 pub const ENV_CACHE_DIR: &str = "NVLINKD_CACHE_DIR";
 /// The nvlinkd binary the shim starts when no daemon answers.
 pub const ENV_DAEMON_BIN: &str = "NVLINKD_BIN";
+/// The link's class: `background` (idle slots and idle CPU priority) or `foreground` (the default).
+pub const ENV_PRIORITY: &str = "NVLINKD_PRIORITY";
+/// `1`: the shim shows one progress line on stderr for links longer than a second.
+pub const ENV_PROGRESS: &str = "NVLINKD_PROGRESS";
 /// Idle time after which a daemon the shim starts exits (`nvlinkd serve --idle-exit`).
 pub const ENV_IDLE_EXIT: &str = "NVLINKD_IDLE_EXIT";
 /// File written by `nvlinkd install` next to the shim, recording the toolkit.

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nvlinkd_proto::shared;
-use nvlinkd_proto::v1::{nvlinkd_client::NvlinkdClient, PingReply, PingRequest, ShutdownRequest, StatsRequest};
+use nvlinkd_proto::v1::{
+    nvlinkd_client::NvlinkdClient, EventsRequest, PingReply, PingRequest, ShutdownRequest, StatsRequest,
+};
 use tonic::transport::Channel;
 
 pub async fn connect(socket: &Path) -> Result<NvlinkdClient<Channel>, String> {
@@ -155,6 +157,27 @@ pub async fn status(socket: &Path) -> Result<String, String> {
 pub async fn stats(socket: &Path) -> Result<String, String> {
     let mut c = connect(socket).await?;
     c.stats(StatsRequest {}).await.map(|r| r.into_inner().json).map_err(|s| s.message().to_string())
+}
+
+/// `nvlinkd events --json`: print the daemon's events, one JSON object per
+/// line, flushed as each arrives, until interrupted or the daemon stops.
+pub async fn events(socket: &Path) -> Result<String, String> {
+    use std::io::Write;
+    let mut c = connect(socket).await?;
+    let mut stream = c.events(EventsRequest {}).await.map_err(|s| s.message().to_string())?.into_inner();
+    let mut out = std::io::stdout().lock();
+    loop {
+        match stream.message().await {
+            Ok(Some(ev)) => {
+                // A reader that went away (`| head`) ends us quietly.
+                if writeln!(out, "{}", ev.json).and_then(|()| out.flush()).is_err() {
+                    return Ok(String::new());
+                }
+            }
+            Ok(None) => return Err("the daemon ended the event stream (stopped)".into()),
+            Err(s) => return Err(format!("event stream failed: {}", s.message())),
+        }
+    }
 }
 
 pub fn default_socket() -> PathBuf {

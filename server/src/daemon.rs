@@ -29,7 +29,11 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
+use crate::events::{Hub, PhaseLayer};
 use crate::service::{Activity, Limits, Service};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
 pub struct ServeOptions {
     pub socket: PathBuf,
@@ -45,6 +49,8 @@ pub struct ServeOptions {
     pub remote: Option<crate::remote::RemoteOptions>,
     /// Where to serve Prometheus metrics (`--metrics-listen`).
     pub metrics_listen: Option<String>,
+    /// Where the event stream is published (`events.rs`).
+    pub events: Hub,
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
@@ -53,7 +59,11 @@ pub struct ServeOptions {
 /// directory) is not a reason to stop: the log goes to stderr instead, with one
 /// line saying why, and the daemon serves (the cache then also runs without
 /// its disk tier, see `cache::store`).
-pub fn init_logging(cache_dir: &Path) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+///
+/// The event stream's layer ([`crate::events::PhaseLayer`]) sits beside the
+/// log's: each has its own filter, so the core's phase spans (`debug`) exist
+/// for the events whatever `NVLINKD_LOG` lets the log show.
+pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     let path = cache_dir.join("nvlinkd.log");
     let file = std::fs::create_dir_all(cache_dir)
         .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
@@ -73,12 +83,16 @@ pub fn init_logging(cache_dir: &Path) -> Option<tracing_appender::non_blocking::
     // phases (see `Linker::link_span`) are its timings.
     let timed = filter.max_level_hint().is_some_and(|l| l >= tracing_subscriber::filter::LevelFilter::DEBUG);
     let span_events = if timed { FmtSpan::CLOSE } else { FmtSpan::NONE };
-    let installed = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_span_events(span_events)
         .with_writer(writer)
         .with_ansi(false)
-        .try_init();
+        .with_filter(filter);
+    // The core's spans, and its scheduler's `sched = …` events only.
+    let phases = PhaseLayer { hub: events.clone() }.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+        m.target().starts_with("nvlinkd_core") && (m.is_span() || m.fields().field("sched").is_some())
+    }));
+    let installed = tracing_subscriber::registry().with(log).with(phases).try_init();
     if let Some(e) = failed {
         tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
     }
@@ -213,6 +227,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             limits: opts.limits,
             activity: activity.clone(),
             slow_link_ms,
+            events: opts.events.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)

@@ -2,6 +2,7 @@
 
 mod control;
 mod daemon;
+mod events;
 mod exec;
 mod install;
 mod metrics;
@@ -234,6 +235,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print what the daemon does as it happens, one JSON object per line, until
+    /// interrupted (link_started, link_queued, link_admitted, phase, diagnostic,
+    /// link_finished, link_cancelled; see README "IDE and background use")
+    Events {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// One JSON object per line (the only format; accepted for scripts)
+        #[arg(long)]
+        json: bool,
+    },
     /// Run one nvlink invocation in this process, without a daemon (for debugging);
     /// the toolkit is the overlay's when run from one, else $CUDA_HOME
     Exec {
@@ -302,7 +314,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(a) => {
             let cache_dir = a.cache_dir();
-            let _guard = daemon::init_logging(&cache_dir);
+            let events = events::Hub::default();
+            let _guard = daemon::init_logging(&cache_dir, &events);
             let remote = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
@@ -329,6 +342,7 @@ fn main() -> ExitCode {
                 limits: service::Limits { reply_timeout: a.reply_timeout, max_link_input: a.max_link_input },
                 shutdown_grace: a.shutdown_grace,
                 idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
+                events,
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));
@@ -347,6 +361,13 @@ fn main() -> ExitCode {
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),
         Command::Stats { socket, json: _ } => report(runtime().block_on(control::stats(&socket_or_default(socket)))),
+        Command::Events { socket, json: _ } => match runtime().block_on(control::events(&socket_or_default(socket))) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nvlinkd: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Install { cuda_home, prefix: Some(prefix), in_place: false } => {
             report(install::install(&cuda_home, &prefix))
         }

@@ -15,17 +15,20 @@ use std::time::{Duration, Instant};
 
 use nvlinkd_core::fs::InputFs;
 use nvlinkd_core::request::{EngineKind, Request as LinkRequest};
-use nvlinkd_core::worker::Cancel;
+use nvlinkd_core::sched::Priority;
+use nvlinkd_core::worker::{Cancel, Stopped};
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
-    client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, LinkResult, OutputFile, PingReply,
-    PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, StatsReply, StatsRequest,
+    client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, Event, EventsRequest, LinkResult,
+    OutputFile, PingReply, PingRequest, Progress, ServerMessage, ShutdownReply, ShutdownRequest, StatsReply,
+    StatsRequest,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::events::Hub;
 use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
 
 /// Limits every link is held to.
@@ -91,9 +94,12 @@ pub struct Service {
     /// Test hook (`NVLINKD_TEST_SLOW_LINK_MS`): every link first sleeps this
     /// long, so tests can kill or stop the daemon while a link is in flight.
     pub slow_link_ms: u64,
+    /// The event stream (`events.rs`).
+    pub events: Hub,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
 
 impl Service {
     /// Read the Start message, run the link on a blocking thread (file reads
@@ -127,6 +133,14 @@ impl Service {
             toolkit: Some(start.toolkit).filter(|t| !t.is_empty()).map(PathBuf::from),
             shared_fs,
         };
+        // An unknown class is the default one: the shim forwards the variable as set.
+        let priority = Priority::from_name(&start.priority).unwrap_or_default();
+        let (link_id, span) = self.linker.link_span_with_id(&req);
+        let events = self.events.clone();
+        events.started(link_id, &start.cwd, &req.args, priority.name(), false);
+        if start.progress {
+            forward_progress(&events, link_id, tx.clone());
+        }
 
         let channel = LinkChannel::new(tx, tokio::runtime::Handle::current(), self.limits.reply_timeout);
         // The stream owns the link: when the shim half-closes or goes away, the
@@ -135,7 +149,7 @@ impl Service {
         let reader = channel.clone();
         // ... and its computation: a closed stream kills the worker process or
         // nvlink engine serving the link (nothing of it is cached).
-        let cancel = Cancel::new();
+        let cancel = Cancel::with_priority(priority);
         let cancel_on_close = cancel.clone();
         tokio::spawn(async move {
             let why = loop {
@@ -164,7 +178,6 @@ impl Service {
         tokio::task::spawn_blocking(move || {
             let _active = active;
             // Every line of this link, the daemon's own included, carries its id.
-            let span = linker.link_span(&req);
             let _entered = span.enter();
             let _in_flight = linker.in_flight_guard();
             if slow > 0 {
@@ -190,8 +203,24 @@ impl Service {
                 },
                 Err(_) => ("fallback", "none"),
             };
+            let ms = t_link.elapsed().as_secs_f64() * 1e3;
+            let stopped = cancel.stopped().filter(|_| outcome.as_ref().is_ok_and(|o| o.fallback.is_some()));
             let result = match outcome {
+                // Superseded by a newer link of the same output: the shim says so
+                // and fails; it does not run nvlink (the newer link is the one wanted).
+                Ok(_) if stopped == Some(Stopped::Superseded) => {
+                    info!(args = %args, ms, "link superseded by a newer link of the same output");
+                    events.cancelled(link_id, Stopped::Superseded.name());
+                    superseded(&req.args)
+                }
+                Ok(o) if stopped == Some(Stopped::Cancelled) => {
+                    info!(args = %args, ms, "link cancelled: its caller went away");
+                    events.cancelled(link_id, Stopped::Cancelled.name());
+                    fallback(o.fallback.map(|d| d.detail).unwrap_or_default())
+                }
                 Ok(o) => {
+                    events.diagnostics(link_id, &o.stdout, &o.stderr);
+                    events.finished(link_id, o.exit_code, ms, engine_name(o.engine), o.fallback.is_some());
                     info!(
                         args = %args,
                         exit = o.exit_code,
@@ -221,10 +250,12 @@ impl Service {
                                 .collect(),
                             fallback: o.fallback.is_some(),
                             fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
+                            cancelled: String::new(),
                         },
                     }
                 }
                 Err(_) => {
+                    events.finished(link_id, 0, ms, "none", true);
                     warn!(args = %args, "link panicked; asking the shim to fall back");
                     linker.note_failure();
                     fallback("internal error in nvlinkd".into())
@@ -249,6 +280,82 @@ fn fallback(reason: String) -> LinkResult {
     LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
 }
 
+/// The answer to a superseded link: a failure with nvlink's kind of message
+/// (also right for a shim that does not know `cancelled`: it prints stderr and
+/// exits 1, writing nothing).
+fn superseded(args: &[String]) -> LinkResult {
+    let out = output_named(args).map(|o| format!(" of '{o}'")).unwrap_or_default();
+    LinkResult {
+        exit_code: 1,
+        stderr: format!("nvlink fatal   : Link superseded by a newer link{out} from the same directory (nvlinkd)\n")
+            .into_bytes(),
+        cancelled: Stopped::Superseded.name().into(),
+        ..Default::default()
+    }
+}
+
+/// The output file as the command line names it (`-o X`, `-oX`, `--output-file X`, `…=X`).
+fn output_named(args: &[String]) -> Option<&str> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" | "--output-file" | "-output-file" => return it.next().map(String::as_str),
+            _ => {}
+        }
+        for prefix in ["--output-file=", "-output-file=", "-o="] {
+            if let Some(v) = a.strip_prefix(prefix) {
+                return Some(v);
+            }
+        }
+        if let Some(v) = a.strip_prefix("-o").filter(|v| !v.is_empty() && !a.starts_with("-op")) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn engine_name(e: EngineKind) -> &'static str {
+    match e {
+        EngineKind::Frontend => "frontend",
+        EngineKind::InProcess => "in_process",
+        EngineKind::NvlinkProcess => "nvlink",
+        EngineKind::Cache => "cache",
+    }
+}
+
+/// `Start.progress`: the link's phase events go to its own stream as
+/// `Progress` messages (dropped, never waited for, when the stream is full).
+fn forward_progress(events: &Hub, link: u64, tx: Outbound) {
+    let mut rx = events.subscribe();
+    let t0 = Instant::now();
+    tokio::spawn(async move {
+        loop {
+            let ev = match rx.recv().await {
+                Ok(ev) => ev,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return,
+            };
+            if ev.link != link {
+                continue;
+            }
+            match ev.kind {
+                "phase" => {
+                    let phase = serde_json::from_str::<serde_json::Value>(&ev.json)
+                        .ok()
+                        .and_then(|v| v["phase"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    let elapsed_ms = t0.elapsed().as_millis() as u64;
+                    let msg =
+                        ServerMessage { msg: Some(server_message::Msg::Progress(Progress { phase, elapsed_ms })) };
+                    let _ = tx.try_send(Ok(msg));
+                }
+                "link_finished" | "link_cancelled" => return,
+                _ => {}
+            }
+        }
+    });
+}
+
 #[tonic::async_trait]
 impl Nvlinkd for Service {
     type LinkStream = LinkStream;
@@ -265,6 +372,34 @@ impl Nvlinkd for Service {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type EventsStream = EventStream;
+
+    async fn events(&self, _: Request<EventsRequest>) -> Result<Response<EventStream>, Status> {
+        let mut rx = self.events.subscribe();
+        let mut shutdown = self.shutdown.subscribe();
+        let (tx, out) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let json: Arc<str> = tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Ok(ev) => ev.json,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            format!("{{\"event\":\"lagged\",\"missed\":{n}}}").into()
+                        }
+                        Err(_) => return,
+                    },
+                    // A stop ends the stream (the server waits for open streams).
+                    _ = shutdown.wait_for(|s| *s) => return,
+                    _ = tx.closed() => return,
+                };
+                if tx.send(Ok(Event { json: json.to_string() })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))))
     }
 
     async fn stats(&self, _: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {

@@ -153,6 +153,16 @@ impl Daemon {
         }
     }
 
+    /// A counter, 0 when the daemon does not answer (for polling loops).
+    pub fn stat_or_zero(&self, name: &str) -> u64 {
+        match self.control("stats") {
+            Some((true, json)) => {
+                serde_json::from_str::<serde_json::Value>(&json).ok().and_then(|v| v[name].as_u64()).unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
     /// A count of one of the per-reason objects of `nvlinkd stats --json`
     /// (`routed`, `fallback_reasons`; reasons as in `nvlinkd_core::declined`),
     /// 0 when the reason was never counted.

@@ -99,6 +99,7 @@ async fn hostile(socket: &Path, how: Misbehave) -> Option<Box<dyn std::any::Any 
         // Not the daemon's view of the directory: it reads the files over the stream.
         cwd_dev: 0,
         cwd_ino: 0,
+        ..Default::default()
     };
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
     tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.ok()?;
@@ -677,6 +678,7 @@ fn a_closed_stream_kills_the_worker_computing_its_link() {
             // The daemon's own view of the directory: it reads the files itself.
             cwd_dev: meta.dev(),
             cwd_ino: meta.ino(),
+            ..Default::default()
         };
         let (tx, rx) = mpsc::channel::<ClientMessage>(8);
         tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();

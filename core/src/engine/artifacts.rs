@@ -70,6 +70,8 @@ impl Artifacts<'_> {
         let (hits, misses) = self.counters(level);
         if let Some(v) = self.store.and_then(|s| s.fetch(level.domain(), &key)) {
             bump(hits);
+            // The phase span (`jit`, `nvvm`, `ptxas`) reports a cached step.
+            tracing::Span::current().record("cached", true);
             return Ok(v);
         }
         bump(misses);

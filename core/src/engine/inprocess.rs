@@ -354,7 +354,7 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     let link = tracing::Span::current();
     modules.into_par_iter().enumerate().try_for_each(|(i, m)| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
-        let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i)).entered();
+        let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i, cached = false)).entered();
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
         let bytes = cx
             .artifacts
@@ -475,7 +475,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
     args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len()).entered();
+    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
     let cubin = cx
         .artifacts
         .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
@@ -686,7 +686,7 @@ fn nvvm(cx: &Context<'_>, objects: &[JitInput<'_>], options: &[String]) -> Resul
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
-    let _phase = tracing::debug_span!("nvvm").entered();
+    let _phase = tracing::debug_span!("nvvm", cached = false).entered();
     cx.artifacts.get_or_compute(Level::Nvvm, key, || {
         let out = cx.jit_link(options, objects, true)?;
         out.ptx.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no PTX"))

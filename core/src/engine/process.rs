@@ -242,6 +242,8 @@ fn run_in(
         redirected.push((dest, tmp, id == Opt::OutputFile));
     }
     let mut cmd = Command::new(nvlink);
+    // A background link's nvlink runs at idle CPU priority (`sched.rs`).
+    crate::sched::apply_to_command(&mut cmd, cancel.priority());
     cmd.args(&args).current_dir(&req.cwd).env_clear();
     for (k, v) in &req.env {
         cmd.env(k, v);

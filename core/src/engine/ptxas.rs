@@ -81,7 +81,10 @@ fn compile_in(
     // ptxas reads text: a trailing NUL (fatbin members carry one) is not PTX.
     let text = ptx.strip_suffix(&[0]).unwrap_or(ptx);
     std::fs::write(&input, text).map_err(|e| env("scratch", e))?;
-    let child = Command::new(tk.ptxas())
+    let mut cmd = Command::new(tk.ptxas());
+    // A background link's ptxas runs at idle CPU priority (`sched.rs`).
+    crate::sched::apply_to_command(&mut cmd, cancel.priority());
+    let child = cmd
         .args(args)
         .arg(&input)
         .arg("-o")

@@ -17,6 +17,13 @@
 //!   (i) links once routed to the real nvlink, now in process (nvcc's -dlto
 //!       line with `code=lto_XY` objects, partial LTO, `--kernels-used`), cold
 //!       and warm.
+//!   (k) IDE: from killing a cold LTO link's shim to the daemon's CPU released
+//!       (CPU time of the daemon and its children, from /proc);
+//!   (l) IDE: a foreground cold LTO link alone, and while background links
+//!       (`NVLINKD_PRIORITY=background`) fill every slot: wall time and the
+//!       wait for its slot (`link_admitted.waited_ms` from `nvlinkd events`).
+//!       Targets: (k) under 500 ms; (l) slot within 100 ms, under 1.3x idle.
+//!       `NVLINKD_BENCH_ONLY=ide` runs only (k) and (l).
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -213,6 +220,10 @@ fn main() {
     let mut report = Report { rows: Vec::new(), all_identical: true };
     println!("nvlinkd-bench: {reps} repetitions, medians, {cpus} CPUs, toolkit {}", cuda_home().display());
 
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "ide") {
+        ide_rows(reps, &work, &o);
+        return;
+    }
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
     // `NVLINKD_BENCH_ONLY=remote`: only the shared-tier rows (r).
@@ -440,8 +451,150 @@ fn main() {
         println!("  nvlinkd daemon RSS after 10 warm links:   {:>8} KiB", rss_10);
         println!("  nvlinkd daemon RSS after 1000 warm links: {:>8} KiB", rss_1000);
     }
+    if !only_fresh {
+        ide_rows(reps, &work, &o);
+    }
     if !report.all_identical {
         eprintln!("some nvlinkd outputs differ from nvlink's");
         std::process::exit(1);
     }
+}
+
+/// CPU time (ms) used so far by `root` and every live descendant, with the
+/// children they reaped (`/proc/<pid>/stat` fields 14-17).
+fn tree_cpu_ms(root: u32) -> f64 {
+    let mut procs: Vec<(u32, u32, u64)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+        // rest[0] is field 3 (state): field n is f[n - 3].
+        if f.len() > 14 {
+            procs.push((pid, f[4 - 3] as u32, f[14 - 3] + f[15 - 3] + f[16 - 3] + f[17 - 3]));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(procs.iter().filter(|(_, ppid, _)| *ppid == p).map(|(pid, _, _)| *pid));
+        i += 1;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let ticks: u64 = procs.iter().filter(|(pid, _, _)| tree.contains(pid)).map(|(_, _, t)| t).sum();
+    ticks as f64 * 1000.0 / hz
+}
+
+fn spawn_link(args: &[String], cwd: &Path, env: &[(String, String)]) -> std::process::Child {
+    Command::new(shim())
+        .args(args)
+        .current_dir(cwd)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the shim")
+}
+
+/// Rows (k) and (l): see the module docs.
+fn ide_rows(reps: usize, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // (k) kill a cold LTO link's shim while it computes; wait for the daemon's
+    // CPU use (with its workers and children) to stop growing.
+    let mut release = Vec::new();
+    for _ in 0..reps {
+        let d = fresh_daemon(&corpus::dir().clone());
+        let pid = d.pid().expect("daemon pid");
+        let before = tree_cpu_ms(pid);
+        let mut shim = spawn_link(&args(LTO, &o("cancel.nvlinkd")), work, &d.shim_env());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while tree_cpu_ms(pid) - before < 300.0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = shim.kill();
+        let killed = Instant::now();
+        let _ = shim.wait();
+        // Released: no growth over 200 ms; the time is that of the last growth.
+        let (mut last, mut last_change) = (tree_cpu_ms(pid), Duration::ZERO);
+        while killed.elapsed() < last_change + Duration::from_millis(200) && killed.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = tree_cpu_ms(pid);
+            if now > last {
+                (last, last_change) = (now, killed.elapsed());
+            }
+        }
+        release.push(last_change);
+    }
+    // (l) a foreground cold LTO link alone, then with background links in
+    // every slot. A daemon without a cache keeps every link cold.
+    let d = Daemon::start_with(&["--cache-mem", "0", "--cache-size", "0"]);
+    let mut events = Command::new(nvlinkd_tests::env::nvlinkd())
+        .args(["events", "--json", "--socket"])
+        .arg(d.socket())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("nvlinkd events");
+    let lines = std::io::BufReader::new(events.stdout.take().expect("events stdout"));
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in lines.lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&l) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let fg_wait = |rx: &std::sync::mpsc::Receiver<serde_json::Value>| -> f64 {
+        rx.try_iter()
+            .filter(|v| v["event"] == "link_admitted" && v["priority"] == "foreground")
+            .filter_map(|v| v["waited_ms"].as_f64())
+            .fold(0.0, f64::max)
+    };
+    let fg = |tag: &str| timed(&shim(), &args(LTO, &o(tag)), work, &d.shim_env());
+    assert!(fg("fg-warmup.nvlinkd").ok);
+    let (mut idle, mut loaded) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        idle.push(fg("fg-idle.nvlinkd").wall);
+    }
+    let idle_wait = fg_wait(&rx);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut bg_env = d.shim_env();
+    bg_env.push(("NVLINKD_PRIORITY".into(), "background".into()));
+    std::thread::scope(|s| {
+        for i in 0..cpus {
+            let (stop, bg_env, out) = (&stop, &bg_env, o(&format!("bg{i}.nvlinkd")));
+            s.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    timed(&shim(), &args(LTO, &out), work, bg_env);
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while d.stat_or_zero("running_background") < cpus as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for _ in 0..reps {
+            loaded.push(fg("fg-loaded.nvlinkd").wall);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let loaded_wait = fg_wait(&rx);
+    let _ = events.kill();
+    let _ = events.wait();
+    let (idle, loaded) = (median(idle), median(loaded));
+    println!("\n(k)/(l) IDE and background use");
+    println!(
+        "  (k) caller killed -> daemon CPU released (median):  {:>8.0} ms   (target < 500 ms)",
+        median(release).as_secs_f64() * 1e3
+    );
+    println!("  (l) foreground cold LTO link, idle daemon:          {:>8.3} s", idle.as_secs_f64());
+    println!(
+        "  (l) the same with {cpus} background links running:    {:>8.3} s   {:.2}x idle (target < 1.3x)",
+        loaded.as_secs_f64(),
+        loaded.as_secs_f64() / idle.as_secs_f64()
+    );
+    println!("  (l) longest foreground wait for a slot, idle/loaded: {idle_wait:.1} ms / {loaded_wait:.1} ms (target < 100 ms)");
 }

@@ -1,0 +1,353 @@
+//! The remote path as an attacker meets it (issue 10): a listener that refuses
+//! to serve without TLS and authentication; hostile clients (no token, a wrong
+//! token, remote administration, an oversized message); a hostile daemon the
+//! shim must not obey (it asks for `/etc/shadow`, writes outside the outputs,
+//! returns an exit status nvlink cannot, claims success without the output,
+//! stays silent); and a remote link over TLS with a token, byte-identical to
+//! the real nvlink. Certificates are made for each test with rcgen.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nvlinkd_proto::paths;
+use nvlinkd_proto::v1::{
+    client_message, nvlinkd_client::NvlinkdClient, ClientMessage, PingRequest, ShutdownRequest, Start, StatsRequest,
+};
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::Code;
+
+const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
+const TOKEN: &str = "s3cret-token-for-tests";
+
+/// A CA, a server certificate it signed for 127.0.0.1 and localhost, and a
+/// token file, in a fresh directory.
+struct Pki {
+    dir: TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = TempDir::new("pki");
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nvlinkd test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
+        std::fs::write(dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
+        Pki { dir }
+    }
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A daemon serving `--listen` with TLS and tokens; returns it and its port.
+fn secure_daemon(pki: &Pki) -> (Daemon, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let d = Daemon::start_with(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+    (d, port)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn tls_channel(pki: &Pki, port: u16) -> Channel {
+    let ca = Certificate::from_pem(std::fs::read(pki.file("ca.pem")).unwrap());
+    Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(ClientTlsConfig::new().ca_certificate(ca))
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS connection to the daemon")
+}
+
+fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+fn serve_output(extra: &[&str]) -> std::process::Output {
+    let dir = TempDir::new("sec-refuse");
+    Command::new(nvlinkd())
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.path().join("sock"))
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn listener_refuses_to_start_without_tls_and_authentication() {
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    for extra in [
+        vec!["--listen", &listen],
+        vec!["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key],
+        vec!["--listen", &listen, "--token-file", &tokens],
+    ] {
+        let out = serve_output(&extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "nvlinkd served {extra:?}");
+        assert!(stderr.contains("refusing to serve --listen"), "{extra:?}: {stderr}");
+    }
+    let empty = pki.dir.path().join("empty-tokens");
+    std::fs::write(&empty, "# none\n").unwrap();
+    let empty = empty.display().to_string();
+    let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &empty]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no token"));
+}
+
+#[test]
+fn hostile_clients_are_refused_and_the_daemon_stays_up() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    runtime().block_on(async {
+        let channel = tls_channel(&pki, port).await;
+        let mut client = NvlinkdClient::new(channel.clone());
+        // No token, a wrong token: UNAUTHENTICATED, on every call.
+        let e = client.stats(StatsRequest {}).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        let e = client.stats(with_token(StatsRequest {}, "wrong")).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        let e = client.shutdown(ShutdownRequest {}).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(1);
+        drop(tx);
+        let e = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+
+        // Authenticated, but administration is local only; ping tells nothing private.
+        let e = client.shutdown(with_token(ShutdownRequest {}, TOKEN)).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        let ping = client.ping(with_token(PingRequest {}, TOKEN)).await.unwrap().into_inner();
+        assert_eq!((ping.pid, ping.cache_dir.as_str()), (0, ""), "remote ping reveals the pid or cache dir");
+        let stats = client.stats(with_token(StatsRequest {}, TOKEN)).await.unwrap().into_inner();
+        assert!(stats.json.contains("\"auth_failures\":4"), "{}", stats.json);
+
+        // Health, without a token.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let h = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
+        assert_eq!(h.into_inner().status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+
+        // A message far over the bound (the daemon must refuse it, not allocate it).
+        let mut big = NvlinkdClient::new(channel.clone()).max_encoding_message_size(usize::MAX);
+        let start = Start { args: vec!["x".repeat(64 << 20)], ..Default::default() };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(1);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let refused = match big.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await {
+            Err(e) => Some(e),
+            Ok(r) => r.into_inner().message().await.err(),
+        };
+        drop(tx);
+        let e = refused.expect("a 64 MiB message was accepted");
+        assert!(matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted | Code::Internal), "{e:?}");
+    });
+    assert!(d.answers(), "the daemon died");
+    assert_eq!(d.stat("auth_failures"), 4);
+    // The unix socket still administers.
+    assert!(d.control("status").is_some_and(|(ok, _)| ok));
+}
+
+fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
+    Invocation::templated(args, cwd, out)
+}
+
+fn remote_env(pki: &Pki, addr: &str) -> Vec<(String, String)> {
+    vec![
+        (paths::ENV_ADDR.into(), addr.into()),
+        (paths::ENV_TLS_CA.into(), pki.file("ca.pem")),
+        (paths::ENV_TOKEN_FILE.into(), pki.file("client-token")),
+        (paths::ENV_FALLBACK.into(), "never".into()),
+        (paths::ENV_REAL_NVLINK.into(), real_nvlink().display().to_string()),
+    ]
+}
+
+#[test]
+fn remote_link_over_tls_with_a_token_matches_nvlink() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let out = TempDir::new("sec-tls-out");
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    // The first address answers nothing: the shim fails over to the second.
+    let addr = format!("https://127.0.0.1:{},https://127.0.0.1:{port}", free_port());
+    let actual = run(&shim(), &inv(LINK, corpus::dir(), &out), &remote_env(&pki, &addr));
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
+    assert_eq!(d.stat("fallbacks"), 0);
+    // Without the token the shim is refused and (never falling back) fails.
+    let mut env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
+    env.retain(|(k, _)| k != paths::ENV_TOKEN_FILE);
+    let refused = run(&shim(), &inv(LINK, corpus::dir(), &out), &env);
+    assert_ne!(refused.code, 0);
+    assert!(refused.files.is_empty(), "output written without a daemon's answer");
+    assert_eq!(d.stat("auth_failures"), 1);
+}
+
+/// A hostile daemon (tests/src/bin/nvlinkd-hostile.rs) in `mode`, killed on drop.
+struct HostileDaemon {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HostileDaemon {
+    fn start(mode: &str, path: &Path) -> HostileDaemon {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nvlinkd-hostile"))
+            .arg(mode)
+            .arg(path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        HostileDaemon { child, port: line.trim().parse().expect("the hostile daemon's port") }
+    }
+}
+
+impl Drop for HostileDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_shim_obeys_no_hostile_daemon() {
+    let out = TempDir::new("sec-hostile-out");
+    let inputs = TempDir::new("sec-hostile-in");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), inputs.path().join(f)).unwrap();
+    }
+    let expected: Run = run(&real_nvlink(), &inv(LINK, inputs.path(), &out), &[]);
+    assert_eq!(expected.code, 0);
+    let absolute = TempDir::new("sec-hostile-abs");
+    let planted = absolute.path().join("planted");
+    let escaped = out.path().parent().unwrap().join("out.cubin");
+    for mode in ["read-secret", "write-parent", "write-absolute", "exit-256", "exit-0-no-output", "silent"] {
+        let hostile = HostileDaemon::start(mode, &planted);
+        let env = |fallback: &str| {
+            vec![
+                (paths::ENV_ADDR.to_string(), format!("http://127.0.0.1:{}", hostile.port)),
+                (paths::ENV_FALLBACK.into(), fallback.into()),
+                (paths::ENV_REAL_NVLINK.into(), real_nvlink().display().to_string()),
+                // A silent daemon is given up after this long.
+                (paths::ENV_TIMEOUT.into(), "2".into()),
+            ]
+        };
+        // Falling back: nvlink's own result, and a word on stderr for a violation.
+        let actual = run(&shim(), &inv(LINK, inputs.path(), &out), &env("auto"));
+        assert_eq!(actual.code, expected.code, "{mode}: {}", String::from_utf8_lossy(&actual.stderr));
+        assert_eq!(actual.files, expected.files, "{mode}: the outputs are not nvlink's");
+        assert_eq!(actual.stdout, expected.stdout, "{mode}");
+        if mode != "silent" {
+            let stderr = String::from_utf8_lossy(&actual.stderr);
+            assert!(stderr.contains("nvlinkd protocol violation"), "{mode}: {stderr}");
+        }
+        // Never falling back: a failure, and nothing written.
+        let failed = run(&shim(), &inv(LINK, inputs.path(), &out), &env("never"));
+        assert_ne!(failed.code, 0, "{mode}: the shim took the hostile daemon's answer");
+        assert!(failed.files.is_empty(), "{mode}: {:?}", failed.files.keys());
+        assert!(!planted.exists(), "{mode}: the shim wrote an absolute path the daemon named");
+        assert!(!escaped.exists(), "{mode}: the shim wrote outside its outputs");
+    }
+}
+
+/// The daemon as another user that cannot read the inputs: a remote link must
+/// come entirely through the shim (skipped where the machine refuses).
+#[test]
+fn remote_daemon_as_another_user_reads_nothing_of_the_callers() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the daemon as nobody");
+        return;
+    }
+    let pki = Pki::new();
+    let inputs = TempDir::new("sec-nobody-in");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), inputs.path().join(f)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(inputs.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    // The daemon's own directory, for nobody; the PKI readable by it.
+    let ddir = TempDir::new("sec-nobody-d");
+    std::fs::set_permissions(ddir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for f in ["cert.pem", "key.pem", "tokens"] {
+        std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let port = free_port();
+    let setpriv = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"];
+    let mut child = match Command::new("setpriv")
+        .args(setpriv)
+        .arg(nvlinkd())
+        .args(["serve", "--socket"])
+        .arg(ddir.path().join("sock"))
+        .arg("--cache-dir")
+        .arg(ddir.path().join("cache"))
+        .arg("--cuda-home")
+        .arg(nvlinkd_tests::env::cuda_home())
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--tls-cert", &pki.file("cert.pem"), "--tls-key", &pki.file("key.pem")])
+        .args(["--token-file", &pki.file("tokens")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skipped: cannot run setpriv ({e})");
+            return;
+        }
+    };
+    let up = (0..600).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    if !up {
+        let _ = child.kill();
+        let _ = child.wait();
+        eprintln!("skipped: nvlinkd did not start as nobody (the toolkit or binaries may not be readable by it)");
+        return;
+    }
+    let out = TempDir::new("sec-nobody-out");
+    let expected = run(&real_nvlink(), &inv(LINK, inputs.path(), &out), &[]);
+    let actual = run(&shim(), &inv(LINK, inputs.path(), &out), &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    let _ = child.kill();
+    let _ = child.wait();
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+}

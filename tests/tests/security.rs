@@ -303,7 +303,8 @@ fn remote_daemon_as_another_user_reads_nothing_of_the_callers() {
     std::fs::set_permissions(inputs.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     // The daemon's own directory, for nobody; the PKI readable by it.
     let ddir = TempDir::new("sec-nobody-d");
-    std::fs::set_permissions(ddir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Sticky, as /tmp: the daemon accepts a shared socket directory only so.
+    std::fs::set_permissions(ddir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     for f in ["cert.pem", "key.pem", "tokens"] {
         std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();

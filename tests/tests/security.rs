@@ -352,3 +352,61 @@ fn remote_daemon_as_another_user_reads_nothing_of_the_callers() {
     let cmp = compare::runs(&expected, &actual);
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
 }
+
+/// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
+/// frame header announcing a 1 GiB message; returns the grpc-status the daemon
+/// answers with (the stream is kept open: no body follows).
+async fn announce_one_gib(socket: &Path) -> Option<String> {
+    let io = tokio::net::UnixStream::connect(socket).await.ok()?;
+    let (mut h2, conn) = h2::client::handshake(io).await.ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::post("http://nvlinkd.local/nvlinkd.v1.Nvlinkd/Stats")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = h2.send_request(req, false).ok()?;
+    // Compressed flag 0, length 2^30, and nothing more.
+    body.send_data(bytes::Bytes::from_static(&[0, 0x40, 0, 0, 0]), false).ok()?;
+    let response = tokio::time::timeout(Duration::from_secs(30), response).await.ok()?.ok()?;
+    let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if let Some(s) = status(response.headers()) {
+        return Some(s);
+    }
+    let mut recv = response.into_body();
+    while let Some(Ok(_)) = recv.data().await {}
+    let trailers = tokio::time::timeout(Duration::from_secs(30), recv.trailers()).await.ok()?.ok()??;
+    drop(body);
+    status(&trailers)
+}
+
+#[test]
+fn a_header_announcing_one_gib_is_refused_without_allocating_it() {
+    // A daemon that reserved what such headers announce would die at this limit.
+    let d = Daemon::start_limited(&[], 4 << 30);
+    let socket = d.socket();
+    let statuses = runtime().block_on(async {
+        let calls: Vec<_> = (0..10).map(|_| tokio::spawn(announce_one_gib_owned(socket.clone()))).collect();
+        let mut statuses = Vec::new();
+        for c in calls {
+            statuses.push(c.await.unwrap());
+        }
+        statuses
+    });
+    // RESOURCE_EXHAUSTED (8) or OUT_OF_RANGE (11): refused, not waited for.
+    for s in &statuses {
+        assert!(matches!(s.as_deref(), Some("8") | Some("11")), "{statuses:?}");
+    }
+    assert!(d.answers(), "the daemon died");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak_kib < 512 << 10, "the daemon peaked at {peak_kib} KiB");
+}
+
+async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
+    announce_one_gib(&socket).await
+}

@@ -410,3 +410,72 @@ fn a_header_announcing_one_gib_is_refused_without_allocating_it() {
 async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
     announce_one_gib(&socket).await
 }
+
+/// The poisoning attempt of issue 10: a client on the stream answers "missing"
+/// to every stat (so a key built from stats would say "no libdevmath") and
+/// still hands over the archive when the link reads it. Whatever the daemon
+/// makes of that, a later genuine link without the library must get nvlink's
+/// own answer, not a result stored under its key by the attacker.
+#[test]
+fn a_client_cannot_store_a_result_under_another_links_key() {
+    use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
+    let d = Daemon::start();
+    // The victim's directory: the object, no lib/ (nvlink fails to find -ldevmath).
+    let victim = TempDir::new("sec-poison-victim");
+    std::fs::copy(corpus::dir().join("mathlib_main.o"), victim.path().join("mathlib_main.o")).unwrap();
+    let out = TempDir::new("sec-poison-out");
+    let case = "--arch=sm_90 mathlib_main.o -Llib -ldevmath -o {OUT}/out.cubin";
+    let invocation = inv(case, victim.path(), &out);
+
+    let served = runtime().block_on(async {
+        let channel =
+            nvlinkd_proto::shared::connect_unix(nvlinkd_proto::shared::unix_endpoint(), d.socket()).await.unwrap();
+        let mut client = NvlinkdClient::new(channel);
+        let start = Start {
+            args: invocation.args.clone(),
+            cwd: victim.path().display().to_string(),
+            // Not the daemon's view of the directory: the files come over the stream.
+            cwd_dev: 0,
+            cwd_ino: 0,
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+        let mut requests = 0;
+        while let Ok(Some(ServerMessage { msg: Some(m) })) = inbound.message().await {
+            let server_message::Msg::File(req) = m else { continue };
+            requests += 1;
+            let path = Path::new(&req.path);
+            let real = if path.ends_with("lib/libdevmath.a") {
+                corpus::dir().join("lib/libdevmath.a")
+            } else {
+                path.to_path_buf()
+            };
+            let result = match req.op() {
+                file_request::Op::Stat if path.ends_with("mathlib_main.o") => {
+                    file_reply::Result::Stat(FileStat { is_dir: false, size: std::fs::metadata(&real).unwrap().len() })
+                }
+                file_request::Op::Stat => {
+                    file_reply::Result::Error(FileError { kind: 0, message: "No such file or directory".into() })
+                }
+                file_request::Op::Read => match std::fs::read(&real) {
+                    Ok(data) => file_reply::Result::Data(data),
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+            };
+            let reply = FileReply { id: req.id, result: Some(result), more: false };
+            if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
+                break;
+            }
+        }
+        requests
+    });
+    assert!(served > 0, "the daemon asked the hostile client for nothing");
+
+    let expected = run(&real_nvlink(), &invocation, &[]);
+    assert_ne!(expected.code, 0, "nvlink links without the library: the case proves nothing");
+    let actual = run(&shim(), &invocation, &d.shim_env());
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "the genuine link was poisoned: {:?}", cmp.problems);
+}

@@ -411,9 +411,10 @@ async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
     announce_one_gib(&socket).await
 }
 
-/// The poisoning attempt of issue 10: a client on the stream answers "missing"
-/// to every stat (so a key built from stats would say "no libdevmath") and
-/// still hands over the archive when the link reads it. Whatever the daemon
+/// The poisoning attempt of issue 10: a client on the stream answers a stat
+/// of the archive truthfully once (the link finds and reads it) and "missing"
+/// to every later stat (a key built from those would say "no libdevmath", the
+/// key of a link nvlink fails), handing over the archive when it is read. Whatever the daemon
 /// makes of that, a later genuine link without the library must get nvlink's
 /// own answer, not a result stored under its key by the attacker.
 #[test]
@@ -443,6 +444,7 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
         tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
         let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
         let mut requests = 0;
+        let mut stated: std::collections::HashSet<String> = std::collections::HashSet::new();
         while let Ok(Some(ServerMessage { msg: Some(m) })) = inbound.message().await {
             let server_message::Msg::File(req) = m else { continue };
             requests += 1;

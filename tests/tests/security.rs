@@ -18,49 +18,12 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::remote::{free_port, private_copy, NobodyDaemon, Pki, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 
 const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
-const TOKEN: &str = "s3cret-token-for-tests";
-
-/// A CA, a server certificate it signed for 127.0.0.1 and localhost, and a
-/// token file, in a fresh directory.
-struct Pki {
-    dir: TempDir,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = TempDir::new("pki");
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nvlinkd test CA");
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
-        std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
-        std::fs::write(dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
-        std::fs::write(dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
-        Pki { dir }
-    }
-    fn file(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A daemon serving `--listen` with TLS and tokens; returns it and its port.
 fn secure_daemon(pki: &Pki) -> (Daemon, u16) {
     let port = free_port();
@@ -184,13 +147,7 @@ fn inv(args: &str, cwd: &Path, out: &TempDir) -> Invocation {
 }
 
 fn remote_env(pki: &Pki, addr: &str) -> Vec<(String, String)> {
-    vec![
-        (paths::ENV_ADDR.into(), addr.into()),
-        (paths::ENV_TLS_CA.into(), pki.file("ca.pem")),
-        (paths::ENV_TOKEN_FILE.into(), pki.file("client-token")),
-        (paths::ENV_FALLBACK.into(), "never".into()),
-        (paths::ENV_REAL_NVLINK.into(), real_nvlink().display().to_string()),
-    ]
+    pki.shim_env(addr, "never")
 }
 
 #[test]
@@ -289,66 +246,12 @@ fn the_shim_obeys_no_hostile_daemon() {
 /// come entirely through the shim (skipped where the machine refuses).
 #[test]
 fn remote_daemon_as_another_user_reads_nothing_of_the_callers() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to run the daemon as nobody");
-        return;
-    }
     let pki = Pki::new();
-    let inputs = TempDir::new("sec-nobody-in");
-    for f in ["accumulate.o", "scale.o"] {
-        std::fs::copy(corpus::dir().join(f), inputs.path().join(f)).unwrap();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(inputs.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    // The daemon's own directory, for nobody; the PKI readable by it.
-    let ddir = TempDir::new("sec-nobody-d");
-    // Sticky, as /tmp: the daemon accepts a shared socket directory only so.
-    std::fs::set_permissions(ddir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    for f in ["cert.pem", "key.pem", "tokens"] {
-        std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let port = free_port();
-    let setpriv = ["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"];
-    let mut child = match Command::new("setpriv")
-        .args(setpriv)
-        .arg(nvlinkd())
-        .args(["serve", "--socket"])
-        .arg(ddir.path().join("sock"))
-        .arg("--cache-dir")
-        .arg(ddir.path().join("cache"))
-        .arg("--cuda-home")
-        .arg(nvlinkd_tests::env::cuda_home())
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--tls-cert", &pki.file("cert.pem"), "--tls-key", &pki.file("key.pem")])
-        .args(["--token-file", &pki.file("tokens")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("skipped: cannot run setpriv ({e})");
-            return;
-        }
-    };
-    let up = (0..600).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    if !up {
-        let _ = child.kill();
-        let _ = child.wait();
-        eprintln!("skipped: nvlinkd did not start as nobody (the toolkit or binaries may not be readable by it)");
-        return;
-    }
+    let Some(daemon) = NobodyDaemon::start(&pki) else { return };
+    let inputs = private_copy(corpus::dir(), "sec-nobody-in");
     let out = TempDir::new("sec-nobody-out");
     let expected = run(&real_nvlink(), &inv(LINK, inputs.path(), &out), &[]);
-    let actual = run(&shim(), &inv(LINK, inputs.path(), &out), &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
-    let _ = child.kill();
-    let _ = child.wait();
+    let actual = run(&shim(), &inv(LINK, inputs.path(), &out), &remote_env(&pki, &daemon.addr()));
     let cmp = compare::runs(&expected, &actual);
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
 }

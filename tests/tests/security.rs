@@ -317,7 +317,10 @@ async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
 /// The poisoning attempt of issue 10: a client on the stream answers a stat
 /// of the archive truthfully once (the link finds and reads it) and "missing"
 /// to every later stat (a key built from those would say "no libdevmath", the
-/// key of a link nvlink fails), handing over the archive when it is read. Whatever the daemon
+/// key of a link nvlink fails), handing over the archive when it is read.
+/// (This attack was already closed by `MemoFs`'s one view per link before the
+/// remote work; the test guards it. Removing only the stat memo did not make
+/// it fail: the sequence of reads this case produces does not reach the gap.) Whatever the daemon
 /// makes of that, a later genuine link without the library must get nvlink's
 /// own answer, not a result stored under its key by the attacker.
 #[test]

@@ -9,8 +9,14 @@
 //! When no daemon answers it starts one (`nvlinkd start`), and when it still
 //! cannot get an answer — or the daemon dies mid-link, or declines the link — it
 //! runs the real nvlink instead, unless `NVLINKD_FALLBACK=never`.
+//!
+//! The shim trusts no daemon (`policy.rs`): it serves only the files nvlink
+//! would read, writes only the files nvlink would write, and waits a bounded
+//! time for each message; anything else is a protocol violation, said on
+//! stderr, and the real nvlink runs.
 
 mod fallback;
+mod policy;
 mod session;
 mod toolkit;
 
@@ -29,9 +35,12 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(session::run(&args, &tk)) {
         Ok(code) => ExitCode::from(code as u8),
-        Err(reason) => {
+        Err(failure) => {
             drop(runtime);
-            fallback::run_with(&tk, &reason)
+            if failure.violation {
+                eprintln!("nvlink: nvlinkd protocol violation: {}; not using the daemon's answer", failure.reason);
+            }
+            fallback::run_with(&tk, &failure.reason)
         }
     }
 }

@@ -15,17 +15,18 @@ use nvlinkd_proto::paths;
 use nvlinkd_proto::shared::{self, RELEVANT_ENV, WINDOW_BYTES};
 use nvlinkd_proto::v1::{
     client_message, file_error, file_reply, file_request, nvlinkd_client::NvlinkdClient, server_message, ClientMessage,
-    FileError, FileReply, FileStat, LinkResult, Start,
+    FileError, FileReply, FileStat, LinkResult, OutputFile, Start,
 };
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use crate::policy::Policy;
 use crate::toolkit::Toolkit;
 
 /// How long a daemon the shim starts stays without a link (`$NVLINKD_IDLE_EXIT`).
 const DEFAULT_IDLE_EXIT: &str = "2h";
-/// Largest file we send in one message.
-const MAX_FILE: u64 = (nvlinkd_proto::MAX_MESSAGE_BYTES as u64) - 4096;
+/// Largest file the shim reads for the daemon (sent in `CHUNK_BYTES` pieces).
+const MAX_FILE: u64 = 4 << 30;
 
 /// `NVLINKD_TIMING=1`: print how long each phase of the shim took (stderr).
 fn mark(what: &str) {
@@ -36,9 +37,40 @@ fn mark(what: &str) {
     }
 }
 
-pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
+/// Why the daemon's answer is not used.
+pub struct Failure {
+    pub reason: String,
+    /// The daemon broke the protocol (asked for or sent what nvlink would not):
+    /// said on stderr, not only with `NVLINKD_FALLBACK=never`.
+    pub violation: bool,
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure { reason, violation: false }
+    }
+}
+
+fn violation(reason: String) -> Failure {
+    Failure { reason, violation: true }
+}
+
+/// Longest wait for each message of the daemon ([`paths::ENV_TIMEOUT`]).
+fn message_timeout() -> Duration {
+    std::env::var(paths::ENV_TIMEOUT)
+        .ok()
+        .and_then(|v| v.trim().trim_end_matches('s').parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(600))
+}
+
+/// Most bytes of output files one link may hand the shim.
+const MAX_OUTPUT: u64 = 4 << 30;
+
+pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     mark("start");
-    let channel = connect_or_start(tk).await?;
+    let (channel, token) = connect_or_start(tk).await?;
     mark("connected");
     let mut client = NvlinkdClient::new(channel)
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -48,57 +80,121 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, String> {
     let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
     let env: HashMap<String, String> =
         RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    let policy = Policy::new(args, &cwd, env.get("LIBRARY_PATH").map(String::as_str), tk.cuda_home.as_deref());
     let start = Start {
         args: args.to_vec(),
         cwd: cwd.to_string_lossy().into_owned(),
         env,
-        toolkit: tk.cuda_home.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
         cwd_dev: dev,
         cwd_ino: ino,
         // Forwarded as set; the daemon treats an unknown class as foreground.
         priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
         progress: progress_wanted(),
+        toolkit_release: tk.release().unwrap_or_default(),
     };
+    mark("request ready");
 
+    let timeout = message_timeout();
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
     tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) })
         .await
         .map_err(|_| "request channel closed".to_string())?;
-    let mut inbound = client
-        .link(tokio_stream::wrappers::ReceiverStream::new(rx))
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", token);
+    }
+    let mut inbound = tokio::time::timeout(timeout, client.link(request))
         .await
+        .map_err(|_| "the daemon did not answer in time".to_string())?
         .map_err(|s| format!("link rejected: {}", s.message()))?
         .into_inner();
     mark("request sent");
 
     let mut progress = ProgressLine::new(start_progress(args));
+    let mut outputs: Vec<OutputFile> = Vec::new();
+    // The output file whose pieces are arriving.
+    let mut open: Option<OutputFile> = None;
+    let mut output_bytes = 0u64;
     loop {
         let next = tokio::select! {
-            m = inbound.message() => m,
+            m = tokio::time::timeout(timeout, inbound.message()) => m,
             _ = progress.due() => {
                 progress.show();
                 continue;
             }
         };
-        let msg = next.map_err(|s| format!("daemon stream failed: {}", s.message()))?;
+        let msg = next
+            .map_err(|_| format!("the daemon sent nothing for {}s", timeout.as_secs_f64()))?
+            .map_err(|s| format!("daemon stream failed: {}", s.message()))?;
         let Some(msg) = msg.and_then(|m| m.msg) else {
-            return Err("daemon closed the link without a result".into());
+            return Err("daemon closed the link without a result".to_string().into());
         };
         match msg {
             server_message::Msg::File(req) => {
                 mark(&format!("file request {}", req.path));
-                let reply = serve_file(req.id, Path::new(&req.path), req.op());
-                tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
-                    .await
-                    .map_err(|_| "daemon stopped reading".to_string())?;
+                let path = Path::new(&req.path);
+                if !policy.may_read(path) {
+                    return Err(violation(format!("the daemon asked for {}, which nvlink would not read", req.path)));
+                }
+                for reply in serve_file(req.id, path, req.op()) {
+                    tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
+                        .await
+                        .map_err(|_| "daemon stopped reading".to_string())?;
+                }
+            }
+            server_message::Msg::Output(piece) => {
+                output_bytes += piece.data.len() as u64;
+                if output_bytes > MAX_OUTPUT {
+                    return Err(violation(format!("the daemon sent more than {MAX_OUTPUT} bytes of output")));
+                }
+                match &mut open {
+                    Some(f) if f.path == piece.path && f.append == piece.append => {
+                        f.data.extend_from_slice(&piece.data)
+                    }
+                    Some(f) => {
+                        return Err(violation(format!("the daemon left {} incomplete for {}", f.path, piece.path)))
+                    }
+                    None => {
+                        if !policy.may_write(Path::new(&piece.path), piece.append) {
+                            let how = if piece.append { "append to" } else { "write" };
+                            return Err(violation(format!(
+                                "the daemon asked to {how} {}, which nvlink would not",
+                                piece.path
+                            )));
+                        }
+                        open = Some(OutputFile { more: false, ..piece.clone() });
+                    }
+                }
+                if !piece.more {
+                    outputs.extend(open.take());
+                }
             }
             server_message::Msg::Progress(p) => progress.phase(p.phase),
             server_message::Msg::Result(result) => {
                 progress.done();
                 mark("result");
-                let code = finish(result, args, &cwd);
+                if let Some(f) = open {
+                    return Err(violation(format!("the daemon left {} incomplete", f.path)));
+                }
+                for f in &result.outputs {
+                    if !policy.may_write(Path::new(&f.path), f.append) {
+                        return Err(violation(format!("the daemon asked to write {}, which nvlink would not", f.path)));
+                    }
+                }
+                outputs.extend(result.outputs.iter().cloned());
+                if !result.fallback {
+                    if !(0..=255).contains(&result.exit_code) {
+                        return Err(violation(format!("exit status {} is not one nvlink returns", result.exit_code)));
+                    }
+                    if let Some(o) = policy.output().filter(|_| result.exit_code == 0) {
+                        if !outputs.iter().any(|f| !f.append && Path::new(&f.path) == o) {
+                            return Err(violation(format!("success without the output file {}", o.display())));
+                        }
+                    }
+                }
+                let code = finish(result, &outputs, args, &cwd);
                 mark("outputs written");
-                return code;
+                return code.map_err(Failure::from);
             }
         }
     }
@@ -189,7 +285,9 @@ impl ProgressLine {
     }
 }
 
-fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
+/// The reply to one file request: a stat, an error, or the contents in
+/// `CHUNK_BYTES` pieces.
+fn serve_file(id: u64, path: &Path, op: file_request::Op) -> Vec<FileReply> {
     let err = |e: &std::io::Error| {
         let kind = match e.kind() {
             std::io::ErrorKind::NotFound => file_error::Kind::NotFound,
@@ -201,23 +299,30 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> FileReply {
         };
         file_reply::Result::Error(FileError { kind: kind as i32, message: e.to_string() })
     };
-    let result = match op {
+    let one = |result| vec![FileReply { id, result: Some(result), more: false }];
+    match op {
         file_request::Op::Stat => match std::fs::metadata(path) {
-            Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
-            Err(e) => err(&e),
+            Ok(m) => one(file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() })),
+            Err(e) => one(err(&e)),
         },
         // At most [`MAX_FILE`] bytes; a FIFO, socket or device is not read at
         // all (`Unsupported`): the daemon declines the link and this shim runs
         // the real nvlink, which reads those its own way.
         file_request::Op::Read => match nvlinkd_fs::read_regular(path, MAX_FILE) {
-            Ok(data) => file_reply::Result::Data(data),
-            Err(e) => err(&e),
+            Ok(data) if data.is_empty() => one(file_reply::Result::Data(data)),
+            Ok(data) => {
+                let n = data.len().div_ceil(nvlinkd_proto::CHUNK_BYTES);
+                data.chunks(nvlinkd_proto::CHUNK_BYTES)
+                    .enumerate()
+                    .map(|(i, c)| FileReply { id, result: Some(file_reply::Result::Data(c.to_vec())), more: i + 1 < n })
+                    .collect()
+            }
+            Err(e) => one(err(&e)),
         },
-    };
-    FileReply { id, result: Some(result) }
+    }
 }
 
-fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String> {
+fn finish(result: LinkResult, outputs: &[OutputFile], args: &[String], cwd: &Path) -> Result<i32, String> {
     if !result.cancelled.is_empty() {
         // Superseded by a newer link of the same output: the daemon's one-line
         // message, no output, a failure, and no nvlink run (the newer link is
@@ -228,7 +333,7 @@ fn finish(result: LinkResult, args: &[String], cwd: &Path) -> Result<i32, String
     if result.fallback {
         return Err(format!("daemon declined: {}", result.fallback_reason));
     }
-    for out in &result.outputs {
+    for out in outputs {
         let path = PathBuf::from(&out.path);
         let written = if out.append { append(&path, &out.data) } else { write_output(&path, &out.data) };
         if let Err(failed) = written {
@@ -334,53 +439,111 @@ fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
     result
 }
 
-async fn connect(addr: &Target) -> Result<Channel, String> {
-    match addr {
-        Target::Tcp(a) => Endpoint::from_shared(format!("http://{a}"))
-            .map_err(|e| e.to_string())?
-            .initial_stream_window_size(WINDOW_BYTES)
-            .initial_connection_window_size(WINDOW_BYTES)
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {a}: {e}")),
-        Target::Unix(path) => {
-            let endpoint = shared::unix_endpoint()
-                .initial_stream_window_size(WINDOW_BYTES)
-                .initial_connection_window_size(WINDOW_BYTES);
-            shared::connect_unix(endpoint, path.clone())
-                .await
-                .map_err(|e| format!("cannot connect to {}: {e}", path_display(addr)))
-        }
-    }
+/// HTTP/2 keepalive: a daemon whose connection died is noticed within
+/// seconds, not at the message timeout.
+fn tuned(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
 }
 
-fn path_display(t: &Target) -> String {
-    match t {
-        Target::Tcp(a) => a.clone(),
-        Target::Unix(p) => p.display().to_string(),
+async fn connect(addr: &Target) -> Result<Channel, String> {
+    match addr {
+        Target::Tcp { uri, tls } => {
+            let mut endpoint = tuned(Endpoint::from_shared(uri.clone()).map_err(|e| format!("{uri}: {e}"))?);
+            if *tls {
+                let mut config = ClientTlsConfig::new();
+                config = match std::env::var_os(paths::ENV_TLS_CA).filter(|v| !v.is_empty()) {
+                    Some(ca) => {
+                        let pem = std::fs::read(&ca).map_err(|e| {
+                            format!("cannot read {} {}: {e}", paths::ENV_TLS_CA, Path::new(&ca).display())
+                        })?;
+                        config.ca_certificate(Certificate::from_pem(pem))
+                    }
+                    None => config.with_native_roots(),
+                };
+                endpoint = endpoint.tls_config(config).map_err(|e| format!("{uri}: {e}"))?;
+            }
+            endpoint.connect().await.map_err(|e| format!("cannot connect to {uri}: {e}"))
+        }
+        Target::Unix(path) => {
+            let endpoint = tuned(shared::unix_endpoint());
+            shared::connect_unix(endpoint, path.clone())
+                .await
+                .map_err(|e| format!("cannot connect to {}: {e}", path.display()))
+        }
     }
 }
 
 enum Target {
-    Tcp(String),
+    Tcp { uri: String, tls: bool },
     Unix(PathBuf),
 }
 
-async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
-    if let Some(addr) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) {
-        // A remote daemon is managed by its owner; never start one.
-        return connect(&Target::Tcp(addr)).await;
+/// The daemons of `NVLINKD_ADDR`, in order: `https://HOST:PORT` (also written
+/// as plain `HOST:PORT`), `http://HOST:PORT` only when so written.
+fn remote_targets(list: &str) -> Vec<Target> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            if a.starts_with("http://") {
+                Target::Tcp { uri: a.to_owned(), tls: false }
+            } else if a.starts_with("https://") {
+                Target::Tcp { uri: a.to_owned(), tls: true }
+            } else {
+                Target::Tcp { uri: format!("https://{a}"), tls: true }
+            }
+        })
+        .collect()
+}
+
+/// The bearer token of `NVLINKD_TOKEN_FILE` (its first line that is not a comment).
+fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, String> {
+    let Some(file) = std::env::var_os(paths::ENV_TOKEN_FILE).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cannot read {} {}: {e}", paths::ENV_TOKEN_FILE, Path::new(&file).display()))?;
+    let token = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap_or_default();
+    let mut value = format!("Bearer {token}")
+        .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+        .map_err(|_| format!("{} holds no usable token", paths::ENV_TOKEN_FILE))?;
+    value.set_sensitive(true);
+    Ok(Some(value))
+}
+
+type Token = Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>;
+
+async fn connect_or_start(tk: &Toolkit) -> Result<(Channel, Token), String> {
+    if let Some(list) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) {
+        // Remote daemons are managed by their owners; never start one. Each is
+        // tried in order; the first that accepts the connection serves.
+        let token = token()?;
+        let mut failures = Vec::new();
+        for target in remote_targets(&list) {
+            match connect(&target).await {
+                Ok(c) => return Ok((c, token)),
+                Err(e) => failures.push(e),
+            }
+        }
+        return Err(if failures.is_empty() {
+            format!("{} names no daemon", paths::ENV_ADDR)
+        } else {
+            failures.join("; ")
+        });
     }
-    let target = Target::Unix(paths::socket_path());
-    let Target::Unix(socket) = &target else { unreachable!() };
+    let socket = paths::socket_path();
+    let target = Target::Unix(socket.clone());
     if socket.exists() {
         if let Ok(c) = connect(&target).await {
-            return Ok(c);
+            return Ok((c, None));
         }
     }
-    start_daemon(tk, socket)?;
-    connect(&target).await
+    start_daemon(tk, &socket)?;
+    Ok((connect(&target).await?, None))
 }
 
 /// Run `nvlinkd start` (it detaches the daemon and waits until it answers).

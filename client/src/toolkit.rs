@@ -4,7 +4,15 @@
 //! overlay (`<prefix>/nvlinkd-overlay.env`, next to the shim's `bin/`), or
 //! beside the shim by `nvlinkd install --in-place` (`bin/.nvlinkd/`, with the
 //! toolkit's real nvlink); `CUDA_HOME`.
+//!
+//! The daemon is told the toolkit's *release* (the identity lines of its
+//! nvlink's `--version`), never its directory: the daemon links with its own
+//! toolkit of that release. Asking nvlink costs a process start, so the
+//! answer is kept in the per-user runtime directory, named by the on-disk
+//! identity of that nvlink (device, inode, size, mtime, ctime): an upgrade
+//! rewrites the file and so names a new entry.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nvlinkd_proto::paths;
@@ -41,5 +49,42 @@ impl Toolkit {
             tk.real_nvlink = tk.cuda_home.as_ref().map(|h| h.join("bin/nvlink"));
         }
         tk
+    }
+}
+
+impl Toolkit {
+    /// The release identity of the real nvlink: the "Cuda compilation tools,
+    /// release" and "Build" lines of its `--version`, joined by a newline.
+    pub fn release(&self) -> Option<String> {
+        let nvlink = self.real_nvlink.as_ref()?;
+        let m = std::fs::metadata(nvlink).ok()?;
+        let dir = paths::runtime_dir();
+        let memo = dir.join(format!(
+            "release-{}-{}-{}-{}.{}-{}.{}",
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec()
+        ));
+        if let Some(known) = std::fs::read_to_string(&memo).ok().filter(|t| t.lines().count() == 2) {
+            return Some(known);
+        }
+        let out =
+            std::process::Command::new(nvlink).arg("--version").stdin(std::process::Stdio::null()).output().ok()?;
+        let banner = String::from_utf8_lossy(&out.stdout);
+        let tools = banner.lines().find(|l| l.starts_with("Cuda compilation tools, release "))?;
+        let build = banner.lines().find(|l| l.starts_with("Build "))?;
+        let identity = format!("{tools}\n{build}");
+        // Best effort: a private directory, a temporary file renamed into place.
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir);
+        let tmp = memo.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &identity).is_ok() && std::fs::rename(&tmp, &memo).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        Some(identity)
     }
 }

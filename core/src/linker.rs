@@ -39,8 +39,10 @@ use crate::worker::{Cancel, PoolConfig, Stopped, WorkerPool};
 /// How a linker is set up.
 #[derive(Clone, Debug, Default)]
 pub struct LinkerConfig {
-    /// Toolkit for requests that name none.
-    pub default_toolkit: Option<PathBuf>,
+    /// The toolkits this linker links with (roots, one per installed release;
+    /// the first serves requests that name no release). Only these are ever
+    /// executed or loaded: a request names a release, never a directory.
+    pub toolkits: Vec<PathBuf>,
     /// Cache and scratch directory.
     pub cache_dir: PathBuf,
     /// Worker threads for parallel work (None: one per CPU).
@@ -196,8 +198,8 @@ impl Linker {
         // Open the default toolkit now, off the first link's path (a link
         // arriving meanwhile waits for this one opening, not a second one).
         let toolkits = Arc::new(Toolkits { workers: workers.clone(), ..Default::default() });
-        if let Some(root) = config.default_toolkit.clone().filter(|r| r.join("bin/nvlink").is_file()) {
-            let toolkits = toolkits.clone();
+        for root in config.toolkits.iter().filter(|r| r.join("bin/nvlink").is_file()) {
+            let (toolkits, root) = (toolkits.clone(), root.clone());
             let _ = std::thread::Builder::new().name("nvlinkd-toolkit".into()).spawn(move || toolkits.open(&root));
         }
         Linker {
@@ -298,16 +300,24 @@ impl Linker {
         bump(&self.stats.failures);
     }
 
-    /// The toolkit a request links with, opened once and kept.
+    /// The toolkit a request links with: the linker's own toolkit of the
+    /// release the request names (the first one when it names none), opened
+    /// once and kept. Nothing of the request is used as a path.
     fn toolkit(&self, req: &Request) -> Result<Arc<Toolkit>, String> {
-        let candidates =
-            [req.toolkit.clone(), req.env.get("CUDA_HOME").map(PathBuf::from), self.config.default_toolkit.clone()];
-        let root = candidates
-            .into_iter()
-            .flatten()
-            .find(|p| p.join("bin/nvlink").is_file())
-            .ok_or_else(|| "no CUDA toolkit known to the daemon for this request".to_string())?;
-        self.toolkits.open(&root)
+        let mut roots = self.config.toolkits.iter().filter(|p| p.join("bin/nvlink").is_file());
+        let Some(wanted) = req.toolkit.as_deref().filter(|t| !t.is_empty()) else {
+            let root = roots.next().ok_or_else(|| "no CUDA toolkit known to the daemon".to_string())?;
+            return self.toolkits.open(root);
+        };
+        for root in roots {
+            if let Ok(tk) = self.toolkits.open(root) {
+                if tk.release.identity() == wanted {
+                    return Ok(tk);
+                }
+            }
+        }
+        let first = wanted.lines().next().unwrap_or(wanted);
+        Err(format!("the daemon has no toolkit of this release ({first})"))
     }
 
     fn scratch_dir(&self) -> PathBuf {

@@ -14,8 +14,13 @@ pub struct Request {
     pub cwd: PathBuf,
     /// The relevant part of its environment.
     pub env: BTreeMap<String, String>,
-    /// The toolkit to link with (a CUDA_HOME), when the caller knows it.
-    pub toolkit: Option<PathBuf>,
+    /// The identity of the toolkit the caller stands for ([`Release::identity`]
+    /// of its nvlink), when it knows it: the linker links with its own toolkit
+    /// of that identity or declines. Never a path: callers do not choose what
+    /// the daemon executes or loads.
+    ///
+    /// [`Release::identity`]: crate::toolkit::Release::identity
+    pub toolkit: Option<String>,
     /// Whether this process sees the caller's filesystem at the same paths (a
     /// local daemon). Only then can the real nvlink run here as an engine.
     pub shared_fs: bool,

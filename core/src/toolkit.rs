@@ -39,6 +39,12 @@ pub struct Release {
 }
 
 impl Release {
+    /// What names this release between a shim and a daemon: the tools and
+    /// build lines of the banner, joined by a newline (see [`identity_of_banner`]).
+    pub fn identity(&self) -> String {
+        format!("{}\n{}", self.tools_line, self.build_line)
+    }
+
     /// Parse the `nvlink --version` banner.
     pub(crate) fn from_banner(banner: &str) -> Option<Self> {
         let tools_line = banner.lines().find(|l| l.starts_with("Cuda compilation tools, release "))?.to_owned();
@@ -54,6 +60,11 @@ impl Release {
             banner: banner.to_owned(),
         })
     }
+}
+
+/// The release identity ([`Release::identity`]) in an `nvlink --version` banner.
+pub fn identity_of_banner(banner: &str) -> Option<String> {
+    Release::from_banner(banner).map(|r| r.identity())
 }
 
 /// One installed toolkit.

@@ -6,8 +6,14 @@ pub mod v1 {
     tonic::include_proto!("nvlinkd.v1");
 }
 
-/// Largest message either side accepts: whole input files travel in one message.
-pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
+/// Largest message either side accepts or sends. A gRPC frame announcing more
+/// is refused before anything is allocated for it (a hostile 5-byte header
+/// announcing 1 GiB costs nothing).
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Largest piece of a file (`FileReply.data`, `OutputFile.data`) in one
+/// message; files larger than this travel in several (see the proto).
+pub const CHUNK_BYTES: usize = 1 << 20;
 
 pub mod paths;
 pub mod shared;

@@ -5,8 +5,17 @@ use std::path::{Path, PathBuf};
 
 /// Unix socket of the daemon.
 pub const ENV_SOCKET: &str = "NVLINKD_SOCKET";
-/// `HOST:PORT` of a remote daemon (takes precedence over the socket).
+/// Remote daemons (take precedence over the socket): `https://HOST:PORT`,
+/// several separated by commas (tried in order); `http://` only when written.
 pub const ENV_ADDR: &str = "NVLINKD_ADDR";
+/// CA certificate (PEM) the remote daemon's certificate must chain to
+/// (default: the system's roots).
+pub const ENV_TLS_CA: &str = "NVLINKD_TLS_CA";
+/// File whose first line is the bearer token sent to a remote daemon.
+pub const ENV_TOKEN_FILE: &str = "NVLINKD_TOKEN_FILE";
+/// Longest wait for the daemon's next message (seconds, default 600); a
+/// silent daemon then costs this long and the real nvlink runs.
+pub const ENV_TIMEOUT: &str = "NVLINKD_TIMEOUT";
 /// The real nvlink, for fallback.
 pub const ENV_REAL_NVLINK: &str = "NVLINKD_REAL_NVLINK";
 /// `auto` (default): fall back to the real nvlink when no daemon answers;

@@ -1,7 +1,12 @@
 //! `nvlinkd serve`: listeners, logging and shutdown.
 //!
 //! The daemon listens on a unix socket (mode 0600) and, with `--listen`, on TCP
-//! for remote shims. SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all
+//! for remote shims. The TCP listener is TLS (rustls, through tonic) and
+//! authenticates every call: bearer tokens (`--token-file`, compared in
+//! constant time) and/or client certificates (`--client-ca`). Without TLS and
+//! an authentication it refuses to start, unless `--insecure` says a proxy
+//! does that job. Both listeners also serve `grpc.health.v1` (tonic-health),
+//! unauthenticated: it tells only whether the daemon serves. SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all
 //! start the same shutdown: no new connections or links; links in flight get the
 //! grace period (`--shutdown-grace`) to finish, then are abandoned (their shims
 //! fall back to the real nvlink; outputs are never half-written since the shim
@@ -35,10 +40,101 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
+/// The remote listener and its security, read and checked before the daemon
+/// starts (a key that cannot be read or a token file without tokens stop it).
+pub struct Remote {
+    pub listen: String,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    pub auth: Option<Arc<Auth>>,
+    /// Tokens or client certificates are required.
+    authenticated: bool,
+}
+
+/// Who may call the remote listener: the BLAKE3 hashes of the bearer tokens
+/// (`--token-file`). A presented token is hashed and compared with each in
+/// constant time, so neither its contents nor its length leak through timing.
+pub struct Auth {
+    tokens: Vec<[u8; 32]>,
+}
+
+impl Auth {
+    /// Whether `metadata` carries `authorization: Bearer <one of the tokens>`.
+    pub fn allows(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        let Some(token) = metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer) else {
+            return false;
+        };
+        let presented = blake3::hash(token.as_bytes());
+        // Every token is compared (no early exit): the time taken does not say which matched.
+        self.tokens.iter().fold(false, |ok, t| ok | constant_time_eq::constant_time_eq_32(t, presented.as_bytes()))
+    }
+}
+
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim()).filter(|t| !t.is_empty())
+}
+
+impl Remote {
+    pub fn configure(
+        listen: String,
+        tls: Option<(&Path, &Path)>,
+        token_file: Option<&Path>,
+        client_ca: Option<&Path>,
+        insecure: bool,
+    ) -> Result<Remote, String> {
+        let read =
+            |what: &str, p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {what} {}: {e}", p.display()));
+        let auth = match token_file {
+            Some(f) => {
+                let text = String::from_utf8(read("--token-file", f)?)
+                    .map_err(|_| format!("--token-file {} is not text", f.display()))?;
+                let tokens: Vec<[u8; 32]> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(|t| *blake3::hash(t.as_bytes()).as_bytes())
+                    .collect();
+                if tokens.is_empty() {
+                    return Err(format!("--token-file {} holds no token", f.display()));
+                }
+                Some(Arc::new(Auth { tokens }))
+            }
+            None => None,
+        };
+        if client_ca.is_some() && tls.is_none() {
+            return Err("--client-ca needs --tls-cert and --tls-key".into());
+        }
+        let tls = match tls {
+            Some((cert, key)) => {
+                let identity = tonic::transport::Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
+                let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+                if let Some(ca) = client_ca {
+                    config = config.client_ca_root(tonic::transport::Certificate::from_pem(read("--client-ca", ca)?));
+                }
+                Some(config)
+            }
+            None => None,
+        };
+        let authenticated = auth.is_some() || client_ca.is_some();
+        if !insecure && (tls.is_none() || !authenticated) {
+            let missing = match (tls.is_none(), authenticated) {
+                (true, false) => "TLS (--tls-cert, --tls-key) and authentication (--token-file and/or --client-ca)",
+                (true, true) => "TLS (--tls-cert, --tls-key)",
+                _ => "authentication (--token-file and/or --client-ca)",
+            };
+            return Err(format!(
+                "refusing to serve --listen {listen} without {missing}: anyone reaching the port could link as this \
+                 daemon; give them, or --insecure behind a TLS-terminating, authenticating proxy"
+            ));
+        }
+        Ok(Remote { listen, tls, auth, authenticated })
+    }
+}
+
 pub struct ServeOptions {
     pub socket: PathBuf,
     pub cache_dir: PathBuf,
-    pub listen: Option<String>,
+    pub remote: Option<Remote>,
     pub linker: LinkerConfig,
     pub limits: Limits,
     /// How long links still computing may finish after a stop.
@@ -46,7 +142,7 @@ pub struct ServeOptions {
     /// Exit after this long without a link.
     pub idle_exit: Option<Duration>,
     /// The shared REAPI cache tier (`--remote-cache`).
-    pub remote: Option<crate::remote::RemoteOptions>,
+    pub remote_cache: Option<crate::remote::RemoteOptions>,
     /// Where to serve Prometheus metrics (`--metrics-listen`).
     pub metrics_listen: Option<String>,
     /// Where the event stream is published (`events.rs`).
@@ -182,7 +278,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let linker = Arc::new(Linker::new(opts.linker));
-    if let Some(r) = opts.remote.clone() {
+    if let Some(r) = opts.remote_cache.clone() {
         let tier = crate::remote::RemoteCache::new(r, tokio::runtime::Handle::current())?;
         linker.set_remote_tier(Arc::new(tier));
     }
@@ -218,10 +314,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     }
 
     let slow_link_ms = std::env::var("NVLINKD_TEST_SLOW_LINK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let service = |local: bool| {
+    let auth_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
             local,
+            auth,
+            auth_failures: auth_failures.clone(),
             shutdown: shutdown_tx.clone(),
             cache_dir: opts.cache_dir.clone(),
             limits: opts.limits,
@@ -240,16 +339,39 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         tokio::spawn(crate::metrics::serve(listener, linker.clone(), stopped(shutdown_rx.clone())));
     }
 
+    // grpc.health.v1: SERVING until the daemon stops.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NvlinkdServer<Service>>().await;
+    {
+        let (health, rx) = (health.clone(), shutdown_rx.clone());
+        tokio::spawn(async move {
+            stopped(rx).await;
+            health.set_not_serving::<NvlinkdServer<Service>>().await;
+            health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        });
+    }
+
     let unix_server = builder()
-        .add_service(service(true))
+        .add_service(health_service.clone())
+        .add_service(service(true, None))
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(shutdown_rx.clone()));
-    let tcp_server = match &opts.listen {
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await?;
-            info!(listen = %addr, "serving remote shims over TCP");
+    let tcp_server = match opts.remote {
+        Some(remote) => {
+            let listener = TcpListener::bind(&remote.listen).await?;
+            let mut server = builder();
+            let tls = remote.tls.is_some();
+            match remote.tls {
+                Some(config) => server = server.tls_config(config)?,
+                None => warn!(listen = %remote.listen, "--insecure: serving remote shims without TLS"),
+            }
+            if !remote.authenticated {
+                warn!(listen = %remote.listen, "--insecure: serving remote shims without authentication");
+            }
+            info!(listen = %remote.listen, tls, tokens = remote.auth.is_some(), "serving remote shims over TCP");
             Some(
-                builder()
-                    .add_service(service(false))
+                server
+                    .add_service(health_service)
+                    .add_service(service(false, remote.auth))
                     .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx.clone())),
             )
         }

@@ -20,12 +20,12 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
         .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from));
     let scratch = std::env::temp_dir().join(format!("nvlinkd-exec-{}", std::process::id()));
     let linker = Linker::new(LinkerConfig {
-        default_toolkit: cuda_home.clone(),
+        toolkits: cuda_home.into_iter().collect(),
         cache_dir: scratch.clone(),
         worker_exe: std::env::current_exe().ok(),
         ..Default::default()
     });
-    let req = Request { args, cwd, env, toolkit: cuda_home, shared_fs: true };
+    let req = Request { args, cwd, env, toolkit: None, shared_fs: true };
     let out = linker.link(&req, &LocalFs);
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(reason) = out.fallback {

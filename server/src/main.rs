@@ -32,12 +32,30 @@ struct ServeArgs {
     /// Cache directory (and log file) [default: $NVLINKD_CACHE_DIR or ~/.cache/nvlinkd]
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Also serve remote shims on HOST:PORT
+    /// Also serve remote shims on HOST:PORT (needs --tls-cert, --tls-key and
+    /// --token-file or --client-ca, or --insecure)
     #[arg(long)]
     listen: Option<String>,
-    /// Toolkit used when a request names none [default: $CUDA_HOME]
+    /// TLS certificate chain (PEM) of the --listen port
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of the --listen port
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Bearer tokens remote shims must present (one per line; `#` comments)
     #[arg(long)]
-    cuda_home: Option<PathBuf>,
+    token_file: Option<PathBuf>,
+    /// CA (PEM) whose client certificates the --listen port requires (mTLS)
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
+    /// Serve --listen without TLS or without authentication (behind a
+    /// TLS-terminating, authenticating proxy only)
+    #[arg(long)]
+    insecure: bool,
+    /// A toolkit this daemon links with (repeatable, one per installed
+    /// release; the first serves requests that name none) [default: $CUDA_HOME]
+    #[arg(long)]
+    cuda_home: Vec<PathBuf>,
     /// Worker threads for parallel compilation [default: number of CPUs]
     #[arg(long)]
     jobs: Option<usize>,
@@ -152,6 +170,25 @@ impl ServeArgs {
     fn cache_dir(&self) -> PathBuf {
         self.cache_dir.clone().unwrap_or_else(nvlinkd_proto::paths::cache_dir)
     }
+    /// The toolkits: `--cuda-home`, else `$CUDA_HOME`.
+    fn toolkits(&self) -> Vec<PathBuf> {
+        if !self.cuda_home.is_empty() {
+            return self.cuda_home.clone();
+        }
+        std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).into_iter().collect()
+    }
+    /// The remote listener's security, read and checked before anything starts.
+    fn remote(&self) -> Result<Option<daemon::Remote>, String> {
+        let Some(listen) = self.listen.clone() else { return Ok(None) };
+        daemon::Remote::configure(
+            listen,
+            self.tls_cert.as_deref().zip(self.tls_key.as_deref()),
+            self.token_file.as_deref(),
+            self.client_ca.as_deref(),
+            self.insecure,
+        )
+        .map(Some)
+    }
     /// The same settings as `serve` arguments, for `start`.
     fn to_args(&self) -> Vec<String> {
         let mut a = vec!["--socket".into(), self.socket().display().to_string()];
@@ -159,8 +196,21 @@ impl ServeArgs {
         if let Some(l) = &self.listen {
             a.extend(["--listen".into(), l.clone()]);
         }
-        if let Some(h) = &self.cuda_home {
+        for h in &self.cuda_home {
             a.extend(["--cuda-home".into(), h.display().to_string()]);
+        }
+        for (flag, v) in [
+            ("--tls-cert", &self.tls_cert),
+            ("--tls-key", &self.tls_key),
+            ("--token-file", &self.token_file),
+            ("--client-ca", &self.client_ca),
+        ] {
+            if let Some(v) = v {
+                a.extend([flag.into(), v.display().to_string()]);
+            }
+        }
+        if self.insecure {
+            a.push("--insecure".into());
         }
         if let Some(j) = self.jobs {
             a.extend(["--jobs".into(), j.to_string()]);
@@ -313,10 +363,18 @@ fn main() -> ExitCode {
     let socket_or_default = |s: Option<PathBuf>| s.unwrap_or_else(control::default_socket);
     match cli.command {
         Command::Serve(a) => {
+            // A listener that would serve anyone refuses to start before anything else.
+            let remote = match a.remote() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("nvlinkd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let cache_dir = a.cache_dir();
             let events = events::Hub::default();
             let _guard = daemon::init_logging(&cache_dir, &events);
-            let remote = match a.remote_options() {
+            let remote_cache = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("nvlinkd: {e}");
@@ -324,13 +382,13 @@ fn main() -> ExitCode {
                 }
             };
             let opts = daemon::ServeOptions {
-                remote,
+                remote_cache,
                 metrics_listen: a.metrics_listen.clone(),
                 socket: a.socket(),
                 cache_dir: cache_dir.clone(),
-                listen: a.listen.clone(),
+                remote,
                 linker: LinkerConfig {
-                    default_toolkit: a.cuda_home.clone().or_else(|| std::env::var_os("CUDA_HOME").map(PathBuf::from)),
+                    toolkits: a.toolkits(),
                     cache_dir,
                     jobs: a.jobs,
                     cache_mem: a.cache_mem,
@@ -357,7 +415,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Start(a) => report(runtime().block_on(control::start(&a.socket(), a.to_args()))),
+        Command::Start(a) => match a.remote() {
+            Err(e) => report(Err(e)),
+            Ok(_) => report(runtime().block_on(control::start(&a.socket(), a.to_args()))),
+        },
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),
         Command::Stats { socket, json: _ } => report(runtime().block_on(control::stats(&socket_or_default(socket)))),

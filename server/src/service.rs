@@ -5,11 +5,21 @@
 //! the result back. A panic or error inside one link becomes that link's failure
 //! (the shim then falls back to the real nvlink); the daemon keeps serving. The
 //! stream owns its link: see `stream_fs.rs` for how a closed stream ends it.
+//!
+//! Trust: a caller on the unix socket (mode 0600: this user) may administer
+//! the daemon; a caller on the TCP listener is authenticated (bearer token,
+//! see `daemon::Auth`; client certificates are checked by TLS before any call)
+//! and may only link, read the stats and ping (without the pid or the cache
+//! directory). Nothing a caller sends is used as a path here unless it shares
+//! this filesystem over the unix socket: the toolkit is chosen by release among
+//! the daemon's own (`--cuda-home`), and a remote link's files come over its
+//! stream. Every message is bounded (`MAX_MESSAGE_BYTES`); output files go back
+//! in `CHUNK_BYTES` pieces.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +97,10 @@ pub struct Service {
     pub linker: Arc<Linker>,
     /// Whether this listener is the local unix socket (the caller shares our filesystem).
     pub local: bool,
+    /// Bearer tokens required of callers (the remote listener with `--token-file`).
+    pub auth: Option<Arc<crate::daemon::Auth>>,
+    /// Calls refused for a missing or wrong token (`auth_failures` in the stats).
+    pub auth_failures: Arc<AtomicU64>,
     pub shutdown: watch::Sender<bool>,
     pub cache_dir: PathBuf,
     pub limits: Limits,
@@ -130,7 +144,7 @@ impl Service {
             args: start.args,
             cwd,
             env: start.env.into_iter().collect(),
-            toolkit: Some(start.toolkit).filter(|t| !t.is_empty()).map(PathBuf::from),
+            toolkit: Some(start.toolkit_release).filter(|t| !t.is_empty()),
             shared_fs,
         };
         // An unknown class is the default one: the shim forwards the variable as set.
@@ -142,7 +156,12 @@ impl Service {
             forward_progress(&events, link_id, tx.clone());
         }
 
-        let channel = LinkChannel::new(tx, tokio::runtime::Handle::current(), self.limits.reply_timeout);
+        let channel = LinkChannel::new(
+            tx,
+            tokio::runtime::Handle::current(),
+            self.limits.reply_timeout,
+            self.limits.max_link_input,
+        );
         // The stream owns the link: when the shim half-closes or goes away, the
         // channel closes and the link's reads fail at once. (A stop does not close
         // it: the link may finish within the grace period, then the process exits.)
@@ -205,6 +224,8 @@ impl Service {
             };
             let ms = t_link.elapsed().as_secs_f64() * 1e3;
             let stopped = cancel.stopped().filter(|_| outcome.as_ref().is_ok_and(|o| o.fallback.is_some()));
+            // Bytes of output files sent in pieces ahead of the result (metrics).
+            let mut output_bytes = 0usize;
             let result = match outcome {
                 // Superseded by a newer link of the same output: the shim says so
                 // and fails; it does not run nvlink (the newer link is the one wanted).
@@ -235,23 +256,27 @@ impl Service {
                         // An input only nvlink may read, or past the budget: whatever
                         // the link made of the failed read is not nvlink's answer.
                         Some(why) => fallback(why),
-                        None => LinkResult {
-                            exit_code: o.exit_code,
-                            stdout: o.stdout,
-                            stderr: o.stderr,
-                            outputs: o
-                                .outputs
-                                .into_iter()
-                                .map(|f| OutputFile {
-                                    path: f.path.to_string_lossy().into_owned(),
-                                    data: f.data,
-                                    append: f.append,
-                                })
-                                .collect(),
-                            fallback: o.fallback.is_some(),
-                            fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
-                            cancelled: String::new(),
-                        },
+                        // Messages travel whole in the result, which is bounded.
+                        None if o.stdout.len() + o.stderr.len() > MAX_TEXT => {
+                            fallback("nvlink's messages are too long to send".into())
+                        }
+                        None => {
+                            // Output files first, in bounded pieces; the result closes the link.
+                            output_bytes = o.outputs.iter().map(|f| f.data.len()).sum();
+                            let sent = o.outputs.iter().all(|f| send_output(&channel, f));
+                            if !sent {
+                                return;
+                            }
+                            LinkResult {
+                                exit_code: o.exit_code,
+                                stdout: o.stdout,
+                                stderr: o.stderr,
+                                outputs: Vec::new(),
+                                fallback: o.fallback.is_some(),
+                                fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
+                                cancelled: String::new(),
+                            }
+                        }
                     }
                 }
                 Err(_) => {
@@ -264,8 +289,10 @@ impl Service {
             if let Some(why) = gone {
                 debug!(args = %args, why, "stream closed during the link");
             }
-            let sent =
-                result.stdout.len() + result.stderr.len() + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
+            let sent = output_bytes
+                + result.stdout.len()
+                + result.stderr.len()
+                + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
             let (engine, cache) = if result.fallback { ("fallback", "none") } else { (engine, cache) };
             crate::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
             // A shim that half-closed may still read the answer; one that is gone
@@ -274,6 +301,28 @@ impl Service {
         });
         Ok(())
     }
+}
+
+/// Most bytes of stdout and stderr together in a result (the rest of the
+/// message bound is left for its framing).
+const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
+
+/// Send one output file in `CHUNK_BYTES` pieces (one empty piece for an empty
+/// file). False when the shim is gone.
+fn send_output(channel: &LinkChannel, f: &nvlinkd_core::request::OutputFile) -> bool {
+    let path = f.path.to_string_lossy().into_owned();
+    let mut pieces = f.data.chunks(nvlinkd_proto::CHUNK_BYTES).peekable();
+    let mut first = true;
+    while first || pieces.peek().is_some() {
+        first = false;
+        let data = pieces.next().unwrap_or_default().to_vec();
+        let more = pieces.peek().is_some();
+        let msg = OutputFile { path: path.clone(), data, append: f.append, more };
+        if channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 fn fallback(reason: String) -> LinkResult {
@@ -356,11 +405,37 @@ fn forward_progress(events: &Hub, link: u64, tx: Outbound) {
     });
 }
 
+impl Service {
+    /// A caller of this listener is who it must be: any caller of the unix
+    /// socket, a remote one with a valid token (where tokens are required).
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match &self.auth {
+            Some(auth) if !auth.allows(request.metadata()) => {
+                self.auth_failures.fetch_add(1, Ordering::Relaxed);
+                warn!(peer = ?request.remote_addr(), "call without a valid bearer token refused");
+                Err(Status::unauthenticated("a valid bearer token is required (authorization: Bearer <token>)"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Administration is for the daemon's own user, on the unix socket.
+    fn local_only(&self, what: &str) -> Result<(), Status> {
+        if self.local {
+            Ok(())
+        } else {
+            warn!(what, "administration over the remote listener refused");
+            Err(Status::permission_denied(format!("{what} is only allowed over the daemon's local unix socket")))
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Nvlinkd for Service {
     type LinkStream = LinkStream;
 
     async fn link(&self, request: Request<Streaming<ClientMessage>>) -> Result<Response<LinkStream>, Status> {
+        self.authenticate(&request)?;
         // Answer with the response stream at once; the link itself runs in the
         // background as soon as the Start message arrives.
         let (tx, rx) = mpsc::channel(16);
@@ -376,7 +451,10 @@ impl Nvlinkd for Service {
 
     type EventsStream = EventStream;
 
-    async fn events(&self, _: Request<EventsRequest>) -> Result<Response<EventStream>, Status> {
+    async fn events(&self, request: Request<EventsRequest>) -> Result<Response<EventStream>, Status> {
+        self.authenticate(&request)?;
+        // Every link's cwd and arguments: for the daemon's own user only.
+        self.local_only("Events")?;
         let mut rx = self.events.subscribe();
         let mut shutdown = self.shutdown.subscribe();
         let (tx, out) = mpsc::channel(256);
@@ -402,19 +480,30 @@ impl Nvlinkd for Service {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))))
     }
 
-    async fn stats(&self, _: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
-        Ok(Response::new(StatsReply { json: self.linker.stats_json() }))
+    async fn stats(&self, request: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
+        self.authenticate(&request)?;
+        // The listener's own counter, first among the linker's.
+        let json = self.linker.stats_json();
+        let rest = json.strip_prefix('{').unwrap_or(&json);
+        let failures = self.auth_failures.load(Ordering::Relaxed);
+        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{rest}") }))
     }
 
-    async fn ping(&self, _: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
-        Ok(Response::new(PingReply {
-            pid: std::process::id(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            cache_dir: self.cache_dir.to_string_lossy().into_owned(),
-        }))
+    async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
+        self.authenticate(&request)?;
+        // A remote caller learns that the daemon answers, and its version; not
+        // where it keeps its files or which process it is.
+        let (pid, cache_dir) = if self.local {
+            (std::process::id(), self.cache_dir.to_string_lossy().into_owned())
+        } else {
+            (0, String::new())
+        };
+        Ok(Response::new(PingReply { pid, version: env!("CARGO_PKG_VERSION").into(), cache_dir }))
     }
 
-    async fn shutdown(&self, _: Request<ShutdownRequest>) -> Result<Response<ShutdownReply>, Status> {
+    async fn shutdown(&self, request: Request<ShutdownRequest>) -> Result<Response<ShutdownReply>, Status> {
+        self.authenticate(&request)?;
+        self.local_only("Shutdown")?;
         info!("shutdown requested");
         let _ = self.shutdown.send(true);
         Ok(Response::new(ShutdownReply {}))

@@ -44,24 +44,33 @@ pub struct LinkChannel {
     tx: Outbound,
     rt: tokio::runtime::Handle,
     reply_timeout: Duration,
+    /// Most bytes one file's pieces may add up to (the link's input budget).
+    max_file: u64,
+}
+
+/// A read waiting for its reply, and the pieces of it received so far.
+struct Pending {
+    tx: oneshot::Sender<FileReply>,
+    data: Vec<u8>,
 }
 
 #[derive(Default)]
 struct State {
     /// Why the stream no longer carries replies.
     closed: Option<&'static str>,
-    pending: HashMap<u64, oneshot::Sender<FileReply>>,
+    pending: HashMap<u64, Pending>,
     next_id: u64,
 }
 
 impl LinkChannel {
-    pub fn new(tx: Outbound, rt: tokio::runtime::Handle, reply_timeout: Duration) -> Arc<Self> {
+    pub fn new(tx: Outbound, rt: tokio::runtime::Handle, reply_timeout: Duration, max_file: u64) -> Arc<Self> {
         Arc::new(LinkChannel {
             state: Mutex::new(State::default()),
             closed: watch::channel(false).0,
             tx,
             rt,
             reply_timeout,
+            max_file,
         })
     }
 
@@ -92,10 +101,41 @@ impl LinkChannel {
     }
 
     /// A reply from the shim, to the read waiting for it (if any still is).
-    pub fn deliver(&self, reply: FileReply) {
-        let waiter = self.state().pending.remove(&reply.id);
-        if let Some(w) = waiter {
-            let _ = w.send(reply);
+    /// The pieces of a read (`more`) are gathered up to the link's budget; one
+    /// piece past it answers the read "too large" (later pieces find no
+    /// waiter and are dropped).
+    pub fn deliver(&self, mut reply: FileReply) {
+        let mut s = self.state();
+        let Some(p) = s.pending.get_mut(&reply.id) else { return };
+        if let Some(file_reply::Result::Data(d)) = &mut reply.result {
+            if p.data.len() as u64 + d.len() as u64 > self.max_file {
+                let p = s.pending.remove(&reply.id).expect("present");
+                let error = nvlinkd_proto::v1::FileError {
+                    kind: file_error::Kind::TooLarge as i32,
+                    message: "larger than the daemon reads for one link".into(),
+                };
+                let _ =
+                    p.tx.send(FileReply { id: reply.id, result: Some(file_reply::Result::Error(error)), more: false });
+                return;
+            }
+            if reply.more {
+                p.data.extend_from_slice(d);
+                return;
+            }
+            if !p.data.is_empty() {
+                let mut all = std::mem::take(&mut p.data);
+                all.extend_from_slice(d);
+                *d = all;
+            }
+        } else if reply.more {
+            // Only contents come in pieces.
+            reply.result = Some(file_reply::Result::Error(nvlinkd_proto::v1::FileError {
+                kind: file_error::Kind::Other as i32,
+                message: "a reply in pieces that is not a file's contents".into(),
+            }));
+        }
+        if let Some(p) = s.pending.remove(&reply.id) {
+            let _ = p.tx.send(reply);
         }
     }
 
@@ -110,7 +150,7 @@ impl LinkChannel {
             s.next_id += 1;
             let id = s.next_id;
             let (tx, rx) = oneshot::channel();
-            s.pending.insert(id, tx);
+            s.pending.insert(id, Pending { tx, data: Vec::new() });
             (id, rx)
         };
         let msg = ServerMessage {

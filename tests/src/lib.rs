@@ -9,4 +9,5 @@ pub mod compare;
 pub mod corpus;
 pub mod daemon;
 pub mod env;
+pub mod remote;
 pub mod run;

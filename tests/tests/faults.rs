@@ -95,7 +95,7 @@ async fn hostile(socket: &Path, how: Misbehave) -> Option<Box<dyn std::any::Any 
         args: ["--arch=sm_90", "accumulate.o", "scale.o", "-o", &out.display().to_string()].map(String::from).to_vec(),
         cwd: cwd.display().to_string(),
         env: Default::default(),
-        toolkit: cuda_home().display().to_string(),
+        toolkit_release: String::new(),
         // Not the daemon's view of the directory: it reads the files over the stream.
         cwd_dev: 0,
         cwd_ino: 0,
@@ -305,14 +305,14 @@ fn dev_zero_over_the_stream_is_never_read_whole() {
     // Over TCP the shim reads the files for the daemon: it must not read /dev/zero either.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
-    let d = Daemon::start_with(&["--listen", &addr]);
+    let d = Daemon::start_with(&["--listen", &addr, "--insecure"]);
     let inputs = scratch_inputs("flt-zero-tcp");
     std::os::unix::fs::symlink("/dev/zero", inputs.path().join("zero.cubin")).unwrap();
     let case = "--arch=sm_90 accumulate.o scale.o zero.cubin -o {OUT}/out.cubin";
     let out = TempDir::new("flt-zero-tcp-out");
     let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
     let mut env = d.fallback_env();
-    env.push(("NVLINKD_ADDR".into(), addr.clone()));
+    env.push(("NVLINKD_ADDR".into(), format!("http://{addr}")));
     let invocation = inv(case, inputs.path(), &out);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -674,7 +674,7 @@ fn a_closed_stream_kills_the_worker_computing_its_link() {
                 .to_vec(),
             cwd: cwd.display().to_string(),
             env: Default::default(),
-            toolkit: cuda_home().display().to_string(),
+            toolkit_release: String::new(),
             // The daemon's own view of the directory: it reads the files itself.
             cwd_dev: meta.dev(),
             cwd_ino: meta.ino(),

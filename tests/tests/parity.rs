@@ -569,3 +569,63 @@ fn parity_with_nvlink() {
     assert!(hits > 0, "the second pass never hit the cache");
     assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());
 }
+
+/// The corpus through the remote path: TLS and a token over 127.0.0.1, the
+/// daemon running as `nobody` on a private (0700) copy of the corpus it cannot
+/// read, so every input comes through the shim and its policy. Links the
+/// daemon answers "fall back" remotely (the real-nvlink engine, `-ghls`) run
+/// the real nvlink on the caller's side; every answer must be nvlink's.
+#[test]
+fn parity_through_the_remote_path_as_another_user() {
+    let cases = cases();
+    let pki = nvlinkd_tests::remote::Pki::new();
+    let Some(daemon) = nvlinkd_tests::remote::NobodyDaemon::start(&pki) else { return };
+    let corpus = nvlinkd_tests::remote::private_copy(corpus::dir(), "parity-remote-in");
+    let env = pki.shim_env(&daemon.addr(), "auto");
+    let work = TempDir::new("parity-remote");
+    let differing = Mutex::new(Vec::new());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(name, args, case_env)) = cases.get(i) else { break };
+                let out = work.path().join(name);
+                let out_s = out.display().to_string();
+                let inv = Invocation {
+                    args: expand(args, &out_s).split_whitespace().map(String::from).collect(),
+                    cwd: corpus.path().to_path_buf(),
+                    env: case_env
+                        .split_whitespace()
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.into(), v.into()))
+                        .collect(),
+                    out_dir: out,
+                };
+                let mut expected = run(&real_nvlink(), &inv, &[]);
+                let mut actual = run(&shim(), &inv, &env);
+                if name.starts_with("opt-time") {
+                    mask_times(&mut expected);
+                    mask_times(&mut actual);
+                }
+                let cmp = compare::runs(&expected, &actual);
+                if !cmp.problems.is_empty() {
+                    differing.lock().unwrap().push(format!("== {name} ==\n{}", cmp.problems.join("\n")));
+                }
+            });
+        }
+    });
+    let differing = differing.into_inner().unwrap();
+    let stats = daemon.stats();
+    let count = |k: &str| stats[k].as_u64().unwrap_or(0);
+    println!(
+        "remote parity: {} cases, {} differing; daemon: {} requests, {} in process, {} fallbacks",
+        cases.len(),
+        differing.len(),
+        count("requests"),
+        count("in_process"),
+        count("fallbacks")
+    );
+    assert!(count("in_process") > 0, "no link was served remotely: {stats}");
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+}

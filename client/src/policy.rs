@@ -1,0 +1,218 @@
+//! What a daemon may ask of this shim: the shim trusts no daemon.
+//!
+//! A daemon (a remote one above all) could ask the shim for any file it can
+//! read (`/etc/shadow`, private keys, `/proc/self/environ`) or hand it any path
+//! to write. The shim serves only reads and stats of files nvlink itself would
+//! read for this command line, and writes only the files nvlink would write:
+//!
+//! - **Reads**: every name on the command line and in its options files (an
+//!   argument, the value after `=`, the value glued to `-L` or `-l`, and
+//!   each comma-separated piece of these), resolved against the working
+//!   directory; `lib<name>.a` in a directory so named or in `LIBRARY_PATH`, for
+//!   a `<name>` so named (what `-l` resolves to along `-L`); and the toolkit's
+//!   own `libcudadevrt.a`. The options files are read here, by the shim, to
+//!   learn their names. This over-approximates nvlink's reads (a name that is
+//!   an option's value is allowed whether or not nvlink opens it) but never
+//!   reaches a file the command line does not name.
+//! - **Writes**: `-o`/`--output-file` and `--register-link-binaries`, replaced;
+//!   the `-time` file, appended to.
+//! - **Results**: an exit status nvlink can return (0..=255), and exit 0 of a
+//!   link that names `-o` comes with that output file.
+//!
+//! Paths are compared by components (`a//b/./c` is `a/b/c`; `..` is kept, since
+//! a symlink may make it mean something else), and the path the shim then opens
+//! is the one compared.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// Options whose value nvlink writes to (replaced), by long and short name.
+const OUTPUTS: &[&str] = &["output-file", "o", "register-link-binaries"];
+/// Options whose value nvlink appends to.
+const APPENDS: &[&str] = &["time"];
+/// Options files, whose contents are more arguments.
+const OPTIONS_FILES: &[&str] = &["options-file", "optf"];
+/// Options that make nvlink print and exit without linking.
+const NO_LINK: &[&str] = &["help", "h", "version", "V"];
+/// How deep options files may name options files.
+const MAX_DEPTH: usize = 8;
+
+#[derive(Debug, Default)]
+pub struct Policy {
+    /// Files that may be read or stat'ed (as the command line names them).
+    reads: HashSet<PathBuf>,
+    /// Names a `-l` may have (any name on the command line).
+    names: HashSet<String>,
+    /// Directories `-l` searches (any name on the command line, `LIBRARY_PATH`).
+    dirs: HashSet<PathBuf>,
+    /// Files nvlink replaces.
+    writes: HashSet<PathBuf>,
+    /// Files nvlink appends to.
+    appends: HashSet<PathBuf>,
+    /// The `-o` file, when the command line names one and links.
+    output: Option<PathBuf>,
+}
+
+/// The option name of `token` (`--name`, `-name`, `--name=value`), if it is one.
+fn option_name(token: &str) -> Option<&str> {
+    let name = token.strip_prefix("--").or_else(|| token.strip_prefix('-'))?;
+    Some(name.split_once('=').map_or(name, |(n, _)| n))
+}
+
+impl Policy {
+    pub fn new(args: &[String], cwd: &Path, library_path: Option<&str>, cuda_home: Option<&Path>) -> Policy {
+        let mut p = Policy::default();
+        let mut tokens = Vec::new();
+        expand(args, cwd, &mut tokens, 0);
+        let resolve = |name: &str| cwd.join(name);
+        let mut no_link = false;
+        for (i, t) in tokens.iter().enumerate() {
+            let mut values: Vec<&str> = vec![t.as_str()];
+            if let Some((_, v)) = t.split_once('=') {
+                values.push(v);
+            }
+            for glued in ["-L", "-l"] {
+                if let Some(v) = t.strip_prefix(glued).filter(|v| !v.is_empty()) {
+                    values.push(v);
+                }
+            }
+            for v in values {
+                for piece in std::iter::once(v).chain(v.split(',')).filter(|s| !s.is_empty()) {
+                    p.reads.insert(resolve(piece));
+                    p.dirs.insert(resolve(piece));
+                    p.names.insert(piece.to_owned());
+                }
+            }
+            let Some(name) = option_name(t) else { continue };
+            no_link |= NO_LINK.contains(&name);
+            // The value: after `=`, else the next token.
+            let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned());
+            let Some(value) = value.filter(|v| !v.is_empty()) else { continue };
+            if OUTPUTS.contains(&name) {
+                p.writes.insert(resolve(&value));
+                if matches!(name, "o" | "output-file") {
+                    p.output = Some(resolve(&value));
+                }
+            } else if APPENDS.contains(&name) {
+                p.appends.insert(resolve(&value));
+            }
+        }
+        if no_link {
+            p.output = None;
+        }
+        for d in library_path.unwrap_or_default().split(':').filter(|d| !d.is_empty()) {
+            p.dirs.insert(resolve(d));
+        }
+        if let Some(home) = cuda_home {
+            for lib in ["lib64", "lib"] {
+                p.reads.insert(home.join(lib).join("libcudadevrt.a"));
+            }
+        }
+        p
+    }
+
+    /// May the daemon read or stat `path`?
+    pub fn may_read(&self, path: &Path) -> bool {
+        if !path.is_absolute() {
+            return false;
+        }
+        if self.reads.contains(path) {
+            return true;
+        }
+        // `-l name` along `-L dir`: `dir/libname.a`.
+        let lib = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("lib")?.strip_suffix(".a"));
+        match (lib, path.parent()) {
+            (Some(name), Some(dir)) => self.names.contains(name) && self.dirs.contains(dir),
+            _ => false,
+        }
+    }
+
+    /// May the daemon have the shim write `path` (appending or replacing)?
+    pub fn may_write(&self, path: &Path, append: bool) -> bool {
+        path.is_absolute() && if append { self.appends.contains(path) } else { self.writes.contains(path) }
+    }
+
+    /// The `-o` file a successful link must write, if any.
+    pub fn output(&self) -> Option<&Path> {
+        self.output.as_deref()
+    }
+}
+
+/// The command line with the contents of its options files (read here),
+/// recursively up to [`MAX_DEPTH`].
+fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
+    for (i, t) in args.iter().enumerate() {
+        out.push(t.clone());
+        let Some(name) = option_name(t) else { continue };
+        if !OPTIONS_FILES.contains(&name) || depth >= MAX_DEPTH {
+            continue;
+        }
+        let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| args.get(i + 1).cloned());
+        for file in value.iter().flat_map(|v| v.split(',')).filter(|f| !f.is_empty()) {
+            // At most what the daemon would take as an options file.
+            let Ok(text) = std::fs::read(cwd.join(file)) else { continue };
+            if text.len() > 1 << 20 {
+                continue;
+            }
+            let more: Vec<String> = String::from_utf8_lossy(&text)
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c| c == '"' || c == '\'').to_owned())
+                .collect();
+            expand(&more, cwd, out, depth + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn reads_only_what_the_command_line_names() {
+        let cwd = Path::new("/w");
+        let p = Policy::new(
+            &args(&["--arch=sm_90", "a.o", "-Llib/", "-lfoo", "-L", "/opt/x", "-o", "out.cubin"]),
+            cwd,
+            Some("/lp"),
+            Some(Path::new("/cuda")),
+        );
+        assert!(p.may_read(Path::new("/w/a.o")));
+        assert!(p.may_read(Path::new("/w/./a.o")));
+        assert!(p.may_read(Path::new("/w/lib/libfoo.a")));
+        assert!(p.may_read(Path::new("/w/lib//libfoo.a")));
+        assert!(p.may_read(Path::new("/opt/x/libfoo.a")));
+        assert!(p.may_read(Path::new("/lp/libfoo.a")));
+        assert!(p.may_read(Path::new("/cuda/lib64/libcudadevrt.a")));
+        assert!(!p.may_read(Path::new("/etc/shadow")));
+        assert!(!p.may_read(Path::new("/w/../etc/shadow")));
+        assert!(!p.may_read(Path::new("/w/lib/libbar.a")));
+        assert!(!p.may_read(Path::new("/etc/libfoo.a")));
+        assert!(!p.may_read(Path::new("a.o")));
+        assert!(p.may_write(Path::new("/w/out.cubin"), false));
+        assert!(!p.may_write(Path::new("/w/out.cubin"), true));
+        assert!(!p.may_write(Path::new("/w/a.o"), false));
+        assert!(!p.may_write(Path::new("/w/../out.cubin"), false));
+        assert_eq!(p.output(), Some(Path::new("/w/out.cubin")));
+    }
+
+    #[test]
+    fn outputs_and_time_file() {
+        let cwd = Path::new("/w");
+        let p = Policy::new(
+            &args(&["--output-file=o.cubin", "--register-link-binaries=reg.c", "-time", "t.csv", "x.o"]),
+            cwd,
+            None,
+            None,
+        );
+        assert!(p.may_write(Path::new("/w/o.cubin"), false));
+        assert!(p.may_write(Path::new("/w/reg.c"), false));
+        assert!(p.may_write(Path::new("/w/t.csv"), true));
+        assert!(!p.may_write(Path::new("/w/t.csv"), false));
+        let help = Policy::new(&args(&["--help", "-o", "x"]), cwd, None, None);
+        assert_eq!(help.output(), None);
+    }
+}

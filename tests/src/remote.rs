@@ -1,0 +1,165 @@
+//! The remote path for tests: certificates and tokens made with rcgen, and a
+//! daemon serving `--listen` over TLS with tokens, optionally as `nobody` (so
+//! that it cannot read the caller's files and must get them from the shim).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nvlinkd_proto::paths;
+
+use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
+
+/// The token the shims of the tests present.
+pub const TOKEN: &str = "s3cret-token-for-tests";
+
+/// A CA, a server certificate it signed for 127.0.0.1 and localhost, and a
+/// token file, in a fresh directory.
+pub struct Pki {
+    pub dir: TempDir,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let dir = TempDir::new("pki");
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nvlinkd test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
+        std::fs::write(dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
+        Pki { dir }
+    }
+
+    pub fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The shim's environment for the daemons at `addr` (`NVLINKD_ADDR`).
+    pub fn shim_env(&self, addr: &str, fallback: &str) -> Vec<(String, String)> {
+        vec![
+            (paths::ENV_ADDR.into(), addr.into()),
+            (paths::ENV_TLS_CA.into(), self.file("ca.pem")),
+            (paths::ENV_TOKEN_FILE.into(), self.file("client-token")),
+            (paths::ENV_FALLBACK.into(), fallback.into()),
+            (paths::ENV_REAL_NVLINK.into(), real_nvlink().display().to_string()),
+        ]
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A daemon serving TLS and tokens on 127.0.0.1 as `nobody`, killed on drop.
+pub struct NobodyDaemon {
+    child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl NobodyDaemon {
+    /// None (with the reason printed) where the machine cannot run it: not
+    /// root, no `setpriv`, or files `nobody` cannot reach.
+    pub fn start(pki: &Pki) -> Option<NobodyDaemon> {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to run the daemon as nobody");
+            return None;
+        }
+        let dir = TempDir::new("nobody-d");
+        // Sticky, as /tmp: the daemon accepts a shared socket directory only so.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in ["cert.pem", "key.pem", "tokens"] {
+            std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let port = free_port();
+        let spawned = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(nvlinkd())
+            .args(["serve", "--socket"])
+            .arg(dir.path().join("sock"))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .arg("--cuda-home")
+            .arg(cuda_home())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--tls-cert", &pki.file("cert.pem"), "--tls-key", &pki.file("key.pem")])
+            .args(["--token-file", &pki.file("tokens")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("skipped: cannot run setpriv ({e})");
+                return None;
+            }
+        };
+        let up = (0..600).any(|_| {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        if !up {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("skipped: nvlinkd did not start as nobody (binaries or toolkit not reachable by it)");
+            return None;
+        }
+        Some(NobodyDaemon { child, port, _dir: dir })
+    }
+
+    /// Its counters, read over its unix socket (root may connect to it).
+    pub fn stats(&self) -> serde_json::Value {
+        let out = Command::new(nvlinkd())
+            .args(["stats", "--json", "--socket"])
+            .arg(self._dir.path().join("sock"))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stats: {e}: {out:?}"))
+    }
+
+    pub fn addr(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for NobodyDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A copy of `src` (recursively) in a fresh directory of mode 0700: only this
+/// user (root in the tests) can read it.
+pub fn private_copy(src: &Path, tag: &str) -> TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new(tag);
+    let status = Command::new("cp").arg("-a").arg(format!("{}/.", src.display())).arg(dir.path()).status().unwrap();
+    assert!(status.success(), "cp -a {} failed", src.display());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}

@@ -27,6 +27,7 @@ mod lru;
 pub mod plan;
 pub mod regbin;
 pub mod request;
+pub mod speculate;
 pub mod stats;
 pub mod toolkit;
 pub mod worker;

@@ -340,7 +340,7 @@ impl Cancel {
         self.stop(CANCELLED);
     }
 
-    pub(crate) fn is_cancelled(&self) -> bool {
+    pub fn is_cancelled(&self) -> bool {
         self.0.state.load(Ordering::Acquire) != LIVE
     }
 

@@ -30,6 +30,8 @@ use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::service::{Activity, Limits, Service};
+use crate::speculate::Speculator;
+use crate::watch::Watcher;
 
 pub struct ServeOptions {
     pub socket: PathBuf,
@@ -41,6 +43,19 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Exit after this long without a link.
     pub idle_exit: Option<Duration>,
+    /// Speculative links (see `speculate.rs`).
+    pub speculation: Speculation,
+}
+
+/// What the daemon links before it is asked (`speculate.rs`, `watch.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct Speculation {
+    /// Link the other archs of a multi-arch nvcc step (off: `--no-speculate`).
+    pub multi_arch: bool,
+    /// Remember recent links and relink them when an input changes (`--watch`).
+    pub watch: bool,
+    /// Most speculative links computing at once.
+    pub max_running: usize,
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
@@ -163,7 +178,23 @@ fn builder() -> tonic::transport::Server {
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
+    let jobs = opts.linker.jobs;
     let linker = Arc::new(Linker::new(opts.linker));
+    let speculator = Speculator::new(
+        linker.clone(),
+        &opts.cache_dir,
+        opts.speculation.multi_arch,
+        opts.speculation.max_running,
+        opts.limits.max_link_input,
+    );
+    let watcher = Watcher::new(linker.clone(), speculator.clone(), opts.speculation.watch, opts.limits.max_link_input);
+    info!(
+        multi_arch = opts.speculation.multi_arch,
+        watch = opts.speculation.watch,
+        max_running = opts.speculation.max_running,
+        ?jobs,
+        "speculative links"
+    );
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
 
     // Signals start the same graceful shutdown as the RPC.
@@ -199,6 +230,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let service = |local: bool| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
+            speculator: speculator.clone(),
+            watcher: watcher.clone(),
             local,
             shutdown: shutdown_tx.clone(),
             cache_dir: opts.cache_dir.clone(),

@@ -14,19 +14,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvlinkd_core::fs::InputFs;
-use nvlinkd_core::request::Request as LinkRequest;
+use nvlinkd_core::request::{Outcome, Request as LinkRequest};
 use nvlinkd_core::worker::Cancel;
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
     client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, LinkResult, OutputFile, PingReply,
-    PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, StatsReply, StatsRequest,
+    PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply, StatsRequest, WatchEvent,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::speculate::Speculator;
 use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::watch::{Subscriber, Watcher};
 
 /// Limits every link is held to.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +84,10 @@ impl Drop for ActiveLink {
 #[derive(Clone)]
 pub struct Service {
     pub linker: Arc<Linker>,
+    /// Speculative links: other archs of multi-arch steps (`speculate.rs`).
+    pub speculator: Arc<Speculator>,
+    /// Recipes of recent links, relinked when their inputs change (`watch.rs`).
+    pub watcher: Arc<Watcher>,
     /// Whether this listener is the local unix socket (the caller shares our filesystem).
     pub local: bool,
     pub shutdown: watch::Sender<bool>,
@@ -94,6 +100,7 @@ pub struct Service {
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
 impl Service {
     /// Read the Start message, run the link on a blocking thread (file reads
@@ -126,7 +133,11 @@ impl Service {
             env: start.env.into_iter().collect(),
             toolkit: Some(start.toolkit).filter(|t| !t.is_empty()).map(PathBuf::from),
             shared_fs,
+            speculative: false,
         };
+
+        // The other archs of a multi-arch nvcc step, linked alongside this one.
+        self.speculator.on_link(&req);
 
         let channel = LinkChannel::new(tx, tokio::runtime::Handle::current(), self.limits.reply_timeout);
         // The stream owns the link: when the shim half-closes or goes away, the
@@ -159,6 +170,7 @@ impl Service {
         });
 
         let linker = self.linker.clone();
+        let watcher = self.watcher.clone();
         let slow = self.slow_link_ms;
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
@@ -180,6 +192,10 @@ impl Service {
             // Nothing is registered on this stream from now on.
             let gone = channel.closed_reason();
             channel.close("the link is done");
+            if outcome.as_ref().is_ok_and(|o| o.fallback.is_none()) {
+                // With --watch: relinked in the background when an input changes.
+                watcher.remember(&req);
+            }
             let result = match outcome {
                 Ok(o) => {
                     info!(
@@ -231,6 +247,22 @@ impl Service {
     }
 }
 
+/// The answer of an outcome as the shim (or `nvlinkd watch`) receives it.
+fn link_result(o: &Outcome) -> LinkResult {
+    LinkResult {
+        exit_code: o.exit_code,
+        stdout: o.stdout.clone(),
+        stderr: o.stderr.clone(),
+        outputs: o
+            .outputs
+            .iter()
+            .map(|f| OutputFile { path: f.path.to_string_lossy().into_owned(), data: f.data.clone(), append: f.append })
+            .collect(),
+        fallback: o.fallback.is_some(),
+        fallback_reason: o.fallback.as_ref().map(|d| d.detail.clone()).unwrap_or_default(),
+    }
+}
+
 fn fallback(reason: String) -> LinkResult {
     LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
 }
@@ -249,6 +281,54 @@ impl Nvlinkd for Service {
             if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active).await {
                 let _ = tx.try_send(Err(status));
             }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<Start>) -> Result<Response<WatchStream>, Status> {
+        let start = request.into_inner();
+        let cwd = PathBuf::from(&start.cwd);
+        let shared_fs = self.local
+            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
+        if !shared_fs {
+            return Err(Status::failed_precondition(
+                "nvlinkd watch needs a daemon on this machine that sees the link's files (its unix socket)",
+            ));
+        }
+        let req = LinkRequest {
+            args: start.args,
+            cwd,
+            env: start.env.into_iter().collect(),
+            toolkit: Some(start.toolkit).filter(|t| !t.is_empty()).map(PathBuf::from),
+            shared_fs,
+            speculative: false,
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let events = tx.clone();
+        let subscriber: Subscriber = Arc::new(move |relink, changed, o, took| {
+            let event = WatchEvent {
+                relink,
+                changed: changed.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+                result: Some(link_result(o)),
+                ms: took.as_secs_f64() * 1e3,
+                engine: format!("{:?}", o.engine),
+            };
+            // Called on the relink's own thread, never on the runtime.
+            events.blocking_send(Ok(event)).is_ok()
+        });
+        let watcher = self.watcher.clone();
+        let id = tokio::task::spawn_blocking(move || watcher.subscribe(req, subscriber))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::invalid_argument("not a device link with an output file (nothing to keep fresh)"))?;
+        info!(id, "watching a link for nvlinkd watch");
+        let watcher = self.watcher.clone();
+        tokio::spawn(async move {
+            tx.closed().await;
+            debug!(id, "nvlinkd watch went away");
+            watcher.unsubscribe(id);
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }

@@ -356,7 +356,9 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
 fn parity_with_nvlink() {
     let cases = cases();
     let corpus = corpus::dir();
-    let daemon = Daemon::start();
+    // Each case's engine is reported on its own: no speculative link of one
+    // arch's case may serve another arch's (tests/tests/speculate.rs covers those).
+    let daemon = Daemon::start_with(&["--no-speculate"]);
     let work = TempDir::new("parity");
     let rows = Mutex::new(Vec::new());
     let next = std::sync::atomic::AtomicUsize::new(0);

@@ -119,7 +119,16 @@ fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
 /// find the file the first call wrote, so the predicted links name
 /// `existing_register` (a file the daemon keeps) instead: their keys then say
 /// "exists", as the real later calls' keys will.
-pub fn sibling_archs(req: &Request, fs: &dyn InputFs, existing_register: &Path) -> Option<Siblings> {
+///
+/// `known` is asked about the step's family before any input is read: a
+/// family already predicted (nvcc's later calls of the same step) is `None`
+/// at the cost of a few stats.
+pub fn sibling_archs(
+    req: &Request,
+    fs: &dyn InputFs,
+    existing_register: &Path,
+    known: &dyn Fn(&[u8; 32]) -> bool,
+) -> Option<Siblings> {
     if req.speculative || !req.shared_fs {
         return None;
     }
@@ -129,22 +138,10 @@ pub fn sibling_archs(req: &Request, fs: &dyn InputFs, existing_register: &Path) 
     }
     let own = spec.target()?.name();
     let own_sm = own.strip_prefix("sm_")?.to_owned();
-    // The archs every host object carries (nvcc compiled them with one list).
-    let mut common: Option<BTreeSet<String>> = None;
+    // The step: the arguments with the arch-dependent values blanked, and
+    // the inputs' identities.
     let mut family = blake3::Hasher::new();
     family.update(req.cwd.as_os_str().as_encoded_bytes());
-    for input in &spec.inputs {
-        let path = absolute(&req.cwd, input);
-        let id = fs.identity(&path)?;
-        family.update(format!("{input}\0{id:?}\0").as_bytes());
-        let Some(archs) = fs.read(&path).ok().and_then(|d| host_object_archs(&d)) else { continue };
-        common = Some(match common {
-            None => archs,
-            Some(c) => c.intersection(&archs).cloned().collect(),
-        });
-    }
-    let others: Vec<String> = common?.into_iter().filter(|a| *a != own).take(MAX_SIBLINGS).collect();
-    // The arguments with the arch-dependent values blanked.
     let mut plain = req.args.clone();
     for o in &spec.parsed.options {
         if let (Some(at), Some(v)) = (o.at, o.value.as_deref()) {
@@ -156,6 +153,26 @@ pub fn sibling_archs(req: &Request, fs: &dyn InputFs, existing_register: &Path) 
     for a in &plain {
         family.update(a.as_bytes()).update(b"\0");
     }
+    for input in &spec.inputs {
+        let id = fs.identity(&absolute(&req.cwd, input))?;
+        family.update(format!("{input}\0{id:?}\0").as_bytes());
+    }
+    let family = *family.finalize().as_bytes();
+    if known(&family) {
+        return None;
+    }
+    // The archs every host object carries (nvcc compiled them with one list).
+    let mut common: Option<BTreeSet<String>> = None;
+    for input in &spec.inputs {
+        let Some(archs) = fs.read(&absolute(&req.cwd, input)).ok().and_then(|d| host_object_archs(&d)) else {
+            continue;
+        };
+        common = Some(match common {
+            None => archs,
+            Some(c) => c.intersection(&archs).cloned().collect(),
+        });
+    }
+    let others: Vec<String> = common?.into_iter().filter(|a| *a != own).take(MAX_SIBLINGS).collect();
     let existing_register = existing_register.to_string_lossy();
     let mut links = Vec::new();
     for arch in others {
@@ -177,7 +194,7 @@ pub fn sibling_archs(req: &Request, fs: &dyn InputFs, existing_register: &Path) 
         }
         links.push((arch, Request { args, speculative: true, ..req.clone() }));
     }
-    Some(Siblings { family: *family.finalize().as_bytes(), arch: own, links })
+    Some(Siblings { family, arch: own, links })
 }
 
 /// The caller's files a link reads (absolute): its inputs, the library each

@@ -122,7 +122,11 @@ impl Speculator {
 
     fn predict(self: &Arc<Self>, req: &Request) {
         let fs = SpeculativeFs::new(self.max_link_input);
-        let Some(siblings) = sibling_archs(req, &fs, &self.existing_register) else { return };
+        let known = |family: &[u8; 32]| {
+            let families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+            families.iter().any(|(f, _)| f == family)
+        };
+        let Some(siblings) = sibling_archs(req, &fs, &self.existing_register, &known) else { return };
         // Each arch of one step once: nvcc's later calls predict the same archs.
         let todo: Vec<(String, Request)> = {
             let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());

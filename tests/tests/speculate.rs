@@ -168,6 +168,27 @@ fn quick_writes_cause_one_relink() {
     assert_eq!(d.stat("speculative_links") - started, 1, "six quick writes should cause one relink");
 }
 
+/// A change arriving while the relink of the previous one still runs cancels
+/// that relink; the next relink links the newest contents.
+#[test]
+fn a_newer_change_cancels_the_running_relink() {
+    // Every computed link pauses after its key: the first relink is still
+    // running when the second change comes.
+    let d = Daemon::start_env(&["--watch"], &[("NVLINKD_TEST_PAUSE_AFTER_KEY_MS", "3000")]);
+    let p = Project::new("supersede");
+    assert_eq!(run(&shim(), &p.inv(), &d.shim_env()).code, 0);
+    let (started, finished) = (d.stat("speculative_links"), d.stat("speculative_finished"));
+    // First change: another object entirely.
+    std::fs::copy(corpus::dir().join("vars_def.o"), p.dir.path().join("scale.o")).unwrap();
+    wait_for("the first relink to start", || d.stat("speculative_links") > started);
+    p.change_scale(true);
+    wait_for("both relinks to end", || d.stat("speculative_finished") >= finished + 2);
+    assert_eq!(d.stat("speculative_cancelled"), 1, "the running relink was not cancelled by the newer change");
+    let spec_hits = d.stat("speculative_hits");
+    same("after both changes", &p.expected(), &run(&shim(), &p.inv(), &d.shim_env()));
+    assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "the newest contents were not relinked");
+}
+
 /// `nvlinkd watch -- <args>` links at once and rewrites the output when an
 /// input changes, with nvlink's bytes; one JSON line per (re)link.
 #[test]

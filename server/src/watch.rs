@@ -74,6 +74,13 @@ impl Recipe {
     }
 }
 
+/// Changed paths not yet applied to the recipes, and whether a recipe became due.
+#[derive(Default)]
+struct Pending {
+    paths: Vec<(PathBuf, Instant)>,
+    kick: bool,
+}
+
 #[derive(Default)]
 struct State {
     recipes: Vec<Recipe>,
@@ -89,6 +96,11 @@ pub struct Watcher {
     remember_builds: bool,
     max_link_input: u64,
     state: Mutex<State>,
+    /// What the `notify` thread and `subscribe` hand to the debouncing
+    /// thread. A lock of its own, never held while waiting on anything:
+    /// `notify`'s watch and unwatch wait for its event thread, which may be
+    /// delivering an event, so the event handler must never wait for `state`.
+    pending: Mutex<Pending>,
     wake: Condvar,
     notify: Mutex<Option<notify::RecommendedWatcher>>,
 }
@@ -106,6 +118,7 @@ impl Watcher {
             remember_builds,
             max_link_input,
             state: Mutex::new(State::default()),
+            pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             notify: Mutex::new(None),
         });
@@ -162,6 +175,7 @@ impl Watcher {
         let mut st = self.lock();
         let id = self.insert(&mut st, req, &inputs, Some(subscriber));
         drop(st);
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).kick = true;
         self.wake.notify_all();
         Some(id)
     }
@@ -233,26 +247,25 @@ impl Watcher {
         }
     }
 
+    /// On `notify`'s thread: hand the paths over (see [`Watcher::pending`]).
     fn on_event(&self, ev: &notify::Event) {
-        if matches!(ev.kind, EventKind::Access(_)) {
+        if matches!(ev.kind, EventKind::Access(_)) || ev.paths.is_empty() {
             return;
         }
-        let mut st = self.lock();
-        let mut any = false;
-        for r in st.recipes.iter_mut() {
-            for p in &ev.paths {
-                if r.inputs.contains(p) {
-                    r.changed_at = Some(Instant::now());
-                    if !r.changed.contains(p) {
-                        r.changed.push(p.clone());
-                    }
-                    any = true;
+        let now = Instant::now();
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).paths.extend(ev.paths.iter().map(|p| (p.clone(), now)));
+        self.wake.notify_all();
+    }
+
+    /// Mark the recipes that read a changed path.
+    fn apply(st: &mut State, changes: Vec<(PathBuf, Instant)>) {
+        for (path, at) in changes {
+            for r in st.recipes.iter_mut().filter(|r| r.inputs.contains(&path)) {
+                r.changed_at = Some(r.changed_at.map_or(at, |t| t.max(at)));
+                if !r.changed.contains(&path) {
+                    r.changed.push(path.clone());
                 }
             }
-        }
-        drop(st);
-        if any {
-            self.wake.notify_all();
         }
     }
 
@@ -326,11 +339,20 @@ impl Watcher {
 /// enough, sleeps until the next recipe is due.
 fn debounce(weak: Weak<Watcher>) {
     let Some(w) = weak.upgrade() else { return };
-    let mut st = w.lock();
+    let mut wait = Duration::ZERO;
     loop {
-        let wait = w.relink_due(&mut st).unwrap_or(Duration::from_secs(60));
-        // The lock is held from the check to the wait: a change cannot slip
-        // in between unnoticed. Spurious wakeups only check again.
-        st = w.wake.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner()).0;
+        let changes = {
+            let mut p = w.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // Checked and waited for under the same lock: nothing handed over
+            // in between goes unnoticed. Spurious wakeups only check again.
+            if p.paths.is_empty() && !p.kick && !wait.is_zero() {
+                p = w.wake.wait_timeout(p, wait).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            p.kick = false;
+            std::mem::take(&mut p.paths)
+        };
+        let mut st = w.lock();
+        Watcher::apply(&mut st, changes);
+        wait = w.relink_due(&mut st).unwrap_or(Duration::from_secs(60));
     }
 }

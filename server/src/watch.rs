@@ -281,9 +281,10 @@ impl Watcher {
                 next = Some(next.map_or(due - now, |n| n.min(due - now)));
                 continue;
             }
-            // An input still missing (a build between remove and rewrite):
-            // its creation is another event.
-            if r.inputs.iter().any(|p| !p.is_file()) {
+            // A build's input still missing (between remove and rewrite, or a
+            // temporary file gone): its creation is another event. (`nvlinkd
+            // watch` gets nvlink's answer, missing file or not.)
+            if r.subscriber.is_none() && r.inputs.iter().any(|p| !p.exists()) {
                 r.changed_at = None;
                 continue;
             }

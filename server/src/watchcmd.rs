@@ -13,15 +13,18 @@
 //! {"event":"relinked","relink":1,"changed":["/src/a.o"],"exit_code":0,"engine":"InProcess","ms":41.2,"outputs":["/src/out.cubin"]}
 //! ```
 //!
-//! A link the daemon cannot serve itself (`"fallback"` in the event) writes
-//! nothing: run nvlink for it. The command ends on Ctrl-C (or when the daemon
-//! stops).
+//! A link the daemon cannot serve itself (`"fallback"` in the event: an input
+//! only nvlink may read, a worker that crashed) is run with the real nvlink
+//! here, as the shim would (found as the shim finds it: `NVLINKD_REAL_NVLINK`,
+//! the install record, `$CUDA_HOME/bin/nvlink`). The command ends on Ctrl-C
+//! (or when the daemon stops).
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use nvlinkd_proto::paths::{OverlayRecord, ENV_REAL_NVLINK};
 use nvlinkd_proto::shared::RELEVANT_ENV;
 use nvlinkd_proto::v1::{LinkResult, Start, WatchEvent};
 
@@ -37,14 +40,26 @@ pub async fn run(socket: &Path, args: Vec<String>) -> ExitCode {
     }
 }
 
+/// The real nvlink, as the shim finds it.
+fn real_nvlink(record: Option<&OverlayRecord>, toolkit: Option<&Path>) -> Option<PathBuf> {
+    std::env::var_os(ENV_REAL_NVLINK)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| record.and_then(|r| r.real_nvlink.clone()))
+        .or_else(|| toolkit.map(|t| t.join("bin/nvlink")))
+}
+
 async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
     let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
     let md = std::fs::metadata(&cwd).map_err(|e| format!("{}: {e}", cwd.display()))?;
-    let toolkit = nvlinkd_proto::paths::OverlayRecord::of_current_exe()
-        .and_then(|r| r.cuda_home)
+    let record = OverlayRecord::of_current_exe();
+    let toolkit = record
+        .as_ref()
+        .and_then(|r| r.cuda_home.clone())
         .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let nvlink = real_nvlink(record.as_ref(), toolkit.as_deref());
     let start = Start {
-        args,
+        args: args.clone(),
         cwd: cwd.to_string_lossy().into_owned(),
         env: RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect(),
         toolkit: toolkit.map(|t| t.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -56,7 +71,7 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
     loop {
         tokio::select! {
             m = events.message() => match m {
-                Ok(Some(ev)) => report(&ev),
+                Ok(Some(ev)) => report(&ev, &args, nvlink.as_deref()),
                 Ok(None) => return Err("the daemon ended the watch (stopped?)".into()),
                 Err(s) => return Err(s.message().to_string()),
             },
@@ -65,13 +80,29 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
     }
 }
 
-/// Write one result's outputs and print its event line.
-fn report(ev: &WatchEvent) {
+/// Write one result's outputs (or run the real nvlink for a fallback) and
+/// print its event line.
+fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
     let empty = LinkResult::default();
     let r = ev.result.as_ref().unwrap_or(&empty);
     let mut written = Vec::new();
     let mut errors = Vec::new();
-    if !r.fallback {
+    let mut exit_code = r.exit_code;
+    if r.fallback {
+        // nvlink writes its outputs itself, and prints its own messages (to
+        // stderr here: stdout is for the events).
+        let ran = nvlink.ok_or_else(|| "no real nvlink known (set NVLINKD_REAL_NVLINK)".to_string()).and_then(|n| {
+            std::process::Command::new(n)
+                .args(args)
+                .stdout(std::io::stderr())
+                .status()
+                .map_err(|e| format!("{}: {e}", n.display()))
+        });
+        match ran {
+            Ok(status) => exit_code = status.code().unwrap_or(-1),
+            Err(e) => errors.push(e),
+        }
+    } else {
         for f in &r.outputs {
             let path = Path::new(&f.path);
             let done = if f.append { append(path, &f.data) } else { write_atomically(path, &f.data) };
@@ -89,7 +120,7 @@ fn report(ev: &WatchEvent) {
         "event": if ev.relink == 0 { "linked" } else { "relinked" },
         "relink": ev.relink,
         "changed": ev.changed,
-        "exit_code": r.exit_code,
+        "exit_code": exit_code,
         "engine": ev.engine,
         "ms": (ev.ms * 10.0).round() / 10.0,
         "outputs": written,

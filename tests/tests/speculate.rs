@@ -189,53 +189,85 @@ fn a_newer_change_cancels_the_running_relink() {
     assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "the newest contents were not relinked");
 }
 
+/// `nvlinkd watch` for a project, and its events.
+struct WatchCmd {
+    child: std::process::Child,
+    events: std::sync::mpsc::Receiver<String>,
+}
+
+impl WatchCmd {
+    fn start(d: &Daemon, p: &Project, env: &[(String, String)]) -> WatchCmd {
+        let mut child = Command::new(nvlinkd())
+            .arg("watch")
+            .arg("--socket")
+            .arg(d.socket())
+            .arg("--")
+            .args(&p.inv().args)
+            .current_dir(p.dir.path())
+            .env("CUDA_HOME", cuda_home())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nvlinkd watch");
+        let (tx, events) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        WatchCmd { child, events }
+    }
+
+    fn next_event(&self) -> serde_json::Value {
+        let line = self.events.recv_timeout(Duration::from_secs(60)).expect("no event from nvlinkd watch");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Ctrl-C ends it, successfully.
+    fn interrupt(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "nvlinkd watch did not end cleanly on SIGINT: {status}");
+    }
+}
+
 /// `nvlinkd watch -- <args>` links at once and rewrites the output when an
 /// input changes, with nvlink's bytes; one JSON line per (re)link.
 #[test]
 fn nvlinkd_watch_keeps_the_output_fresh() {
     let d = Daemon::start();
     let p = Project::new("watchcmd");
-    let inv = p.inv();
-    let mut child = Command::new(nvlinkd())
-        .arg("watch")
-        .arg("--socket")
-        .arg(d.socket())
-        .arg("--")
-        .args(&inv.args)
-        .current_dir(p.dir.path())
-        .env("CUDA_HOME", cuda_home())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nvlinkd watch");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let next_event = || -> serde_json::Value {
-        let line = rx.recv_timeout(Duration::from_secs(120)).expect("no event from nvlinkd watch");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-    };
+    let w = WatchCmd::start(&d, &p, &[]);
     let output = p.out.path().join("out.cubin");
-    let ev = next_event();
+    let ev = w.next_event();
     assert_eq!((ev["event"].as_str(), ev["exit_code"].as_i64()), (Some("linked"), Some(0)), "{ev}");
     assert_eq!(std::fs::read(&output).ok().as_ref(), p.expected().files.get("out.cubin"), "first output");
 
     p.change_scale(true);
-    let ev = next_event();
+    let ev = w.next_event();
     assert_eq!(ev["event"].as_str(), Some("relinked"), "{ev}");
     let changed = ev["changed"].as_array().cloned().unwrap_or_default();
     assert!(changed.iter().any(|c| c.as_str().is_some_and(|c| c.ends_with("/scale.o"))), "{ev}");
     let expected = p.expected();
     assert!(expected.files.contains_key("out.cubin"));
     assert_eq!(std::fs::read(&output).ok().as_ref(), expected.files.get("out.cubin"), "output after the change");
+    w.interrupt();
+}
 
-    // Ctrl-C ends it.
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().unwrap();
-    assert!(status.success(), "nvlinkd watch did not end cleanly on SIGINT: {status}");
+/// A link the daemon declines (here: past its per-link input budget) is run
+/// by `nvlinkd watch` with the real nvlink, whose outputs it then has.
+#[test]
+fn nvlinkd_watch_runs_nvlink_when_the_daemon_declines() {
+    let d = Daemon::start_with(&["--max-link-input", "1000"]);
+    let p = Project::new("watchcmd-fallback");
+    let env = [("NVLINKD_REAL_NVLINK".to_string(), real_nvlink().display().to_string())];
+    let w = WatchCmd::start(&d, &p, &env);
+    let ev = w.next_event();
+    assert!(ev["fallback"].is_string() && ev["exit_code"].as_i64() == Some(0), "{ev}");
+    let output = p.out.path().join("out.cubin");
+    assert_eq!(std::fs::read(&output).ok().as_ref(), p.expected().files.get("out.cubin"), "nvlink's output");
+    w.interrupt();
 }

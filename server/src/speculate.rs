@@ -70,6 +70,8 @@ pub struct Speculator {
     /// Most speculative links computing at once.
     max_running: usize,
     running: AtomicUsize,
+    /// Predictions reading their inputs now (bounded like the links).
+    predicting: AtomicUsize,
     /// nvcc steps seen lately: their family and the archs already linked or started.
     families: Mutex<VecDeque<([u8; 32], BTreeSet<String>)>>,
     /// A file the daemon keeps, named as the `--register-link-binaries` file
@@ -103,6 +105,7 @@ impl Speculator {
             multi_arch,
             max_running: max_running.max(1),
             running: AtomicUsize::new(0),
+            predicting: AtomicUsize::new(0),
             families: Mutex::new(VecDeque::new()),
             existing_register,
             max_link_input,
@@ -116,8 +119,21 @@ impl Speculator {
         if !self.multi_arch || !req.shared_fs || req.speculative {
             return;
         }
+        // A burst of links does not start a burst of threads reading inputs:
+        // past the bound, a link predicts nothing (a later arch's call of the
+        // same step predicts the same archs).
+        if self.predicting.fetch_add(1, Ordering::SeqCst) >= self.max_running {
+            self.predicting.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let (this, req) = (self.clone(), req.clone());
-        let _ = std::thread::Builder::new().name("nvlinkd-predict".into()).spawn(move || this.predict(&req));
+        let spawned = std::thread::Builder::new().name("nvlinkd-predict".into()).spawn(move || {
+            let _predicting = Running(&this.predicting);
+            this.predict(&req)
+        });
+        if spawned.is_err() {
+            self.predicting.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn predict(self: &Arc<Self>, req: &Request) {

@@ -179,18 +179,22 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let jobs = opts.linker.jobs;
+    // Without a whole-link cache a speculative link's result would go nowhere
+    // (`nvlinkd watch`, which receives its results, still works).
+    let cached = opts.linker.cache_mem > 0 || opts.linker.cache_size > 0;
     let linker = Arc::new(Linker::new(opts.linker));
     let speculator = Speculator::new(
         linker.clone(),
         &opts.cache_dir,
-        opts.speculation.multi_arch,
+        opts.speculation.multi_arch && cached,
         opts.speculation.max_running,
         opts.limits.max_link_input,
     );
-    let watcher = Watcher::new(linker.clone(), speculator.clone(), opts.speculation.watch, opts.limits.max_link_input);
+    let watcher =
+        Watcher::new(linker.clone(), speculator.clone(), opts.speculation.watch && cached, opts.limits.max_link_input);
     info!(
-        multi_arch = opts.speculation.multi_arch,
-        watch = opts.speculation.watch,
+        multi_arch = opts.speculation.multi_arch && cached,
+        watch = opts.speculation.watch && cached,
         max_running = opts.speculation.max_running,
         ?jobs,
         "speculative links"

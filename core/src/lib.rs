@@ -28,6 +28,7 @@ pub mod plan;
 pub mod regbin;
 pub mod request;
 pub mod sched;
+pub mod speculate;
 pub mod stats;
 pub mod toolkit;
 pub mod worker;

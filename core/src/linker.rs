@@ -98,7 +98,13 @@ pub struct Linker {
     test_pause_after_key: u64,
     /// Worker processes running libnvJitLink (see `worker.rs`).
     workers: Option<Arc<WorkerPool>>,
+    /// Content keys of whole-link entries that speculative links computed (or
+    /// are computing) and no real link has used yet, newest last; bounded.
+    speculated: std::sync::Mutex<std::collections::VecDeque<crate::cache::Key>>,
 }
+
+/// How many unused speculative entries are remembered for `speculative_hits`.
+const SPECULATED_MAX: usize = 1024;
 
 /// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
 const DECODE_MEMO_MAX: u64 = 256 << 20;
@@ -223,6 +229,7 @@ impl Linker {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
             workers,
+            speculated: Default::default(),
             config,
         }
     }
@@ -388,6 +395,11 @@ impl Linker {
     /// foreground one (it then does not register). The registration ends when
     /// the guard drops.
     fn claim_output(&self, req: &Request, spec: &Spec, cancel: &Cancel) -> Option<OutputClaim<'_>> {
+        // A speculative link writes no file: the real link of that output joins
+        // its computation (`cache/flight.rs`) instead of superseding it.
+        if req.speculative {
+            return None;
+        }
         let out = spec.output.as_ref()?;
         let key = (req.cwd.clone(), absolute(&req.cwd, out));
         let mut map = self.outputs.lock().unwrap_or_else(|p| p.into_inner());
@@ -426,7 +438,9 @@ impl Linker {
     }
 
     fn link_controlled(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
-        bump(&self.stats.requests);
+        if !req.speculative {
+            bump(&self.stats.requests);
+        }
         // One view of the files for the whole link: options files, the key and
         // the link all see the same reads and stats.
         let memo = MemoFs::new(fs);
@@ -542,7 +556,10 @@ impl Linker {
             return self.compute_link(tk, req, memo, spec, mode, cancel);
         };
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
-            bump(&self.stats.cache_hits);
+            if !req.speculative {
+                bump(&self.stats.cache_hits);
+                self.note_speculated_use(&keys.content);
+            }
             return o;
         }
         // Only a link that must compute waits for a slot; one that waited looks
@@ -553,11 +570,18 @@ impl Linker {
         };
         if _admitted.as_ref().is_some_and(|a| a._slot.queued) {
             if let Some(o) = self.lookup(cache, &keys, req, spec) {
-                bump(&self.stats.cache_hits);
+                if !req.speculative {
+                    bump(&self.stats.cache_hits);
+                    self.note_speculated_use(&keys.content);
+                }
                 return o;
             }
         }
-        bump(&self.stats.cache_misses);
+        if req.speculative {
+            self.note_speculated(keys.content);
+        } else {
+            bump(&self.stats.cache_misses);
+        }
         if self.test_pause_after_key > 0 {
             std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
         }
@@ -565,6 +589,12 @@ impl Linker {
         let entry = cache.flights.run(keys.content, || {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
+            if req.speculative && entry.is_none() {
+                // Nothing stored: a later real link that computes and stores
+                // this key itself is no speculative hit.
+                let mut s = self.speculated.lock().unwrap_or_else(|p| p.into_inner());
+                s.retain(|k| *k != keys.content);
+            }
             if let Some(e) = &entry {
                 let _store = debug_span!("store").entered();
                 let bytes: Arc<[u8]> = e.encode().into();
@@ -583,8 +613,34 @@ impl Linker {
         }
         // Another request computed it: usable unless it depends on names.
         match entry.filter(|e| !e.name_sensitive).and_then(|e| self.outcome_of(&e, req, spec)) {
-            Some(o) => o,
+            Some(o) => {
+                if !req.speculative {
+                    self.note_speculated_use(&keys.content);
+                }
+                o
+            }
             None => self.compute_link(tk, req, memo, spec, mode, cancel),
+        }
+    }
+
+    /// A speculative link is about to compute the entry under `key`.
+    fn note_speculated(&self, key: crate::cache::Key) {
+        let mut s = self.speculated.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.contains(&key) {
+            if s.len() >= SPECULATED_MAX {
+                s.pop_front();
+            }
+            s.push_back(key);
+        }
+    }
+
+    /// A real link was served from the entry under `key`: a speculative hit if
+    /// a speculative link made it (counted once).
+    fn note_speculated_use(&self, key: &crate::cache::Key) {
+        let mut s = self.speculated.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = s.iter().position(|k| k == key) {
+            s.remove(i);
+            bump(&self.stats.speculative_hits);
         }
     }
 

@@ -24,6 +24,12 @@ pub struct Request {
     /// Whether this process sees the caller's filesystem at the same paths (a
     /// local daemon). Only then can the real nvlink run here as an engine.
     pub shared_fs: bool,
+    /// A link nobody asked for yet, computed ahead of a predicted call
+    /// (another arch of a multi-arch build, a relink after an input changed;
+    /// see `nvlinkd_core::speculate`). Its result goes only into the cache, it
+    /// belongs to the background priority class, and it does not count as a
+    /// request in the stats.
+    pub speculative: bool,
 }
 
 /// A file to write on the caller's side.

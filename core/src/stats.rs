@@ -58,6 +58,18 @@ counters! {
     /// `cancelled_superseded`). Nothing of theirs is cached but finished artifacts.
     cancelled,
     cancelled_superseded,
+    /// Speculative links started (another arch of a multi-arch build, a
+    /// relink after a watched input changed); they are not `requests`.
+    speculative_links,
+    /// Real links served from an entry a speculative link computed (or was
+    /// computing when they arrived).
+    speculative_hits,
+    /// Speculative links that ended (computed, served from the cache, or cancelled).
+    speculative_finished,
+    /// Speculative links cancelled by a newer change of their inputs.
+    speculative_cancelled,
+    /// Predictions not started because the speculative work was at its bound.
+    speculative_dropped,
 }
 
 pub fn bump(c: &AtomicU64) {

@@ -130,6 +130,8 @@ impl Remote {
         Ok(Remote { listen, tls, auth, authenticated })
     }
 }
+use crate::speculate::Speculator;
+use crate::watch::Watcher;
 
 pub struct ServeOptions {
     pub socket: PathBuf,
@@ -147,6 +149,19 @@ pub struct ServeOptions {
     pub metrics_listen: Option<String>,
     /// Where the event stream is published (`events.rs`).
     pub events: Hub,
+    /// Speculative links (see `speculate.rs`).
+    pub speculation: Speculation,
+}
+
+/// What the daemon links before it is asked (`speculate.rs`, `watch.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct Speculation {
+    /// Link the other archs of a multi-arch nvcc step (off: `--no-speculate`).
+    pub multi_arch: bool,
+    /// Remember recent links and relink them when an input changes (`--watch`).
+    pub watch: bool,
+    /// Most speculative links computing at once.
+    pub max_running: usize,
 }
 
 /// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
@@ -277,11 +292,31 @@ fn builder() -> tonic::transport::Server {
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
+    let jobs = opts.linker.jobs;
+    // Without a whole-link cache a speculative link's result would go nowhere
+    // (`nvlinkd watch`, which receives its results, still works).
+    let cached = opts.linker.cache_mem > 0 || opts.linker.cache_size > 0;
     let linker = Arc::new(Linker::new(opts.linker));
     if let Some(r) = opts.remote_cache.clone() {
         let tier = crate::remote::RemoteCache::new(r, tokio::runtime::Handle::current())?;
         linker.set_remote_tier(Arc::new(tier));
     }
+    let speculator = Speculator::new(
+        linker.clone(),
+        &opts.cache_dir,
+        opts.speculation.multi_arch && cached,
+        opts.speculation.max_running,
+        opts.limits.max_link_input,
+    );
+    let watcher =
+        Watcher::new(linker.clone(), speculator.clone(), opts.speculation.watch && cached, opts.limits.max_link_input);
+    info!(
+        multi_arch = opts.speculation.multi_arch && cached,
+        watch = opts.speculation.watch && cached,
+        max_running = opts.speculation.max_running,
+        ?jobs,
+        "speculative links"
+    );
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
 
     // Signals start the same graceful shutdown as the RPC.
@@ -318,6 +353,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
+            speculator: speculator.clone(),
+            watcher: watcher.clone(),
             local,
             auth,
             auth_failures: auth_failures.clone(),

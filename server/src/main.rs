@@ -8,7 +8,10 @@ mod install;
 mod metrics;
 mod remote;
 mod service;
+mod speculate;
 mod stream_fs;
+mod watch;
+mod watchcmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -107,6 +110,16 @@ struct ServeArgs {
     /// bind an internal address)
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Do not link the other archs of a multi-arch nvcc step ahead of its calls
+    #[arg(long)]
+    no_speculate: bool,
+    /// Remember recent links and relink them in the background when one of
+    /// their input files changes (the next identical link is a cache hit)
+    #[arg(long)]
+    watch: bool,
+    /// Most speculative links computing at once [default: --jobs, or the number of CPUs]
+    #[arg(long)]
+    max_speculative: Option<usize>,
 }
 
 /// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
@@ -247,6 +260,15 @@ impl ServeArgs {
         if let Some(m) = &self.metrics_listen {
             a.extend(["--metrics-listen".into(), m.clone()]);
         }
+        if self.no_speculate {
+            a.push("--no-speculate".into());
+        }
+        if self.watch {
+            a.push("--watch".into());
+        }
+        if let Some(n) = self.max_speculative {
+            a.extend(["--max-speculative".into(), n.to_string()]);
+        }
         a
     }
 }
@@ -304,6 +326,17 @@ enum Command {
         explain: bool,
         /// nvlink's arguments
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Keep one link's outputs fresh: link now through the daemon, and again
+    /// whenever one of its input files changes (run it in the link's working
+    /// directory); prints one JSON line per (re)link; ends on Ctrl-C
+    Watch {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// nvlink's arguments
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         args: Vec<String>,
     },
     /// Run libnvJitLink for a daemon (started by the daemon; see core/src/worker.rs)
@@ -401,6 +434,14 @@ fn main() -> ExitCode {
                 shutdown_grace: a.shutdown_grace,
                 idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
                 events,
+                speculation: daemon::Speculation {
+                    multi_arch: !a.no_speculate,
+                    watch: a.watch,
+                    max_running: a
+                        .max_speculative
+                        .or(a.jobs)
+                        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+                },
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));
@@ -435,6 +476,7 @@ fn main() -> ExitCode {
         Command::Install { cuda_home, .. } => report(install::install_in_place(&cuda_home)),
         Command::Uninstall { cuda_home } => report(install::uninstall(&cuda_home)),
         Command::Exec { explain, args } => exec::run(args, explain),
+        Command::Watch { socket, args } => runtime().block_on(watchcmd::run(&socket_or_default(socket), args)),
         Command::Worker { lib, release, mem } => {
             let Some((major, minor)) =
                 release.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))

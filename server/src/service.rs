@@ -24,14 +24,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvlinkd_core::fs::InputFs;
-use nvlinkd_core::request::{EngineKind, Request as LinkRequest};
+use nvlinkd_core::request::{EngineKind, Outcome, Request as LinkRequest};
 use nvlinkd_core::sched::Priority;
 use nvlinkd_core::worker::{Cancel, Stopped};
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
     client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, Event, EventsRequest, LinkResult,
-    OutputFile, PingReply, PingRequest, Progress, ServerMessage, ShutdownReply, ShutdownRequest, StatsReply,
-    StatsRequest,
+    OutputFile, PingReply, PingRequest, Progress, ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply,
+    StatsRequest, WatchEvent,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
@@ -39,7 +39,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::events::Hub;
+use crate::speculate::Speculator;
 use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::watch::{Subscriber, Watcher};
 
 /// Limits every link is held to.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +97,10 @@ impl Drop for ActiveLink {
 #[derive(Clone)]
 pub struct Service {
     pub linker: Arc<Linker>,
+    /// Speculative links: other archs of multi-arch steps (`speculate.rs`).
+    pub speculator: Arc<Speculator>,
+    /// Recipes of recent links, relinked when their inputs change (`watch.rs`).
+    pub watcher: Arc<Watcher>,
     /// Whether this listener is the local unix socket (the caller shares our filesystem).
     pub local: bool,
     /// Bearer tokens required of callers (the remote listener with `--token-file`).
@@ -114,6 +120,7 @@ pub struct Service {
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 type EventStream = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
 impl Service {
     /// Read the Start message, run the link on a blocking thread (file reads
@@ -146,6 +153,7 @@ impl Service {
             env: start.env.into_iter().collect(),
             toolkit: Some(start.toolkit_release).filter(|t| !t.is_empty()),
             shared_fs,
+            speculative: false,
         };
         // An unknown class is the default one: the shim forwards the variable as set.
         let priority = Priority::from_name(&start.priority).unwrap_or_default();
@@ -155,6 +163,9 @@ impl Service {
         if start.progress {
             forward_progress(&events, link_id, tx.clone());
         }
+
+        // The other archs of a multi-arch nvcc step, linked alongside this one.
+        self.speculator.on_link(&req);
 
         let channel = LinkChannel::new(
             tx,
@@ -192,6 +203,7 @@ impl Service {
         });
 
         let linker = self.linker.clone();
+        let watcher = self.watcher.clone();
         let slow = self.slow_link_ms;
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
@@ -212,6 +224,10 @@ impl Service {
             // Nothing is registered on this stream from now on.
             let gone = channel.closed_reason();
             channel.close("the link is done");
+            if outcome.as_ref().is_ok_and(|o| o.fallback.is_none()) {
+                // With --watch: relinked in the background when an input changes.
+                watcher.remember(&req);
+            }
             let (engine, cache) = match &outcome {
                 Ok(o) if o.fallback.is_some() => ("fallback", "none"),
                 Ok(o) => match o.engine {
@@ -323,6 +339,28 @@ fn send_output(channel: &LinkChannel, f: &nvlinkd_core::request::OutputFile) -> 
         }
     }
     true
+}
+
+/// The answer of an outcome as the shim (or `nvlinkd watch`) receives it.
+fn link_result(o: &Outcome) -> LinkResult {
+    LinkResult {
+        exit_code: o.exit_code,
+        stdout: o.stdout.clone(),
+        stderr: o.stderr.clone(),
+        outputs: o
+            .outputs
+            .iter()
+            .map(|f| OutputFile {
+                path: f.path.to_string_lossy().into_owned(),
+                data: f.data.clone(),
+                append: f.append,
+                more: false,
+            })
+            .collect(),
+        fallback: o.fallback.is_some(),
+        fallback_reason: o.fallback.as_ref().map(|d| d.detail.clone()).unwrap_or_default(),
+        cancelled: String::new(),
+    }
 }
 
 fn fallback(reason: String) -> LinkResult {
@@ -478,6 +516,56 @@ impl Nvlinkd for Service {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<Start>) -> Result<Response<WatchStream>, Status> {
+        self.authenticate(&request)?;
+        self.local_only("Watch")?;
+        let start = request.into_inner();
+        let cwd = PathBuf::from(&start.cwd);
+        let shared_fs = self.local
+            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
+        if !shared_fs {
+            return Err(Status::failed_precondition(
+                "nvlinkd watch needs a daemon on this machine that sees the link's files (its unix socket)",
+            ));
+        }
+        let req = LinkRequest {
+            args: start.args,
+            cwd,
+            env: start.env.into_iter().collect(),
+            toolkit: Some(start.toolkit_release).filter(|t| !t.is_empty()),
+            shared_fs,
+            speculative: false,
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let events = tx.clone();
+        let subscriber: Subscriber = Arc::new(move |relink, changed, o, took| {
+            let event = WatchEvent {
+                relink,
+                changed: changed.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+                result: Some(link_result(o)),
+                ms: took.as_secs_f64() * 1e3,
+                engine: format!("{:?}", o.engine),
+            };
+            // Called on the relink's own thread, never on the runtime.
+            events.blocking_send(Ok(event)).is_ok()
+        });
+        let watcher = self.watcher.clone();
+        let id = tokio::task::spawn_blocking(move || watcher.subscribe(req, subscriber))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::invalid_argument("not a device link with an output file (nothing to keep fresh)"))?;
+        info!(id, "watching a link for nvlinkd watch");
+        let watcher = self.watcher.clone();
+        tokio::spawn(async move {
+            tx.closed().await;
+            debug!(id, "nvlinkd watch went away");
+            watcher.unsubscribe(id);
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn stats(&self, request: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {

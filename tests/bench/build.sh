@@ -16,4 +16,9 @@ for f in tu1 tu2 tu3 tu4 tu5 transforms tu3_changed; do
   run "$nvcc" -arch=sm_90 -dc "$f.cu" -o "$f.o"
 done
 wait
+# A two-arch LTO build (nvcc -dlto -dlink with two -gencode: one nvlink call per arch).
+for f in tu1 tu2 tu3 tu4 tu5 transforms; do
+  run "$nvcc" -gencode arch=compute_80,code=lto_80 -gencode arch=compute_90,code=lto_90 -dc "$f.cu" -o "${f}_lto2.o"
+done
+wait
 touch workload.done

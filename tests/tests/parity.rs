@@ -468,8 +468,10 @@ fn parity_with_nvlink() {
     let cases = cases();
     let corpus = corpus::dir();
     // One daemon per thread, each running one link at a time, so that the
-    // change of its counters over a link tells which engine served that link.
-    let daemons: Vec<Daemon> = (0..4).map(|_| Daemon::start()).collect();
+    // change of its counters over a link tells which engine served that link;
+    // no speculative link of one arch's case may serve another arch's
+    // (tests/tests/speculate.rs covers those).
+    let daemons: Vec<Daemon> = (0..4).map(|_| Daemon::start_with(&["--no-speculate"])).collect();
     let work = TempDir::new("parity");
     let rows = Mutex::new(Vec::new());
     let next = std::sync::atomic::AtomicUsize::new(0);

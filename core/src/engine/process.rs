@@ -129,7 +129,7 @@ impl Drop for Scratch {
 }
 
 /// Replace an option's value in argv, wherever it sits.
-fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
+pub(crate) fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) {
     match at.value {
         Some(v) => args[v] = new.to_owned(),
         None => {

@@ -24,6 +24,14 @@
 //!       wait for its slot (`link_admitted.waited_ms` from `nvlinkd events`).
 //!       Targets: (k) under 500 ms; (l) slot within 100 ms, under 1.3x idle.
 //!       `NVLINKD_BENCH_ONLY=ide` runs only (k) and (l).
+//!   (s1) a two-arch `-dlto` device link driven by nvcc (two `-gencode`): the
+//!       overlay's nvcc through a fresh daemon (the second arch speculated while
+//!       the first links) vs the same overlay with the real nvlink in its place;
+//!   (s2) `nvlinkd watch`: from an input change to the relinked output on disk,
+//!       vs one nvlink run of the changed link;
+//!   (s3) with `serve --watch`: the build's next link after the speculative
+//!       relink of a changed input, vs nvlink on the changed link.
+//!       `NVLINKD_BENCH_ONLY=speculation` runs only (s1)–(s3).
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -224,6 +232,12 @@ fn main() {
         ide_rows(reps, &work, &o);
         return;
     }
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "speculation") {
+        speculation_rows(&mut report, reps, &corpus, &work);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
+    }
+
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
     // `NVLINKD_BENCH_ONLY=remote`: only the shared-tier rows (r).
@@ -437,6 +451,9 @@ fn main() {
         let _ = Command::new(nvlinkd_tests::env::nvlinkd()).arg("stop").arg("--socket").arg(&socket).output();
     }
     report.row("(h) first link of an auto-started daemon", median(nv_first), median(d_first), identical, "");
+    if !only_fresh {
+        speculation_rows(&mut report, reps, &corpus, &work);
+    }
 
     // (r) the shared REAPI tier, when BuildGrid is installed.
     if !only_fresh && nvlinkd_tests::buildgrid::bgd().is_some() {
@@ -597,4 +614,127 @@ fn ide_rows(reps: usize, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
         loaded.as_secs_f64() / idle.as_secs_f64()
     );
     println!("  (l) longest foreground wait for a slot, idle/loaded: {idle_wait:.1} ms / {loaded_wait:.1} ms (target < 100 ms)");
+}
+
+const LTO2_OBJECTS: &str = "tu1_lto2.o tu2_lto2.o tu3_lto2.o tu4_lto2.o tu5_lto2.o transforms_lto2.o";
+
+/// (s1)–(s3): speculative links (`server/src/speculate.rs`, `watch.rs`).
+fn speculation_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path) {
+    let out = TempDir::new("bench-spec");
+    let o = |n: &str| out.path().join(n);
+
+    // (s1) nvcc -dlto -dlink with two -gencode, through one overlay whose
+    // bin/nvlink is the shim (daemon) or the real nvlink (plain): same paths,
+    // so the same bytes.
+    let prefix = out.path().join("cuda");
+    nvlinkd_tests::env::install_overlay(&prefix);
+    let nvlink = prefix.join("bin/nvlink");
+    let shim_copy = prefix.join("bin/nvlink.shim");
+    std::fs::rename(&nvlink, &shim_copy).expect("move the overlay's shim");
+    let nvcc = prefix.join("bin/nvcc");
+    let nvcc_args = |dst: &Path| -> Vec<String> {
+        let mut a: Vec<String> = "-dlto -dlink -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        a.extend(LTO2_OBJECTS.split_whitespace().map(String::from));
+        a.extend(["-o".into(), dst.display().to_string()]);
+        a
+    };
+    let use_nvlink = |program: &Path| {
+        let _ = std::fs::remove_file(&nvlink);
+        std::os::unix::fs::symlink(program, &nvlink).expect("overlay nvlink");
+    };
+    let (mut plain, mut daemon) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        use_nvlink(&real_nvlink());
+        let t = timed(&nvcc, &nvcc_args(&o("dlink2.plain.o")), work, &[]);
+        assert!(t.ok, "nvcc -dlink (plain) failed");
+        plain.push(t.wall);
+        use_nvlink(&shim_copy);
+        let d = fresh_daemon(corpus);
+        let t = timed(&nvcc, &nvcc_args(&o("dlink2.nvlinkd.o")), work, &d.shim_env());
+        assert!(t.ok, "nvcc -dlink (nvlinkd) failed");
+        daemon.push(t.wall);
+        if d.stat("speculative_hits") == 0 {
+            eprintln!("(s1): the second arch was not served from a speculative link");
+        }
+        identical &= same(&o("dlink2.plain.o"), &o("dlink2.nvlinkd.o"));
+    }
+    report.row("(s1) nvcc -dlto -dlink, two -gencode (cold)", median(plain), median(daemon), identical, "");
+
+    // The LTO link of (a)-(c) in a directory of its own, whose tu3 changes.
+    let proj = TempDir::new("bench-watch");
+    let objs = ["tu1_lto.o", "tu2_lto.o", "tu3_lto.o", "tu4_lto.o", "tu5_lto.o", "transforms_lto.o"];
+    let set_tu3 = |changed: bool| {
+        let from = if changed { "tu3_changed_lto.o" } else { "tu3_lto.o" };
+        std::fs::write(proj.path().join("tu3_lto.o"), std::fs::read(work.join(from)).unwrap()).unwrap();
+    };
+    for f in objs {
+        std::fs::copy(work.join(f), proj.path().join(f)).expect("copy the workload");
+    }
+    let expected = o("changed.nvlink");
+    let mut nv = Vec::new();
+    set_tu3(true);
+    for _ in 0..reps {
+        nv.push(timed(&real_nvlink(), &args(LTO, &expected), proj.path(), &[]).wall);
+    }
+
+    // (s2) nvlinkd watch: change → relinked output.
+    let (mut to_output, mut identical) = (Vec::new(), true);
+    for _ in 0..reps {
+        set_tu3(false);
+        let d = fresh_daemon(corpus);
+        let dst = o("watched.cubin");
+        let mut child = Command::new(nvlinkd_tests::env::nvlinkd())
+            .arg("watch")
+            .arg("--socket")
+            .arg(d.socket())
+            .arg("--")
+            .args(args(LTO, &dst))
+            .current_dir(proj.path())
+            .env("CUDA_HOME", cuda_home())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("nvlinkd watch");
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        let first = lines.next();
+        assert!(first.is_some(), "nvlinkd watch gave no event");
+        let t = Instant::now();
+        set_tu3(true);
+        let relinked = lines.next();
+        to_output.push(t.elapsed());
+        assert!(relinked.is_some_and(|l| l.is_ok_and(|l| l.contains("\"relinked\""))), "no relink event");
+        identical &= same(&expected, &dst);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let _ = child.wait();
+    }
+    report.row(
+        "(s2) nvlinkd watch: input change -> relinked output",
+        median(nv.clone()),
+        median(to_output),
+        identical,
+        "",
+    );
+
+    // (s3) serve --watch: the build's next link after the speculative relink.
+    let (mut next, mut identical) = (Vec::new(), true);
+    for _ in 0..reps {
+        set_tu3(false);
+        let d = Daemon::start_with(&["--watch"]);
+        assert!(timed(&shim(), &args(LTO, &o("before.cubin")), proj.path(), &d.shim_env()).ok);
+        let finished = d.stat("speculative_finished");
+        set_tu3(true);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while d.stat("speculative_finished") == finished && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let t = timed(&shim(), &args(LTO, &o("next.cubin")), proj.path(), &d.shim_env());
+        assert!(t.ok, "the link after the relink failed");
+        next.push(t.wall);
+        identical &= same(&expected, &o("next.cubin"));
+    }
+    report.row("(s3) next link after a --watch relink", median(nv), median(next), identical, "");
 }

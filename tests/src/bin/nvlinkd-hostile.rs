@@ -18,7 +18,8 @@ use std::pin::Pin;
 use nvlinkd_proto::v1::nvlinkd_server::{Nvlinkd, NvlinkdServer};
 use nvlinkd_proto::v1::{
     client_message, file_request, server_message, ClientMessage, Event, EventsRequest, FileRequest, LinkResult,
-    OutputFile, PingReply, PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, StatsReply, StatsRequest,
+    OutputFile, PingReply, PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply, StatsRequest,
+    WatchEvent,
 };
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -99,6 +100,12 @@ impl Nvlinkd for Hostile {
 
     async fn events(&self, _: Request<EventsRequest>) -> Result<Response<Self::EventsStream>, Status> {
         Err(Status::unimplemented("a hostile daemon has no events"))
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+    async fn watch(&self, _: Request<Start>) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("a hostile daemon does not watch"))
     }
 
     async fn stats(&self, _: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {

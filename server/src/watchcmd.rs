@@ -1,0 +1,179 @@
+//! `nvlinkd watch -- <nvlink arguments>`: keep one link's outputs fresh.
+//!
+//! For tools that relink without a build system (an IDE's "link on save", a
+//! test loop). Run in the link's working directory, it asks the local daemon
+//! to watch the link (the `Watch` RPC: the daemon reads and watches the input
+//! files itself, see `watch.rs`); the daemon links at once and again after
+//! every change of an input, and streams each result here. This command writes
+//! the outputs exactly as the shim does for nvlink (each to a temporary file
+//! beside it, then renamed over it), sends nvlink's own messages to stderr,
+//! and prints one JSON object per (re)link on stdout:
+//!
+//! ```text
+//! {"event":"relinked","relink":1,"changed":["/src/a.o"],"exit_code":0,"engine":"InProcess","ms":41.2,"outputs":["/src/out.cubin"]}
+//! ```
+//!
+//! A link the daemon cannot serve itself (`"fallback"` in the event: an input
+//! only nvlink may read, a worker that crashed) is run with the real nvlink
+//! here, as the shim would (found as the shim finds it: `NVLINKD_REAL_NVLINK`,
+//! the install record, `$CUDA_HOME/bin/nvlink`). The command ends on Ctrl-C
+//! (or when the daemon stops).
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use nvlinkd_proto::paths::{OverlayRecord, ENV_REAL_NVLINK};
+use nvlinkd_proto::shared::RELEVANT_ENV;
+use nvlinkd_proto::v1::{LinkResult, Start, WatchEvent};
+
+use crate::control;
+
+pub async fn run(socket: &Path, args: Vec<String>) -> ExitCode {
+    match watch(socket, args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nvlinkd watch: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The real nvlink, as the shim finds it.
+fn real_nvlink(record: Option<&OverlayRecord>, toolkit: Option<&Path>) -> Option<PathBuf> {
+    std::env::var_os(ENV_REAL_NVLINK)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| record.and_then(|r| r.real_nvlink.clone()))
+        .or_else(|| toolkit.map(|t| t.join("bin/nvlink")))
+}
+
+/// The release identity of an nvlink, from its `--version` banner.
+fn release_of(nvlink: &Path) -> Option<String> {
+    let out = std::process::Command::new(nvlink).arg("--version").output().ok()?;
+    nvlinkd_core::toolkit::identity_of_banner(&String::from_utf8_lossy(&out.stdout))
+}
+
+async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+    let md = std::fs::metadata(&cwd).map_err(|e| format!("{}: {e}", cwd.display()))?;
+    let record = OverlayRecord::of_current_exe();
+    let toolkit = record
+        .as_ref()
+        .and_then(|r| r.cuda_home.clone())
+        .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let nvlink = real_nvlink(record.as_ref(), toolkit.as_deref());
+    let start = Start {
+        args: args.clone(),
+        cwd: cwd.to_string_lossy().into_owned(),
+        env: RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect(),
+        // The release the daemon must link with: that of the nvlink this watch
+        // stands for (empty: the daemon's default toolkit).
+        toolkit_release: nvlink.as_deref().and_then(release_of).unwrap_or_default(),
+        cwd_dev: md.dev(),
+        cwd_ino: md.ino(),
+        ..Default::default()
+    };
+    let mut client = control::connect(socket).await?;
+    let mut events = client.watch(start).await.map_err(|s| s.message().to_string())?.into_inner();
+    loop {
+        tokio::select! {
+            m = events.message() => match m {
+                Ok(Some(ev)) => report(&ev, &args, nvlink.as_deref()),
+                Ok(None) => return Err("the daemon ended the watch (stopped?)".into()),
+                Err(s) => return Err(s.message().to_string()),
+            },
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+/// Write one result's outputs (or run the real nvlink for a fallback) and
+/// print its event line.
+fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
+    let empty = LinkResult::default();
+    let r = ev.result.as_ref().unwrap_or(&empty);
+    let mut written = Vec::new();
+    let mut errors = Vec::new();
+    let mut exit_code = r.exit_code;
+    if r.fallback {
+        // nvlink writes its outputs itself, and prints its own messages (to
+        // stderr here: stdout is for the events).
+        let ran = nvlink.ok_or_else(|| "no real nvlink known (set NVLINKD_REAL_NVLINK)".to_string()).and_then(|n| {
+            std::process::Command::new(n)
+                .args(args)
+                .stdout(std::io::stderr())
+                .status()
+                .map_err(|e| format!("{}: {e}", n.display()))
+        });
+        match ran {
+            Ok(status) => exit_code = status.code().unwrap_or(-1),
+            Err(e) => errors.push(e),
+        }
+    } else {
+        for f in &r.outputs {
+            let path = Path::new(&f.path);
+            let done = if f.append { append(path, &f.data) } else { write_atomically(path, &f.data) };
+            match done {
+                Ok(()) => written.push(f.path.clone()),
+                Err(e) => errors.push(format!("{}: {e}", f.path)),
+            }
+        }
+        // nvlink's own messages, as it would print them (stdout kept for events).
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(&r.stdout);
+        let _ = err.write_all(&r.stderr);
+    }
+    let line = serde_json::json!({
+        "event": if ev.relink == 0 { "linked" } else { "relinked" },
+        "relink": ev.relink,
+        "changed": ev.changed,
+        "exit_code": exit_code,
+        "engine": ev.engine,
+        "ms": (ev.ms * 10.0).round() / 10.0,
+        "outputs": written,
+        "write_errors": errors,
+        "fallback": r.fallback.then_some(&r.fallback_reason),
+    });
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(data)
+}
+
+/// Write `data` to a temporary file beside `path`, then rename it into place
+/// (as the shim does: created exclusively, never through a planted symlink).
+fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{attempt}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o666)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let result = (|| {
+        f.write_all(data)?;
+        f.flush()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

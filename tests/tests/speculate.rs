@@ -1,0 +1,273 @@
+//! Speculative links: the other archs of a multi-arch nvcc step linked ahead of
+//! nvcc's calls (`--no-speculate` turns it off), relinks after a watched input
+//! changed (`serve --watch`, debounced), and `nvlinkd watch`. Every result a
+//! speculative link prepared is compared, when the real call takes it from the
+//! cache, with the real nvlink's on the same inputs.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation, Run};
+
+fn same(what: &str, expected: &Run, actual: &Run) {
+    let cmp = compare::runs(expected, actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{what}: {:?}", cmp.problems);
+}
+
+/// Wait until `cond` holds (polling the daemon), failing after a minute.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// nvcc's device link for one arch of a three-arch build (`-report-arch`, the
+/// arch in `--arch` and in the output's name, the `.reg.c` file shared by the
+/// calls of one step; nvcc numbers its temporary files, so the names differ by
+/// more than the arch).
+fn nvcc_link(lto: bool, sm: u32, n: u32, reg: &Path) -> String {
+    let (objs, lto_opts) = if lto {
+        ("xcall_main_lto3.o xcall_loop_lto3.o", " -dlto -nvvmpath={NVVM}")
+    } else {
+        ("xcall_main_3arch.o xcall_loop_3arch.o livedead_3arch.o", "")
+    };
+    format!(
+        "-m64 --arch=sm_{sm} --register-link-binaries={reg}/d.reg.c -L{{L}}/stubs -L{{L}} -cpu-arch=X86_64 \
+         -report-arch{lto_opts} {objs} -lcudadevrt -o {{OUT}}/tmpxft_00001-{n}_d.compute_{sm}.cubin --host-ccbin gcc",
+        reg = reg.display()
+    )
+}
+
+/// The first arch's link through the shim starts the others speculatively;
+/// nvcc's call for the second arch is then served from that link (a
+/// speculative hit), byte-identical to nvlink's, `.reg.c` included.
+#[test]
+fn other_archs_of_a_multi_arch_link_are_linked_ahead() {
+    let dir = corpus::dir();
+    let d = Daemon::start();
+    for lto in [false, true] {
+        let tag = if lto { "dlto" } else { "dlink" };
+        // The real nvlink, as nvcc runs it: sm_80 then sm_90 with one .reg.c.
+        let (real_reg, reg) = (TempDir::new("spec-reg-real"), TempDir::new("spec-reg"));
+        let (out80, out90) = (TempDir::new("spec-80"), TempDir::new("spec-90"));
+        let first = |reg: &Path| Invocation::templated(&nvcc_link(lto, 80, 5, reg), dir, &out80);
+        let second = |reg: &Path| Invocation::templated(&nvcc_link(lto, 90, 6, reg), dir, &out90);
+        let expected80 = run(&real_nvlink(), &first(real_reg.path()), &[]);
+        let expected90 = run(&real_nvlink(), &second(real_reg.path()), &[]);
+        assert_eq!((expected80.code, expected90.code), (0, 0), "{tag}: nvlink failed: {expected80:?}");
+
+        let (started, finished) = (d.stat("speculative_links"), d.stat("speculative_finished"));
+        same(tag, &expected80, &run(&shim(), &first(reg.path()), &d.shim_env()));
+        // sm_100 and sm_90 are predicted from the objects' fatbins.
+        wait_for("the speculative links", || d.stat("speculative_finished") >= finished + 2);
+        assert_eq!(d.stat("speculative_links") - started, 2, "{tag}: sm_90 and sm_100 should be speculated");
+
+        let (hits, spec_hits) = (d.stat("cache_hits"), d.stat("speculative_hits"));
+        same(tag, &expected90, &run(&shim(), &second(reg.path()), &d.shim_env()));
+        assert_eq!(d.stat("cache_hits") - hits, 1, "{tag}: nvcc's sm_90 call was not a cache hit");
+        assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "{tag}: not served from the speculative link");
+        assert_eq!(
+            std::fs::read(real_reg.path().join("d.reg.c")).ok(),
+            std::fs::read(reg.path().join("d.reg.c")).ok(),
+            "{tag}: .reg.c differs from nvlink's"
+        );
+    }
+    // Nothing speculative was written to the caller's files.
+    let stray: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.path().is_file()).collect();
+    assert!(stray.iter().all(|e| !e.file_name().to_string_lossy().contains("tmpxft")), "speculation wrote a file");
+}
+
+#[test]
+fn no_speculate_links_only_what_is_asked() {
+    let dir = corpus::dir();
+    let d = Daemon::start_with(&["--no-speculate"]);
+    let reg = TempDir::new("nospec-reg");
+    let (out80, out90) = (TempDir::new("nospec-80"), TempDir::new("nospec-90"));
+    let first = Invocation::templated(&nvcc_link(false, 80, 5, reg.path()), dir, &out80);
+    let second = Invocation::templated(&nvcc_link(false, 90, 6, reg.path()), dir, &out90);
+    assert_eq!(run(&shim(), &first, &d.shim_env()).code, 0);
+    let misses = d.stat("cache_misses");
+    assert_eq!(run(&shim(), &second, &d.shim_env()).code, 0);
+    assert_eq!(d.stat("cache_misses") - misses, 1, "the second arch should have been linked when asked");
+    assert_eq!(d.stat("speculative_links"), 0, "--no-speculate still speculated");
+}
+
+/// A link of two objects in a directory of its own, whose `scale.o` the
+/// tests replace by one compiled from a changed source (`dup/scale.o`).
+struct Project {
+    dir: TempDir,
+    out: TempDir,
+}
+
+const LINK: &str = "--arch=sm_90 -L{L} accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin";
+
+impl Project {
+    fn new(tag: &str) -> Project {
+        let dir = TempDir::new(tag);
+        for f in ["accumulate.o", "scale.o"] {
+            std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+        }
+        Project { dir, out: TempDir::new(&format!("{tag}-out")) }
+    }
+    fn inv(&self) -> Invocation {
+        Invocation::templated(LINK, self.dir.path(), &self.out)
+    }
+    /// What the real nvlink makes of the inputs as they are now.
+    fn expected(&self) -> Run {
+        let out = TempDir::new("watch-real");
+        run(&real_nvlink(), &Invocation::templated(LINK, self.dir.path(), &out), &[])
+    }
+    /// Rewrite `scale.o` in place, as a compiler does.
+    fn change_scale(&self, changed: bool) {
+        let from = if changed { corpus::dir().join("dup/scale.o") } else { corpus::dir().join("scale.o") };
+        std::fs::write(self.dir.path().join("scale.o"), std::fs::read(from).unwrap()).unwrap();
+    }
+}
+
+/// With `--watch`, a changed input of a recent link is relinked in the
+/// background; the build's next identical call is a hit with nvlink's bytes
+/// for the changed input.
+#[test]
+fn watched_input_change_is_relinked_ahead() {
+    let d = Daemon::start_with(&["--watch"]);
+    let p = Project::new("watch");
+    same("first link", &p.expected(), &run(&shim(), &p.inv(), &d.shim_env()));
+    let finished = d.stat("speculative_finished");
+    p.change_scale(true);
+    wait_for("the relink", || d.stat("speculative_finished") > finished);
+    let (hits, spec_hits) = (d.stat("cache_hits"), d.stat("speculative_hits"));
+    let expected = p.expected();
+    same("after the change", &expected, &run(&shim(), &p.inv(), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits") - hits, 1, "the link after the change was not a cache hit");
+    assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "not served from the relink");
+}
+
+/// Several writes in quick succession (a save, a compiler writing an object)
+/// cause one relink, of the last contents.
+#[test]
+fn quick_writes_cause_one_relink() {
+    let d = Daemon::start_with(&["--watch"]);
+    let p = Project::new("debounce");
+    assert_eq!(run(&shim(), &p.inv(), &d.shim_env()).code, 0);
+    let (started, finished) = (d.stat("speculative_links"), d.stat("speculative_finished"));
+    for i in 0..6 {
+        p.change_scale(i % 2 == 1);
+    }
+    wait_for("the relink", || d.stat("speculative_finished") > finished);
+    let spec_hits = d.stat("speculative_hits");
+    same("after the writes", &p.expected(), &run(&shim(), &p.inv(), &d.shim_env()));
+    assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "the relink did not see the last contents");
+    assert_eq!(d.stat("speculative_links") - started, 1, "six quick writes should cause one relink");
+}
+
+/// A change arriving while the relink of the previous one still runs cancels
+/// that relink; the next relink links the newest contents.
+#[test]
+fn a_newer_change_cancels_the_running_relink() {
+    // Every computed link pauses after its key: the first relink is still
+    // running when the second change comes.
+    let d = Daemon::start_env(&["--watch"], &[("NVLINKD_TEST_PAUSE_AFTER_KEY_MS", "3000")]);
+    let p = Project::new("supersede");
+    assert_eq!(run(&shim(), &p.inv(), &d.shim_env()).code, 0);
+    let (started, finished) = (d.stat("speculative_links"), d.stat("speculative_finished"));
+    // First change: another object entirely.
+    std::fs::copy(corpus::dir().join("vars_def.o"), p.dir.path().join("scale.o")).unwrap();
+    wait_for("the first relink to start", || d.stat("speculative_links") > started);
+    p.change_scale(true);
+    wait_for("both relinks to end", || d.stat("speculative_finished") >= finished + 2);
+    assert_eq!(d.stat("speculative_cancelled"), 1, "the running relink was not cancelled by the newer change");
+    let spec_hits = d.stat("speculative_hits");
+    same("after both changes", &p.expected(), &run(&shim(), &p.inv(), &d.shim_env()));
+    assert_eq!(d.stat("speculative_hits") - spec_hits, 1, "the newest contents were not relinked");
+}
+
+/// `nvlinkd watch` for a project, and its events.
+struct WatchCmd {
+    child: std::process::Child,
+    events: std::sync::mpsc::Receiver<String>,
+}
+
+impl WatchCmd {
+    fn start(d: &Daemon, p: &Project, env: &[(String, String)]) -> WatchCmd {
+        let mut child = Command::new(nvlinkd())
+            .arg("watch")
+            .arg("--socket")
+            .arg(d.socket())
+            .arg("--")
+            .args(&p.inv().args)
+            .current_dir(p.dir.path())
+            .env("CUDA_HOME", cuda_home())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nvlinkd watch");
+        let (tx, events) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        WatchCmd { child, events }
+    }
+
+    fn next_event(&self) -> serde_json::Value {
+        let line = self.events.recv_timeout(Duration::from_secs(60)).expect("no event from nvlinkd watch");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Ctrl-C ends it, successfully.
+    fn interrupt(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "nvlinkd watch did not end cleanly on SIGINT: {status}");
+    }
+}
+
+/// `nvlinkd watch -- <args>` links at once and rewrites the output when an
+/// input changes, with nvlink's bytes; one JSON line per (re)link.
+#[test]
+fn nvlinkd_watch_keeps_the_output_fresh() {
+    let d = Daemon::start();
+    let p = Project::new("watchcmd");
+    let w = WatchCmd::start(&d, &p, &[]);
+    let output = p.out.path().join("out.cubin");
+    let ev = w.next_event();
+    assert_eq!((ev["event"].as_str(), ev["exit_code"].as_i64()), (Some("linked"), Some(0)), "{ev}");
+    assert_eq!(std::fs::read(&output).ok().as_ref(), p.expected().files.get("out.cubin"), "first output");
+
+    p.change_scale(true);
+    let ev = w.next_event();
+    assert_eq!(ev["event"].as_str(), Some("relinked"), "{ev}");
+    let changed = ev["changed"].as_array().cloned().unwrap_or_default();
+    assert!(changed.iter().any(|c| c.as_str().is_some_and(|c| c.ends_with("/scale.o"))), "{ev}");
+    let expected = p.expected();
+    assert!(expected.files.contains_key("out.cubin"));
+    assert_eq!(std::fs::read(&output).ok().as_ref(), expected.files.get("out.cubin"), "output after the change");
+    w.interrupt();
+}
+
+/// A link the daemon declines (here: past its per-link input budget) is run
+/// by `nvlinkd watch` with the real nvlink, whose outputs it then has.
+#[test]
+fn nvlinkd_watch_runs_nvlink_when_the_daemon_declines() {
+    let d = Daemon::start_with(&["--max-link-input", "1000"]);
+    let p = Project::new("watchcmd-fallback");
+    let env = [("NVLINKD_REAL_NVLINK".to_string(), real_nvlink().display().to_string())];
+    let w = WatchCmd::start(&d, &p, &env);
+    let ev = w.next_event();
+    assert!(ev["fallback"].is_string() && ev["exit_code"].as_i64() == Some(0), "{ev}");
+    let output = p.out.path().join("out.cubin");
+    assert_eq!(std::fs::read(&output).ok().as_ref(), p.expected().files.get("out.cubin"), "nvlink's output");
+    w.interrupt();
+}

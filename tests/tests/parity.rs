@@ -223,6 +223,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-arch-mismatch-sm100", "--arch=sm_100 scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm90a", "--arch=sm_90a scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("cubin-accelerated-sm80", "--arch=sm_80 scale_sm90a.cubin -o {OUT}/out.cubin", ""),
+    ("cubin-accelerated-sm90", "--arch=sm_90 accumulate.o scale_sm90a.cubin -o {OUT}/out.cubin", ""),
+    ("cubin-accelerated-sm100", "--arch=sm_100 -report-arch scale_sm90a.cubin -o {OUT}/out.cubin", ""),
     ("cubin-sm100", "--arch=sm_100 accumulate_bw.o scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
@@ -355,8 +357,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-time-file", "options"),
     ("opt-time-stdout-lto", "options"),
     ("opt-time-ptx", "options"),
-    ("cubin-arch-mismatch-sm100", "arch"),
-    ("cubin-accelerated-sm80", "arch"),
     ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "input"),
 ];

@@ -134,6 +134,7 @@ const CASES: &[(&str, &str, &str)] = &[
     // Every option of `nvlink --help` (and the hidden ones nvcc uses) at least once.
     ("opt-verbose", "--arch=sm_90 -v accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-verbose2", "--arch=sm_90 -v2 accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-verbose2-cdp", "--arch=sm_90 -v2 -L{L} cdp.o mathlib_1.o mathlib_2.o mathlib_main.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-dump-callgraph", "--arch=sm_90 --dump-callgraph accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-dump-callgraph-no-demangle", "--arch=sm_90 -dump-callgraph-no-demangle cdp.o -L{L} -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-debug", "--arch=sm_90 -g accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -346,7 +347,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-lto-debug", "lto_options"),
     ("opt-device-stack-protector-ptx", "ptx_jit"),
     ("opt-verbose", "options"),
-    ("opt-verbose2", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),

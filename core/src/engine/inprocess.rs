@@ -132,7 +132,7 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
         (spec.link_as_tools_patch, "--link-as-tools-patch"),
         (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
-        (spec.verbose || spec.verbose2, "-v"),
+        (spec.verbose, "-v (nvlink's resource report)"),
         (spec.time.is_some(), "-time"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
@@ -338,6 +338,9 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if !has_ptx {
         return Ok(());
     }
+    if spec.verbose2 {
+        return no(Reason::PtxJit, "-v2 with PTX compiled at link time (ptxas's report, with its compile times)");
+    }
     if spec.maxrregcount.is_some()
         || !spec.xptxas.is_empty()
         || spec.ofast_compile.is_some()
@@ -528,6 +531,7 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
         (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
         (spec.force_partial_lto, "--force-partial-lto"),
+        (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
         (spec.device_stack_protector.is_some(), "--device-stack-protector"),

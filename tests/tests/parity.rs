@@ -156,6 +156,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("keep-system-libraries-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --keep-system-libraries accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-cdp", "--arch=sm_90 --device-stack-protector=true -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-ptx", "--arch=sm_90 --device-stack-protector=true saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-partial-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
@@ -330,6 +332,12 @@ const IN_PROCESS: &[&str] = &[
     "lto-partial-cdp-object",
     "lto-partial-nvcc",
     "lto-partial-undefined",
+    // --device-stack-protector for ptxas at link time.
+    "opt-device-stack-protector-ptx",
+    "opt-device-stack-protector-lto",
+    "opt-device-stack-protector-partial-lto",
+    "opt-verbose2",
+    "opt-verbose2-cdp",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -345,7 +353,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("keep-system-libraries-lto", "lto_options"),
     ("opt-lto-nvvm-latest", "lto_options"),
     ("opt-lto-debug", "lto_options"),
-    ("opt-device-stack-protector-ptx", "ptx_jit"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),

@@ -341,16 +341,15 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if spec.verbose2 {
         return no(Reason::PtxJit, "-v2 with PTX compiled at link time (ptxas's report, with its compile times)");
     }
-    if spec.maxrregcount.is_some()
-        || !spec.xptxas.is_empty()
-        || spec.ofast_compile.is_some()
-        || spec.debug
-        || spec.device_stack_protector.is_some()
-    {
+    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug {
         return no(Reason::PtxJit, "ptxas options (or -g) for PTX compiled at link time");
     }
     let Some(target) = spec.target() else { return no(Reason::Arch, format!("--arch {:?}", spec.arch)) };
-    let args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
+    let mut args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
+    // nvlink hands its embedded ptxas the stack protector as ptxas's own option.
+    if let Some(v) = &spec.device_stack_protector {
+        args.insert(0, format!("-device-stack-protector={v}"));
+    }
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
     // Each module is compiled on the pool, inside the link's span.
@@ -489,6 +488,9 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
 /// options) and for ptxas.
 fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
     let (mut nvvm, mut ptxas) = (Vec::new(), Vec::new());
+    if let Some(v) = &spec.device_stack_protector {
+        ptxas.push(format!("-device-stack-protector={v}"));
+    }
     if let Some(n) = spec.maxrregcount.filter(|n| *n > 0) {
         nvvm.push(format!("-maxrregcount={n}"));
         ptxas.push(format!("-maxrregcount={n}"));
@@ -534,7 +536,6 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
         (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
-        (spec.device_stack_protector.is_some(), "--device-stack-protector"),
     ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),

@@ -10,8 +10,13 @@
 //!
 //! [`check_options`] and the checks along the way decline, with a reason, every
 //! plan this engine does not reproduce exactly; the linker sends those to the
-//! real nvlink. A failure inside nvJitLink (an undefined symbol) is handed to
-//! nvlink as well, which then prints its own diagnostics: errors stay nvlink's.
+//! real nvlink. nvlink's link errors are answered here when they are known to
+//! be nvlink's words ([`LinkErrors`]: nvJitLink's undefined references, one
+//! multiply defined symbol); any other nvJitLink failure goes to nvlink, which
+//! prints its own diagnostics.
+//!
+//! Partial LTO of one LTO module is nvlink's pipeline too: NVVM `--device-c`,
+//! ptxas `-c`, then an ordinary link with that cubin first.
 //!
 //! nvJitLink runs in a worker process ([`crate::worker`]) when the linker has
 //! a worker executable. A worker that dies while linking is recorded in

@@ -66,6 +66,9 @@ const CASES: &[(&str, &str, &str)] = &[
     // under LTO (NVVM -split-compile gives this program other machine code).
     ("lto-cross-unit", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cross-unit-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto3.o -lxcall_lto -lcudadevrt -o {OUT}/out.cubin", ""),
+    // LTO IR alone whose only device-runtime call is in a kernel the host never
+    // launches: nvlink's partial LTO (seen by probing the module).
+    ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
     ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
     ("nvcc-dlto-sm90", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
@@ -346,6 +349,7 @@ const IN_PROCESS: &[&str] = &[
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
     ("lto-cdp", "partial_lto"),
+    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),

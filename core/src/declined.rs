@@ -13,18 +13,22 @@ use std::fmt;
 /// The category of a declined link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
-    /// Partial LTO (LTO with non-LTO device code), `.nvvm`/`.ltoir` files, LTO
-    /// IR without its PTX twin: the partial-LTO merge is not reproduced.
+    /// Partial LTO nvlink does differently from nvJitLink: several LTO modules
+    /// beside non-LTO code, LTO code needing libcudadevrt alone, relocatable
+    /// LTO output, `.nvvm`/`.ltoir` files, `-dlto` without libcudadevrt.
     PartialLto,
-    /// Options that would be forwarded to NVVM/ptxas under `-dlto`.
+    /// `-dlto` options nvJitLink cannot express as nvlink applies them
+    /// (`--nvvm-latest`, `-g`, `--keep-system-libraries`, `-Xnvvm` math
+    /// options), host-referenced device variables under `-dlto`.
     LtoOptions,
     /// PTX compiled at link time with pruning or ptxas options.
     PtxJit,
     /// Member selection and arch checks not reproduced (`--arch compute_XY`,
     /// reused SASS of another minor, suffixed members, …).
     Arch,
-    /// nvlink's own diagnostics (undefined or multiply defined symbols,
-    /// `-Werror` with input warnings).
+    /// nvlink's own diagnostics where they are not reproduced (several
+    /// multiply defined symbols, link errors with `--register-link-binaries`,
+    /// `-Werror` beside infos).
     Diagnostics,
     /// Options whose effects are not reproduced (`-v`, `-time`, …).
     Options,

@@ -49,6 +49,7 @@ for f in xcall_main xcall_loop livedead libcxx; do
   wait
 done
 "$nvcc" -arch=sm_90 -dc -dlto warp_cub.cu -o warp_cub_lto.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_dead.cu -o cdp_dead_lto90.o &
 "$nvcc" -arch=sm_90 -dc -dlto thrust_seq.cu -o thrust_seq_lto.o &
 "$nvcc" -arch=sm_90 -dc thrust_seq.cu -o thrust_seq.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc warp_cub.cu -o warp_cub_2arch.o &

@@ -66,6 +66,9 @@ const CASES: &[(&str, &str, &str)] = &[
     // under LTO (NVVM -split-compile gives this program other machine code).
     ("lto-cross-unit", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cross-unit-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto3.o -lxcall_lto -lcudadevrt -o {OUT}/out.cubin", ""),
+    // LTO IR alone whose only device-runtime call is in a kernel the host never
+    // launches: nvlink's partial LTO (seen by probing the module).
+    ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
     ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
     ("nvcc-dlto-sm90", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
@@ -134,6 +137,7 @@ const CASES: &[(&str, &str, &str)] = &[
     // Every option of `nvlink --help` (and the hidden ones nvcc uses) at least once.
     ("opt-verbose", "--arch=sm_90 -v accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-verbose2", "--arch=sm_90 -v2 accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-verbose2-cdp", "--arch=sm_90 -v2 -L{L} cdp.o mathlib_1.o mathlib_2.o mathlib_main.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-dump-callgraph", "--arch=sm_90 --dump-callgraph accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-dump-callgraph-no-demangle", "--arch=sm_90 -dump-callgraph-no-demangle cdp.o -L{L} -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-debug", "--arch=sm_90 -g accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -155,6 +159,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("keep-system-libraries-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --keep-system-libraries accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-cdp", "--arch=sm_90 --device-stack-protector=true -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-ptx", "--arch=sm_90 --device-stack-protector=true saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-device-stack-protector-partial-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
@@ -223,6 +229,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-arch-mismatch-sm100", "--arch=sm_100 scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm90a", "--arch=sm_90a scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("cubin-accelerated-sm80", "--arch=sm_80 scale_sm90a.cubin -o {OUT}/out.cubin", ""),
+    ("cubin-accelerated-sm90", "--arch=sm_90 accumulate.o scale_sm90a.cubin -o {OUT}/out.cubin", ""),
+    ("cubin-accelerated-sm100", "--arch=sm_100 -report-arch scale_sm90a.cubin -o {OUT}/out.cubin", ""),
     ("cubin-sm100", "--arch=sm_100 accumulate_bw.o scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
@@ -327,6 +335,12 @@ const IN_PROCESS: &[&str] = &[
     "lto-partial-cdp-object",
     "lto-partial-nvcc",
     "lto-partial-undefined",
+    // --device-stack-protector for ptxas at link time.
+    "opt-device-stack-protector-ptx",
+    "opt-device-stack-protector-lto",
+    "opt-device-stack-protector-partial-lto",
+    "opt-verbose2",
+    "opt-verbose2-cdp",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -335,6 +349,7 @@ const IN_PROCESS: &[&str] = &[
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
     ("lto-cdp", "partial_lto"),
+    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),
@@ -342,9 +357,7 @@ const ROUTED: &[(&str, &str)] = &[
     ("keep-system-libraries-lto", "lto_options"),
     ("opt-lto-nvvm-latest", "lto_options"),
     ("opt-lto-debug", "lto_options"),
-    ("opt-device-stack-protector-ptx", "ptx_jit"),
     ("opt-verbose", "options"),
-    ("opt-verbose2", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
@@ -355,8 +368,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-time-file", "options"),
     ("opt-time-stdout-lto", "options"),
     ("opt-time-ptx", "options"),
-    ("cubin-arch-mismatch-sm100", "arch"),
-    ("cubin-accelerated-sm80", "arch"),
     ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "input"),
 ];

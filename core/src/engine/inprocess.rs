@@ -10,8 +10,13 @@
 //!
 //! [`check_options`] and the checks along the way decline, with a reason, every
 //! plan this engine does not reproduce exactly; the linker sends those to the
-//! real nvlink. A failure inside nvJitLink (an undefined symbol) is handed to
-//! nvlink as well, which then prints its own diagnostics: errors stay nvlink's.
+//! real nvlink. nvlink's link errors are answered here when they are known to
+//! be nvlink's words ([`LinkErrors`]: nvJitLink's undefined references, one
+//! multiply defined symbol); any other nvJitLink failure goes to nvlink, which
+//! prints its own diagnostics.
+//!
+//! Partial LTO of one LTO module is nvlink's pipeline too: NVVM `--device-c`,
+//! ptxas `-c`, then an ordinary link with that cubin first.
 //!
 //! nvJitLink runs in a worker process ([`crate::worker`]) when the linker has
 //! a worker executable. A worker that dies while linking is recorded in
@@ -132,7 +137,7 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
         (spec.link_as_tools_patch, "--link-as-tools-patch"),
         (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
-        (spec.verbose || spec.verbose2, "-v"),
+        (spec.verbose, "-v (nvlink's resource report)"),
         (spec.time.is_some(), "-time"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
@@ -146,6 +151,9 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
 
 /// Link `plan` in process; returns the output file.
 pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
+    if matches!(mode, Mode::LtoWhole | Mode::LtoEmitPtx) {
+        probe_lto_symbols(cx, spec, plan)?;
+    }
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, plan)?,
@@ -233,6 +241,39 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     };
     let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
+}
+
+/// The symbols of LTO modules without a PTX twin (nvcc's `code=lto_XY`; the
+/// IR itself is encrypted): NVVM compiles each module alone, relocatable and
+/// unoptimized (`--device-c -opt=0`), which keeps every kernel, function,
+/// variable and extern of the module, as a twin would list them. Each probe
+/// is cached by the module's bytes, and they run in parallel. Without them a
+/// module's reference to libcudadevrt from code the host never reaches would
+/// go unseen (nvlink makes that partial LTO).
+fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let options = vec![
+        format!("-arch={arch}"),
+        "-lto".to_owned(),
+        "-ptx".to_owned(),
+        "-Xnvvm=--device-c".to_owned(),
+        "-Xnvvm=-opt=0".to_owned(),
+    ];
+    let link = tracing::Span::current();
+    let names: Vec<String> = plan.units.iter().flat_map(|u| u.modules.iter().map(|_| u.name.clone())).collect();
+    let modules: Vec<(&String, &mut crate::input::load::Module)> =
+        names.iter().zip(plan.units.iter_mut().flat_map(|u| u.modules.iter_mut())).collect();
+    modules.into_par_iter().try_for_each(|(name, m)| {
+        let Code::LtoObject(data) = &m.code else { return Ok(()) };
+        if m.lto.is_some() {
+            return Ok(());
+        }
+        let _phase = link.in_scope(|| tracing::debug_span!("lto_probe")).entered();
+        let input = [JitInput { kind: InputType::Object, data, name }];
+        let ptx = nvvm(cx, &input, &options)?;
+        m.lto = Some(crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx)));
+        Ok(())
+    })
 }
 
 /// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside
@@ -338,16 +379,18 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if !has_ptx {
         return Ok(());
     }
-    if spec.maxrregcount.is_some()
-        || !spec.xptxas.is_empty()
-        || spec.ofast_compile.is_some()
-        || spec.debug
-        || spec.device_stack_protector.is_some()
-    {
+    if spec.verbose2 {
+        return no(Reason::PtxJit, "-v2 with PTX compiled at link time (ptxas's report, with its compile times)");
+    }
+    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug {
         return no(Reason::PtxJit, "ptxas options (or -g) for PTX compiled at link time");
     }
     let Some(target) = spec.target() else { return no(Reason::Arch, format!("--arch {:?}", spec.arch)) };
-    let args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
+    let mut args = vec![format!("-arch={}", target.jit_arch()), "-m64".to_owned(), "-c".to_owned()];
+    // nvlink hands its embedded ptxas the stack protector as ptxas's own option.
+    if let Some(v) = &spec.device_stack_protector {
+        args.insert(0, format!("-device-stack-protector={v}"));
+    }
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
     // Each module is compiled on the pool, inside the link's span.
@@ -433,11 +476,7 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// nvlink's output byte for byte.
 ///
 /// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
-/// builds produce) has no readable symbols before NVVM: then NVVM keeps the
-/// kernels containing a host pattern's literal prefix, and its PTX is checked
-/// afterwards — every kernel left must match a host pattern (so exactly the
-/// host-referenced ones are kept) and every extern must be one the driver
-/// provides (a closed program); anything else goes to nvlink.
+/// builds produce) gets its symbols from [`probe_lto_symbols`] first.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
@@ -450,24 +489,13 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     // Host information as nvlink uses it: an object without device code (a
     // host-only object, libcudart_static's members) turns it off, as in a
     // non-LTO link, and NVVM then keeps every kernel and variable.
-    let mut patterns = None;
     if plan.uses_host_info(spec) {
         check_host_variables(plan)?;
-        match &symbols {
-            Some(symbols) => options.extend(host_ref_options(plan, symbols)?),
-            None => {
-                let (opts, pats) = host_pattern_options(plan)?;
-                options.extend(opts);
-                patterns = Some(pats);
-            }
-        }
+        options.extend(host_ref_options(plan, &symbols)?);
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
     let ptx = nvvm(cx, &objects, &options)?;
-    if symbols.is_none() {
-        check_nvvm_output(&ptx, patterns.as_deref())?;
-    }
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
@@ -486,6 +514,9 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
 /// options) and for ptxas.
 fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
     let (mut nvvm, mut ptxas) = (Vec::new(), Vec::new());
+    if let Some(v) = &spec.device_stack_protector {
+        ptxas.push(format!("-device-stack-protector={v}"));
+    }
     if let Some(n) = spec.maxrregcount.filter(|n| *n > 0) {
         nvvm.push(format!("-maxrregcount={n}"));
         ptxas.push(format!("-maxrregcount={n}"));
@@ -528,9 +559,9 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
         (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
         (spec.force_partial_lto, "--force-partial-lto"),
+        (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
-        (spec.device_stack_protector.is_some(), "--device-stack-protector"),
     ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),
@@ -538,23 +569,22 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     }
 }
 
-/// The LTO modules of a whole program and, when every module has a PTX twin,
-/// their symbols: every linked unit is LTO IR, libcudadevrt was found (unless
-/// `--emit-ptx`), and the modules close over each other (anything else is
-/// nvlink's partial LTO; without symbols that is checked on NVVM's output).
-type LtoProgram<'a> = (Vec<JitInput<'a>>, Option<Vec<&'a PtxSymbols>>);
+/// The LTO modules of a whole program and their symbols: every linked unit is
+/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
+/// over each other (anything else is nvlink's partial LTO).
+type LtoProgram<'a> = (Vec<JitInput<'a>>, Vec<&'a PtxSymbols>);
 fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     let mut objects = Vec::new();
-    let mut symbols = Some(Vec::new());
+    let mut symbols = Vec::new();
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
         for m in &unit.modules {
             let Code::LtoObject(data) = &m.code else {
                 return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
             };
             objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
-            match (&m.lto, &mut symbols) {
-                (Some(syms), Some(all)) => all.push(syms),
-                _ => symbols = None,
+            match &m.lto {
+                Some(syms) => symbols.push(syms),
+                None => return no(Reason::Tool, format!("{}: LTO module symbols unknown", unit.name)),
             }
         }
     }
@@ -565,7 +595,7 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
         return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
     // A closed program: every extern is defined by an LTO module.
-    if let Some(open) = symbols.as_deref().and_then(open_extern) {
+    if let Some(open) = open_extern(&symbols) {
         return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
     }
     Ok((objects, symbols))
@@ -622,59 +652,6 @@ fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>,
 /// The kernel patterns of every unit's host references.
 fn host_patterns(plan: &Plan) -> Vec<&str> {
     plan.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|r| r.kernel_patterns()).collect()
-}
-
-/// Host references as nvJitLink options when the kernels are not known before
-/// NVVM: each pattern's literal prefix (every kernel it matches contains it);
-/// [`check_nvvm_output`] then makes sure nothing else was kept. Returns the
-/// options and the patterns.
-fn host_pattern_options(plan: &Plan) -> Result<(Vec<String>, Vec<String>), Declined> {
-    let patterns: Vec<String> = host_patterns(plan).into_iter().map(str::to_owned).collect();
-    let mut prefixes = BTreeSet::new();
-    for p in &patterns {
-        let prefix = p.split('*').next().unwrap_or_default();
-        if prefix.is_empty() {
-            return no(Reason::KernelsUsed, format!("host pattern {p:?} has no literal prefix"));
-        }
-        prefixes.insert(prefix);
-    }
-    if prefixes.is_empty() {
-        return no(Reason::KernelsUsed, "host references keep no kernel");
-    }
-    let mut options: Vec<String> = prefixes.into_iter().map(|k| format!("-kernels-used={k}")).collect();
-    options.push("-optimize-unused-variables".to_owned());
-    Ok((options, patterns))
-}
-
-/// NVVM's PTX for LTO modules whose symbols were not known before: a closed
-/// program (no extern but those the driver provides) whose kernels, under
-/// host references (`patterns`), each match a pattern, at least one.
-fn check_nvvm_output(ptx: &[u8], patterns: Option<&[String]>) -> Result<(), Declined> {
-    let out = crate::input::ptx::symbols(&String::from_utf8_lossy(ptx));
-    let defined: std::collections::HashSet<&str> =
-        out.functions.iter().chain(&out.variables).chain(&out.kernels).map(String::as_str).collect();
-    if let Some(open) =
-        out.externs.iter().find(|e| !defined.contains(e.as_str()) && !SYSTEM_EXTERNS.contains(&e.as_str()))
-    {
-        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
-    }
-    match patterns {
-        Some(p) => check_nvvm_kernels(ptx, p),
-        None => Ok(()),
-    }
-}
-
-/// NVVM's PTX under host references it could not be told exactly: every
-/// kernel left matches a host pattern, at least one.
-fn check_nvvm_kernels(ptx: &[u8], patterns: &[String]) -> Result<(), Declined> {
-    let out = crate::input::ptx::symbols(&String::from_utf8_lossy(ptx));
-    if out.kernels.is_empty() {
-        return no(Reason::KernelsUsed, "host references keep no kernel");
-    }
-    match out.kernels.iter().find(|k| !patterns.iter().any(|p| crate::input::host::glob_match(p, k))) {
-        Some(k) => no(Reason::KernelsUsed, format!("NVVM kept {k}, which no host pattern matches")),
-        None => Ok(()),
-    }
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).
@@ -743,36 +720,6 @@ mod tests {
         assert!(undefined_references(other).is_none());
         assert!(undefined_references("ERROR 9: complete\n").is_none());
         assert!(undefined_references("").is_none());
-    }
-
-    /// NVVM's output for modules without a PTX twin: a closed program whose
-    /// kernels each match a host pattern, else nvlink's.
-    #[test]
-    fn nvvm_output_checks() {
-        let ptx = |body: &str| format!(".version 9.0\n.target sm_90\n.address_size 64\n{body}");
-        let pats = vec!["_Z2k1*".to_owned(), "_Z2k2Pf*".to_owned()];
-        let entry = |n: &str| format!(".visible .entry {n}(\n.param .u64 p\n)\n{{\nret;\n}}\n");
-        let ok = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z2k2Pf")));
-        assert!(check_nvvm_output(ok.as_bytes(), Some(&pats)).is_ok());
-        // A kernel kept by a prefix that no pattern matches.
-        let extra = ptx(&format!("{}{}", entry("_Z2k1Pi"), entry("_Z3k10v")));
-        assert_eq!(check_nvvm_output(extra.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
-        // Nothing kept.
-        assert_eq!(check_nvvm_output(ptx("").as_bytes(), Some(&pats)).unwrap_err().reason, Reason::KernelsUsed);
-        // Without host information every kernel stays.
-        assert!(check_nvvm_output(extra.as_bytes(), None).is_ok());
-        // The device runtime's launch API is libcudadevrt's: partial LTO.
-        let cdp = ptx(&format!(
-            ".extern .func (.param .b64 func_retval0) cudaGetParameterBufferV2\n(\n.param .b64 a\n)\n;\n{}",
-            entry("_Z2k1Pi")
-        ));
-        assert_eq!(check_nvvm_output(cdp.as_bytes(), Some(&pats)).unwrap_err().reason, Reason::PartialLto);
-        // printf is the driver's.
-        let printf = ptx(&format!(
-            ".extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 a,\n.param .b64 b\n)\n;\n{}",
-            entry("_Z2k1Pi")
-        ));
-        assert!(check_nvvm_output(printf.as_bytes(), Some(&pats)).is_ok());
     }
 
     /// Whatever the cover, it keeps exactly the live kernels.

@@ -339,12 +339,26 @@ impl LoadContext<'_> {
     }
 
     fn check_cubin_arch(&self, name: &str, info: &CubinInfo) -> Result<(), LoadError> {
-        if info.sm == self.target.sm && self.target.suffix.is_none() {
+        if info.sm == self.target.sm && self.target.suffix.is_none() && !info.accelerated {
             return Ok(());
         }
-        // Accelerated cubins, and pre-Mercury cubins for a Mercury target
-        // (sm_100+: nvlink warns that the output is limited first), get
-        // diagnostics of their own: left to the real nvlink.
+        // A pre-Mercury cubin for a Mercury target (sm_100+): nvlink warns
+        // that the output is limited, then rejects it; an accelerated
+        // (`sm_90a`) cubin for a plain target cannot be linked at all.
+        if self.target.suffix.is_none() && (info.accelerated || (self.target.sm >= 100 && info.sm < 100)) {
+            let mut ds = Vec::new();
+            if self.target.sm >= 100 && info.sm < 100 {
+                ds.push(Diagnostic::warning(format!(
+                    "Output is limited to run on SM Arch '{}' only due to limitations in input file {name}",
+                    self.target.sm
+                )));
+            }
+            ds.push(Diagnostic::fatal(match info.accelerated {
+                true => "cannot link accelerated arch to non-accelerated".to_owned(),
+                false => format!("Input file '{name}' arch does not match target '{}'", self.target.name()),
+            }));
+            return Err(LoadError::Fatal(ds));
+        }
         if info.accelerated || (self.target.sm >= 100 && info.sm < 100) {
             return unsupported(
                 Reason::Arch,

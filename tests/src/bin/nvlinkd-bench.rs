@@ -13,7 +13,11 @@
 //!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
 //!       link before it) vs 16 concurrent nvlink processes: p50 latency and total;
 //!   (h) the first link of a daemon the shim starts itself (no daemon running,
-//!       auto-start included) vs nvlink.
+//!       auto-start included) vs nvlink;
+//!   (i) the relink of recompiled but unchanged objects (the same sources
+//!       compiled again: only nvcc's temporary file name differs), non-LTO as
+//!       nvcc runs it (with a registration file) and LTO, after the link of the
+//!       first compilation: a cache hit against nvlink's full link.
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -126,8 +130,14 @@ fn main() {
     let mut report = Report { rows: Vec::new(), all_identical: true };
     println!("nvlinkd-bench: {reps} repetitions, medians, {cpus} CPUs, toolkit {}", cuda_home().display());
 
-    // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
-    let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
+    // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h);
+    // `NVLINKD_BENCH_ONLY=recompiled`: only the rows (i).
+    let only = std::env::var("NVLINKD_BENCH_ONLY").unwrap_or_default();
+    if only == "recompiled" {
+        recompiled_rows(&mut report, &corpus, &work, &o, reps);
+        return print_report(&report, false, [0, 0, 0, 0]);
+    }
+    let only_fresh = only == "fresh";
     let (mut nv_rss, mut d_hwm, mut rss_10, mut rss_1000) = (0i64, 0u64, 0u64, 0u64);
     if !only_fresh {
         // (a) cold LTO, (f) peak memory.
@@ -328,6 +338,45 @@ fn main() {
     }
     report.row("(h) first link of an auto-started daemon", median(nv_first), median(d_first), identical, "");
 
+    if !only_fresh {
+        recompiled_rows(&mut report, &corpus, &work, &o, reps);
+    }
+    print_report(&report, !only_fresh, [nv_rss as u64, d_hwm, rss_10, rss_1000]);
+}
+
+/// (i) Recompiled, unchanged: link the first compilation through the daemon,
+/// then time the link of the second compilation (a hit) against nvlink's.
+fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf, reps: usize) {
+    let units = ["tu1", "tu2", "tu3", "tu4", "tu5", "transforms"];
+    let link = |suffix: &str, dir: &str, lto: bool| {
+        let objects: Vec<String> = units.iter().map(|u| format!("{dir}{u}{suffix}.o")).collect();
+        let mode = if lto { "-dlto -nvvmpath={NVVM} " } else { "" };
+        format!(
+            "-m64 --arch=sm_90 {mode}--register-link-binaries={{OUT}}.reg.c -L{{L}}/stubs -L{{L}} -cpu-arch=X86_64 {} -lcudadevrt -o {{OUT}} --host-ccbin gcc",
+            objects.join(" ")
+        )
+    };
+    for (lto, suffix, name) in [(false, "", "non-LTO"), (true, "_lto", "LTO")] {
+        let (first, again) = (link(suffix, "", lto), link(suffix, "recompiled/", lto));
+        let (mut nv, mut nvd) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let d = fresh_daemon(corpus);
+            let hits = d.stat("cache_hits");
+            assert!(timed(&shim(), &args(&first, &o("rc.first")), work, &d.shim_env()).ok, "first link failed");
+            let t = timed(&shim(), &args(&again, &o("rc.nvlinkd")), work, &d.shim_env());
+            assert!(t.ok, "relink of the recompiled objects failed");
+            nvd.push(t.wall);
+            identical &= d.stat("cache_hits") == hits + 1;
+            nv.push(timed(&real_nvlink(), &args(&again, &o("rc.nvlink")), work, &[]).wall);
+            identical &= same(&o("rc.nvlink"), &o("rc.nvlinkd")) && same(&o("rc.nvlink.reg.c"), &o("rc.nvlinkd.reg.c"));
+        }
+        let row = format!("(i) {name} relink of recompiled unchanged objects");
+        report.row(&row, median(nv), median(nvd), identical, if identical { " (a hit)" } else { " or not a hit" });
+    }
+}
+
+fn print_report(report: &Report, memory: bool, [nv_rss, d_hwm, rss_10, rss_1000]: [u64; 4]) {
     println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
     for (name, a, b, note) in &report.rows {
         println!(
@@ -340,7 +389,7 @@ fn main() {
         );
     }
     println!("ratio = nvlink time / nvlinkd time (above 1: nvlinkd is faster)");
-    if !only_fresh {
+    if memory {
         println!("\n(f) memory");
         println!("  nvlink peak RSS, LTO link:               {:>8} KiB", nv_rss);
         println!("  nvlinkd daemon peak RSS, cold LTO link:   {:>8} KiB", d_hwm);

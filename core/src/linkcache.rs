@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rayon::prelude::*;
+
 use crate::cache::{Key, KeyBuilder, LinkEntry};
 use crate::cli::options::Opt;
 use crate::cli::render;
@@ -230,8 +232,15 @@ pub fn keys(
         k.u64(u64::from(exists == Some(true)));
     }
     fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-    for input in &spec.inputs {
-        k.bytes(&hashes.digest(fs, &absolute(&req.cwd, input), crate::input::host::key_digest).ok()?);
+    // Digested in parallel (a cold link of large objects hashes megabytes),
+    // keyed in order.
+    let digests: Vec<Option<[u8; 32]>> = spec
+        .inputs
+        .par_iter()
+        .map(|input| hashes.digest(fs, &absolute(&req.cwd, input), crate::input::host::key_digest).ok())
+        .collect();
+    for digest in digests {
+        k.bytes(&digest?);
     }
     let dirs = libsearch::search_dirs(&spec.library_paths, req.env.get("LIBRARY_PATH").map(String::as_str));
     for name in &spec.libraries {

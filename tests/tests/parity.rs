@@ -1,6 +1,8 @@
 //! Parity: every corpus case through the real nvlink and through shim + daemon
 //! (`NVLINKD_FALLBACK=never`): same exit status, same stdout and stderr, output
 //! files equal (cubins up to `.note.nv.tkinfo` at least). Prints a parity table.
+//! And the whole-link key on recompiled objects: equal keys exactly when
+//! nvlink's outputs are equal, and a hit through the daemon.
 
 use std::sync::Mutex;
 

@@ -347,7 +347,11 @@ fn main() {
 /// (i) Recompiled, unchanged: link the first compilation through the daemon,
 /// then time the link of the second compilation (a hit) against nvlink's.
 fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf, reps: usize) {
-    let units = ["tu1", "tu2", "tu3", "tu4", "tu5", "transforms"];
+    // Only units whose recompilation leaves the device code as it was: the CUB
+    // units (tu1..tu5) get internal-linkage device names and a module id that
+    // change with every compilation, so nvlink's outputs differ and no key
+    // may call them equal.
+    let units = ["transforms"];
     let link = |suffix: &str, dir: &str, lto: bool| {
         let objects: Vec<String> = units.iter().map(|u| format!("{dir}{u}{suffix}.o")).collect();
         let mode = if lto { "-dlto -nvvmpath={NVVM} " } else { "" };

@@ -70,7 +70,8 @@ pub struct FileIdentity {
 /// name different contents (a write within the same timestamp tick as the read
 /// could, which is why recent files are always hashed again).
 pub struct HashMemo {
-    hashes: dashmap::DashMap<FileIdentity, [u8; 32]>,
+    /// By identity and digest function (see [`HashMemo::digest`]).
+    hashes: dashmap::DashMap<(FileIdentity, usize), [u8; 32]>,
     settle: std::time::Duration,
 }
 
@@ -102,17 +103,24 @@ impl HashMemo {
 
     /// The BLAKE3 of a file's contents, read through `fs`.
     pub fn hash(&self, fs: &dyn InputFs, path: &Path) -> io::Result<[u8; 32]> {
+        self.digest(fs, path, whole)
+    }
+
+    /// `f` of a file's contents, read through `fs` (remembered per function:
+    /// one file may be digested two ways).
+    pub fn digest(&self, fs: &dyn InputFs, path: &Path, f: fn(&[u8]) -> [u8; 32]) -> io::Result<[u8; 32]> {
+        let which = f as usize;
         let before = fs.identity(path);
-        if let Some(h) = before.and_then(|id| self.hashes.get(&id).map(|h| *h)) {
+        if let Some(h) = before.and_then(|id| self.hashes.get(&(id, which)).map(|h| *h)) {
             return Ok(h);
         }
         let data = fs.read(path)?;
-        let hash = *blake3::hash(&data).as_bytes();
+        let hash = f(&data);
         if let Some(id) = before.filter(|id| fs.identity(path) == Some(*id) && settled(id, self.settle)) {
             if self.hashes.len() >= HASH_MEMO_ENTRIES {
                 self.hashes.clear();
             }
-            self.hashes.insert(id, hash);
+            self.hashes.insert((id, which), hash);
         }
         Ok(hash)
     }
@@ -123,6 +131,10 @@ impl FileIdentity {
     pub(crate) fn ctime_ns(&self) -> i128 {
         self.ctime_ns
     }
+}
+
+fn whole(data: &[u8]) -> [u8; 32] {
+    *blake3::hash(data).as_bytes()
 }
 
 fn settled(id: &FileIdentity, settle: std::time::Duration) -> bool {

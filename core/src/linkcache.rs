@@ -5,8 +5,10 @@
 //! canonical form (its tkinfo rendering: option order does not matter where
 //! nvlink ignores it), the options nvlink does not render, which outputs are
 //! asked for, the contents of the inputs in order and what each `-l` resolves
-//! to. Paths are not part of it, so a renamed or touched input still hits. A
-//! result that does mention names (messages, verbose tool notes, path-derived
+//! to — contents as nvlink reads them: the name of nvcc's temporary file in a
+//! host object or an archive member is left out (see
+//! `input::host::key_digest`). Paths are not part of it, so a renamed or
+//! touched input still hits. A result that does mention names (messages, verbose tool notes, path-derived
 //! module ids) is also keyed by the names: the arguments as given and the
 //! working directory.
 
@@ -15,6 +17,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
 
 use crate::cache::{Key, KeyBuilder, LinkEntry};
 use crate::cli::options::Opt;
@@ -193,6 +197,7 @@ impl InputFs for MemoFs<'_> {
 }
 
 /// The keys of a link: by content, and by content plus names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinkKeys {
     pub content: Key,
     pub named: Key,
@@ -227,8 +232,15 @@ pub fn keys(
         k.u64(u64::from(exists == Some(true)));
     }
     fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-    for input in &spec.inputs {
-        k.bytes(&hashes.hash(fs, &absolute(&req.cwd, input)).ok()?);
+    // Digested in parallel (a cold link of large objects hashes megabytes),
+    // keyed in order.
+    let digests: Vec<Option<[u8; 32]>> = spec
+        .inputs
+        .par_iter()
+        .map(|input| hashes.digest(fs, &absolute(&req.cwd, input), crate::input::host::key_digest).ok())
+        .collect();
+    for digest in digests {
+        k.bytes(&digest?);
     }
     let dirs = libsearch::search_dirs(&spec.library_paths, req.env.get("LIBRARY_PATH").map(String::as_str));
     for name in &spec.libraries {
@@ -245,7 +257,7 @@ pub fn keys(
                 }
                 continue;
             }
-            k.bytes(&hashes.hash(fs, &path).ok()?);
+            k.bytes(&hashes.digest(fs, &path, crate::input::host::key_digest).ok()?);
             break;
         }
     }
@@ -256,6 +268,21 @@ pub fn keys(
         named.str(a);
     }
     Some(LinkKeys { content, named: named.finish() })
+}
+
+/// The keys the daemon's whole-link cache gives `req`, with the files read
+/// from this machine and a fixed toolkit identity; `None` where the link is not
+/// cached (front-end answers, parse errors, `-time`, unreadable inputs). For
+/// tests that prove what the key covers: equal keys must mean nvlink's
+/// outputs are equal.
+pub fn keys_of(req: &Request) -> Option<LinkKeys> {
+    let fs = MemoFs::new(&crate::fs::LocalFs);
+    let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &fs, &req.cwd).ok()?).ok()?;
+    let mode = spec.mode().ok()?;
+    if matches!(mode, Mode::Help | Mode::Version | Mode::HostLinkerScript(_)) {
+        return None;
+    }
+    keys(&[0; 32], req, &spec, mode, &fs, &HashMemo::default())
 }
 
 /// The outputs of an outcome, by role.

@@ -18,6 +18,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use rayon::prelude::*;
+
 use crate::cli::spec::{Mode, Spec};
 use crate::diag::Diagnostic;
 use crate::input::cubin::CubinInfo;
@@ -75,8 +77,16 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
     let mut skipped_host_objects = false;
     let mut system_library_found = false;
     let mut system_library = None;
-    for input in &spec.inputs {
-        let loaded = ctx.input(input)?;
+    // Inputs and libraries are decoded in parallel, then taken in command-line
+    // order: the first error in that order stands, as if they had been decoded
+    // one after another. On rayon's global pool, not the `--jobs` pool whose
+    // threads wait on worker processes (the files were read for the key or
+    // prefetched: decoding waits on nothing).
+    let inputs: Vec<_> = spec.inputs.par_iter().map(|input| ctx.input(input)).collect();
+    let dirs = libsearch::search_dirs(&spec.library_paths, env_library_path);
+    let libraries: Vec<_> = spec.libraries.par_iter().map(|name| ctx.library(name, &dirs)).collect();
+    for loaded in inputs {
+        let loaded = loaded?;
         warnings.extend(loaded.warnings);
         match loaded.item {
             InputItem::Unit(u) => units.push(u),
@@ -90,9 +100,8 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
             InputItem::Nothing => {}
         }
     }
-    let dirs = libsearch::search_dirs(&spec.library_paths, env_library_path);
-    for name in &spec.libraries {
-        let loaded = ctx.library(name, &dirs)?;
+    for loaded in libraries {
+        let loaded = loaded?;
         warnings.extend(loaded.warnings);
         if let Some(lib) = loaded.item {
             skipped_host_objects |= lib.skipped_host_objects;

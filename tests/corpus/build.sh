@@ -115,6 +115,42 @@ ld -r accumulate.o vars_use.o -o merged_r.o
 "$nvcc" -arch=sm_90 -dc -Xfatbin -compress-mode=none vars_def.cu -o vars_def_nocompress.o
 mkdir -p tinylib && printf 'hi\n' > tinylib/libtiny.a
 
+# A second compilation of the same sources, in the same place (as an incremental
+# build recompiles an unchanged unit): the objects differ only in the name of
+# nvcc's temporary file. tests/tests/parity.rs proves the cache keys on these.
+# The objects the parity cases use most and the static libraries, not the slow
+# CUB/Thrust units; cubins and PTX files are not recompiled (they stay shared).
+mkdir -p twin/lib
+for f in accumulate scale vars_def vars_use cdp tmpl_a tmpl_b mathlib_main saxpy missing shared_mix mathlib_1 mathlib_2; do
+  dc "$f.cu" -o "twin/$f.o" &
+done
+"$nvcc" -gencode arch=compute_90,code=compute_90 -dc saxpy.cu -o twin/saxpy_ptx.o &
+"$nvcc" -gencode arch=compute_80,code=compute_80 -dc saxpy.cu -o twin/saxpy_ptx80.o &
+wait
+for f in saxpy scale accumulate; do
+  "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc $f.cu -o "twin/${f}_2arch.o" &
+done
+for f in accumulate scale cdp saxpy xcall_main xcall_loop livedead libcxx; do
+  "$nvcc" -arch=sm_90 -dc -dlto "$f.cu" -o "twin/${f}_lto.o" &
+done
+wait
+for f in xcall_main livedead libcxx; do
+  "$nvcc" $sass3 -dc "$f.cu" -o "twin/${f}_3arch.o" &
+done
+for f in xcall_main xcall_loop; do
+  "$nvcc" $lto3 -dc $f.cu -o twin/${f}_lto3.o &
+done
+"$nvcc" $sass3 -dc xcall_loop.cu -o twin/xcall_loop_3arch.o &
+for f in accumulate scale cdp; do
+  "$nvcc" -arch=sm_90 -G -dc "$f.cu" -o "twin/${f}_G.o" &
+done
+wait
+cp twin/accumulate.o twin/accumulate_noext
+cp twin/accumulate.o twin/accumulate.so
+ld -r twin/accumulate.o twin/vars_use.o -o twin/merged_r.o
+(cd twin && ar rcs lib/libdevmath.a mathlib_1.o mathlib_2.o && ar rcs lib/libxcall.a xcall_loop_3arch.o &&
+  ar rcs lib/libxcall_lto.a xcall_loop_lto3.o)
+
 # Options files.
 printf -- '--arch=sm_90\naccumulate.o "scale.o"\n' > link.opts
 printf -- '-L lib\n-ldevmath\n' > lib.opts

@@ -16,6 +16,46 @@ pub fn dir() -> &'static PathBuf {
     DIR.get_or_init(|| build("tests/corpus", "corpus.done"))
 }
 
+/// A view of the corpus for one test: a fresh directory of symlinks to every
+/// corpus file, which [`Recompiled::swap`] points at the second compilation of
+/// the same sources (`twin/` in the corpus) where there is one. The path stays
+/// the same, as in an incremental build that recompiles a unit in place.
+pub struct Recompiled {
+    pub dir: crate::env::TempDir,
+}
+
+impl Recompiled {
+    pub fn new(tag: &str) -> Recompiled {
+        let dir = crate::env::TempDir::new(tag);
+        for e in std::fs::read_dir(self::dir()).expect("corpus dir").flatten() {
+            if e.file_name() != "twin" {
+                std::os::unix::fs::symlink(e.path(), dir.path().join(e.file_name())).expect("symlink");
+            }
+        }
+        Recompiled { dir }
+    }
+
+    /// The names compiled twice.
+    pub fn twins() -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self::dir().join("twin"))
+            .expect("corpus twin dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Point every recompiled name at its second compilation.
+    pub fn swap(&self) {
+        for name in Self::twins() {
+            let link = self.dir.path().join(&name);
+            std::fs::remove_file(&link).expect("remove symlink");
+            std::os::unix::fs::symlink(self::dir().join("twin").join(&name), &link).expect("symlink");
+        }
+    }
+}
+
 /// The directory holding the built benchmark workload (`tests/bench/build.sh`).
 pub fn workload() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

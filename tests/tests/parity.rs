@@ -1,6 +1,8 @@
 //! Parity: every corpus case through the real nvlink and through shim + daemon
 //! (`NVLINKD_FALLBACK=never`): same exit status, same stdout and stderr, output
 //! files equal (cubins up to `.note.nv.tkinfo` at least). Prints a parity table.
+//! And the whole-link key on recompiled objects: equal keys exactly when
+//! nvlink's outputs are equal, and a hit through the daemon.
 
 use std::sync::Mutex;
 
@@ -641,4 +643,135 @@ fn parity_through_the_remote_path_as_another_user() {
     );
     assert!(count("in_process") > 0, "no link was served remotely: {stats}");
     assert!(differing.is_empty(), "{}", differing.join("\n"));
+}
+
+/// The cache key of an invocation, as the daemon computes it (any toolkit identity).
+fn link_keys(inv: &Invocation) -> Option<nvlinkd_core::linkcache::LinkKeys> {
+    let req = nvlinkd_core::request::Request {
+        args: inv.args.clone(),
+        cwd: inv.cwd.clone(),
+        env: inv.env.iter().cloned().collect(),
+        ..Default::default()
+    };
+    nvlinkd_core::linkcache::keys_of(&req)
+}
+
+/// Cases where the key sees a difference nvlink's output does not show, and
+/// why the key keeps it.
+const KNOWN_MISSES: &[(&str, &str)] = &[(
+    "debug-relocatable",
+    "-G device debug information names nvcc's temporary file inside the compressed fatbin; \
+     `-g -r` output does not show it, `-g` executables do (debug-nvcc-dlink)",
+)];
+
+/// Keys on what nvlink reads: every case that reads an object compiled twice
+/// (the corpus's `twin/`: the same sources compiled again in the same place,
+/// nvcc's temporary file name aside) is linked by the real nvlink on both
+/// compilations; the whole-link cache keys of the two must be equal exactly
+/// when everything nvlink produced (output files, stdout, stderr, exit status)
+/// is equal. A key that misses a difference nvlink makes is a wrong hit; a key
+/// that sees one nvlink ignores is a recompile that never hits.
+#[test]
+fn recompiled_keys_match_nvlink() {
+    let twins = corpus::Recompiled::twins();
+    let cases: Vec<_> = cases()
+        .into_iter()
+        .filter(|(_, args, _)| args.contains(".opts") || twins.iter().any(|t| args.contains(t.as_str())))
+        .collect();
+    let rows = Mutex::new(Vec::new());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(name, args, env)) = cases.get(i) else { break };
+                let view = corpus::Recompiled::new("keys");
+                let out = TempDir::new("keys-out");
+                let inv = Invocation {
+                    args: expand(args, &out.path().display().to_string())
+                        .split_whitespace()
+                        .map(String::from)
+                        .collect(),
+                    cwd: view.dir.path().to_owned(),
+                    env: env
+                        .split_whitespace()
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.into(), v.into()))
+                        .collect(),
+                    out_dir: out.path().to_owned(),
+                };
+                let (k1, r1) = (link_keys(&inv), run(&real_nvlink(), &inv, &[]));
+                view.swap();
+                // As before the first run: no output files yet (an existing
+                // registration file is part of an LTO link's key).
+                let _ = std::fs::remove_dir_all(out.path());
+                std::fs::create_dir_all(out.path()).expect("output dir");
+                let (k2, r2) = (link_keys(&inv), run(&real_nvlink(), &inv, &[]));
+                rows.lock().unwrap().push((name, k1, k2, r1 == r2));
+            });
+        }
+    });
+    let mut rows = rows.into_inner().unwrap();
+    rows.sort_by_key(|r| CASES.iter().position(|c| c.0 == r.0));
+    let mut problems = Vec::new();
+    let (mut hits, mut misses, mut uncached) = (0, 0, 0);
+    for (name, k1, k2, same) in &rows {
+        match (k1, k2) {
+            (Some(a), Some(b)) => {
+                let keys_equal = a.content == b.content && a.named == b.named;
+                let verdict = match (keys_equal, same) {
+                    (true, true) => "equal keys, equal outputs (a hit)",
+                    (false, false) => "keys differ, outputs differ",
+                    (true, false) => "WRONG HIT: equal keys, outputs differ",
+                    (false, true) => "MISS: keys differ, outputs equal",
+                };
+                println!("  {name:<40} {verdict}");
+                let known = KNOWN_MISSES.iter().any(|(n, _)| n == name);
+                if known && (keys_equal || !same) {
+                    problems.push(format!("{name}: listed as a known miss, but {verdict}"));
+                }
+                if keys_equal != *same && (!known || keys_equal) {
+                    problems.push(format!("{name}: {verdict}"));
+                }
+                if keys_equal {
+                    hits += 1;
+                } else {
+                    misses += 1;
+                }
+            }
+            (None, None) => uncached += 1,
+            _ => problems.push(format!("{name}: cacheable for one compilation only")),
+        }
+    }
+    println!("recompiled: {} cases, {hits} equal keys, {misses} different, {uncached} not cached", rows.len());
+    assert!(problems.is_empty(), "keys disagree with nvlink:\n{}", problems.join("\n"));
+    assert!(hits > 0, "no case of a recompiled object was a hit");
+}
+
+/// Through the daemon: a link of the first compilation, then the same link of
+/// the recompiled objects is a cache hit answering exactly what the real
+/// nvlink writes and prints for the recompiled objects (non-LTO, LTO, with a
+/// registration file).
+#[test]
+fn recompiled_objects_hit_the_daemon_cache() {
+    let daemon = Daemon::start();
+    for name in ["nvcc-dlink", "lto-registered", "lto-cross-unit"] {
+        let (_, args, _) = *CASES.iter().find(|c| c.0 == name).expect("case");
+        let view = corpus::Recompiled::new("hit");
+        let out = TempDir::new("hit-out");
+        let inv = Invocation {
+            args: expand(args, &out.path().display().to_string()).split_whitespace().map(String::from).collect(),
+            cwd: view.dir.path().to_owned(),
+            env: Vec::new(),
+            out_dir: out.path().to_owned(),
+        };
+        let first = run(&shim(), &inv, &daemon.shim_env());
+        assert_eq!(first.code, 0, "{name}: {}", String::from_utf8_lossy(&first.stderr));
+        let hits = daemon.stat("cache_hits");
+        view.swap();
+        let expected = run(&real_nvlink(), &inv, &[]);
+        let actual = run(&shim(), &inv, &daemon.shim_env());
+        assert_eq!(daemon.stat("cache_hits"), hits + 1, "{name}: the recompiled link was not a cache hit");
+        assert!(actual == expected, "{name}: the hit differs from nvlink's output for the recompiled objects");
+    }
 }

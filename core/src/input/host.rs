@@ -7,8 +7,13 @@
 //! - `.nvHRKE .nvHRKI .nvHRDE .nvHRDI .nvHRCE .nvHRCI`: NUL-separated name
 //!   patterns of the kernels, device variables and constants the host code
 //!   references (external / internal linkage), used to remove dead device code.
+//!
+//! And one piece nvlink does not read, which changes with every compilation:
+//! the name of nvcc's temporary translation unit (see [`key_digest`]).
 
-use crate::elf::Elf;
+use std::ops::Range;
+
+use crate::elf::{Elf, EM_CUDA, ET_REL, SHT_SYMTAB};
 
 /// Device names host code refers to, as glob patterns (`_Z10accumulate*`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -76,6 +81,117 @@ impl HostObject<'_> {
     }
 }
 
+/// `st_info` type of a source-file symbol.
+const STT_FILE: u8 = 4;
+
+/// The digest of an input for the whole-link key: the BLAKE3 of its bytes,
+/// except that in a host relocatable object (named, or a member of a regular
+/// archive) the names of `STT_FILE` symbols naming nvcc's temporary file
+/// (`tmpxft_<pid>_<n>-<k>_<unit>.cudafe1.cpp`) count as any other string of
+/// their length.
+///
+/// Measured on nvcc 13.5: compiling a source twice in the same place gives
+/// objects that differ in these bytes only (`.strtab`; the module id, the
+/// `.nvHR*` lists and the whole `__nv_relfatbin`, LTO IR included, are equal),
+/// and nvlink's outputs, messages and exit status are equal for every corpus
+/// case (`tests/tests/parity.rs`, `recompiled_keys_match_nvlink`). Everything
+/// else stays in the key as it is: a compilation elsewhere (another directory)
+/// changes the module id, internal-linkage device names and the LTO IR, and
+/// those are keyed. Masking is refused (the whole bytes are hashed) unless the
+/// name bytes lie in a symbol string table that overlaps nothing else of the
+/// file and no other symbol's name shares them.
+pub(crate) fn key_digest(data: &[u8]) -> [u8; 32] {
+    let names = if data.starts_with(b"!<arch>\n") { archive_tmpxft_names(data) } else { tmpxft_names(data) };
+    match names {
+        Some(ranges) if !ranges.is_empty() => {
+            let mut masked = data.to_vec();
+            for r in ranges {
+                masked[r].fill(0xff);
+            }
+            *blake3::Hasher::new_derive_key("nvlinkd 2026 host object, nvcc temporary file names masked")
+                .update(&masked)
+                .finalize()
+                .as_bytes()
+        }
+        _ => *blake3::hash(data).as_bytes(),
+    }
+}
+
+/// The same in each member of a regular archive (a static library of objects
+/// nvcc compiled): the ranges in the archive's bytes. The archive's own
+/// headers and symbol index stay as they are. `None` for a thin or malformed
+/// archive, or when any member refuses masking.
+fn archive_tmpxft_names(data: &[u8]) -> Option<Vec<Range<usize>>> {
+    let (thin, members) = super::archive::members(data).ok()?;
+    if thin {
+        return None;
+    }
+    let mut all = Vec::new();
+    for m in members {
+        let bytes = m.data?;
+        let at = (bytes.as_ptr() as usize).checked_sub(data.as_ptr() as usize)?;
+        if at + bytes.len() > data.len() {
+            return None;
+        }
+        if crate::elf::is_elf(bytes) && crate::elf::header_type(bytes) == Some(ET_REL) {
+            if crate::elf::header_machine(bytes) == Some(EM_CUDA) {
+                continue;
+            }
+            all.extend(tmpxft_names(bytes)?.into_iter().map(|r| r.start + at..r.end + at));
+        }
+    }
+    Some(all)
+}
+
+/// The file ranges of the names of nvcc's temporary files in a host
+/// relocatable object's `STT_FILE` symbols; `None` when masking them could hide
+/// anything else (see [`key_digest`]).
+fn tmpxft_names(data: &[u8]) -> Option<Vec<Range<usize>>> {
+    if crate::elf::header_machine(data) == Some(EM_CUDA) || crate::elf::header_type(data) != Some(ET_REL) {
+        return None;
+    }
+    let elf = Elf::parse(data).ok()?;
+    if !elf.segments.is_empty() {
+        return None;
+    }
+    let (symtab_index, symtab) = elf.sections.iter().enumerate().find(|(_, s)| s.sh_type == SHT_SYMTAB)?;
+    let strtab_index = symtab.link as usize;
+    if strtab_index == elf.shstrndx || strtab_index == symtab_index {
+        return None;
+    }
+    let strtab = elf.sections.get(strtab_index)?;
+    let table = strtab.offset as usize..(strtab.offset + strtab.file_size()) as usize;
+    // The string table shares its bytes with nothing: not the file header, not
+    // the section header table, not another section.
+    let shoff = u64::from_le_bytes(data.get(0x28..0x30)?.try_into().ok()?) as usize;
+    let shtable = shoff..shoff.checked_add(elf.sections.len().checked_mul(64)?)?;
+    let overlaps = |a: &Range<usize>, b: &Range<usize>| a.start < b.end && b.start < a.end;
+    if overlaps(&table, &(0..64)) || overlaps(&table, &shtable) {
+        return None;
+    }
+    for (i, s) in elf.sections.iter().enumerate() {
+        let r = s.offset as usize..(s.offset + s.file_size()) as usize;
+        if i != strtab_index && !r.is_empty() && overlaps(&table, &r) {
+            return None;
+        }
+    }
+    let symbols = elf.symbols().ok()?;
+    let is_tmpxft = |s: &crate::elf::Symbol| s.kind() == STT_FILE && s.name.starts_with("tmpxft_");
+    let names: Vec<Range<usize>> = symbols
+        .iter()
+        .filter(|s| is_tmpxft(s))
+        .map(|s| table.start + s.st_name as usize..table.start + s.st_name as usize + s.name.len())
+        .collect();
+    // No other name (with its NUL) may share those bytes.
+    for s in symbols.iter().filter(|s| !is_tmpxft(s)) {
+        let r = table.start + s.st_name as usize..table.start + s.st_name as usize + s.name.len() + 1;
+        if names.iter().any(|n| overlaps(n, &r)) {
+            return None;
+        }
+    }
+    Some(names)
+}
+
 /// Glob match as nvlink applies host-reference patterns: `*` matches any run
 /// of characters, everything else matches itself.
 pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
@@ -116,5 +232,107 @@ mod tests {
         assert!(glob_match("*", ""));
         assert!(!glob_match("a", ""));
         assert!(glob_match("a*b*c", "aXXbYYc"));
+    }
+
+    /// A minimal host relocatable object: a `.strtab` holding `names`, a
+    /// symbol table with one symbol per name (its type given), a `.shstrtab`.
+    fn object(names: &[(&str, u8)], st_name_override: Option<u32>) -> Vec<u8> {
+        let mut strtab = vec![0u8];
+        let mut syms = vec![0u8; 24];
+        for (n, kind) in names {
+            let at = strtab.len() as u32;
+            strtab.extend_from_slice(n.as_bytes());
+            strtab.push(0);
+            let mut sym = vec![0u8; 24];
+            sym[..4].copy_from_slice(&st_name_override.unwrap_or(at).to_le_bytes());
+            sym[4] = *kind;
+            syms.extend(sym);
+        }
+        let shstrtab = b"\0.strtab\0.symtab\0.shstrtab\0".to_vec();
+        let mut data = vec![0u8; 64];
+        let place = |data: &mut Vec<u8>, b: &[u8]| {
+            let at = data.len();
+            data.extend_from_slice(b);
+            at
+        };
+        let str_at = place(&mut data, &strtab);
+        let sym_at = place(&mut data, &syms);
+        let shs_at = place(&mut data, &shstrtab);
+        while !data.len().is_multiple_of(8) {
+            data.push(0);
+        }
+        let shoff = data.len();
+        let sh = |name: u32, ty: u32, off: usize, size: usize, link: u32, entsize: u64| {
+            let mut h = vec![0u8; 64];
+            h[..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&ty.to_le_bytes());
+            h[24..32].copy_from_slice(&(off as u64).to_le_bytes());
+            h[32..40].copy_from_slice(&(size as u64).to_le_bytes());
+            h[40..44].copy_from_slice(&link.to_le_bytes());
+            h[56..64].copy_from_slice(&entsize.to_le_bytes());
+            h
+        };
+        data.extend(vec![0u8; 64]);
+        data.extend(sh(1, 3, str_at, strtab.len(), 0, 0));
+        data.extend(sh(9, 2, sym_at, syms.len(), 1, 24));
+        data.extend(sh(17, 3, shs_at, shstrtab.len(), 0, 0));
+        data[..4].copy_from_slice(b"\x7fELF");
+        data[4] = 2;
+        data[5] = 1;
+        data[6] = 1;
+        data[16..18].copy_from_slice(&ET_REL.to_le_bytes());
+        data[18..20].copy_from_slice(&62u16.to_le_bytes());
+        data[20..24].copy_from_slice(&1u32.to_le_bytes());
+        data[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        data[52..54].copy_from_slice(&64u16.to_le_bytes());
+        data[58..60].copy_from_slice(&64u16.to_le_bytes());
+        data[60..62].copy_from_slice(&4u16.to_le_bytes());
+        data[62..64].copy_from_slice(&3u16.to_le_bytes());
+        data
+    }
+
+    #[test]
+    fn key_digest_ignores_only_nvcc_temporary_file_names() {
+        let a = object(&[("tmpxft_00004af5_00000000-6_a.cudafe1.cpp", STT_FILE), ("_Z1fv", 2)], None);
+        let b = object(&[("tmpxft_00004c28_00000000-6_a.cudafe1.cpp", STT_FILE), ("_Z1fv", 2)], None);
+        assert!(Elf::parse(&a).is_ok());
+        assert_ne!(a, b);
+        assert_eq!(key_digest(&a), key_digest(&b));
+        // Any other difference counts: another function name, a file name that
+        // is not nvcc's, a non-FILE symbol named like one.
+        let c = object(&[("tmpxft_00004c28_00000000-6_a.cudafe1.cpp", STT_FILE), ("_Z1gv", 2)], None);
+        assert_ne!(key_digest(&a), key_digest(&c));
+        let d = object(&[("host_00004af5.cpp", STT_FILE)], None);
+        let e = object(&[("host_00004c28.cpp", STT_FILE)], None);
+        assert_ne!(key_digest(&d), key_digest(&e));
+        let f = object(&[("tmpxft_00004af5_00000000-6_a.cudafe1.cpp", 2)], None);
+        let g = object(&[("tmpxft_00004c28_00000000-6_a.cudafe1.cpp", 2)], None);
+        assert_ne!(key_digest(&f), key_digest(&g));
+        // Another symbol naming the same bytes: not masked.
+        let h = object(&[("tmpxft_00004af5_00000000-6_a.cudafe1.cpp", STT_FILE), ("x", 2)], Some(1));
+        let i = object(&[("tmpxft_00004c28_00000000-6_a.cudafe1.cpp", STT_FILE), ("x", 2)], Some(1));
+        assert_ne!(key_digest(&h), key_digest(&i));
+        // The same in the members of a static library.
+        let ar = |members: &[&[u8]]| {
+            let mut out = b"!<arch>\n".to_vec();
+            for (i, m) in members.iter().enumerate() {
+                let header = format!("{:<16}{:<12}{:<6}{:<6}{:<8}{:<10}`\n", format!("m{i}.o/"), 0, 0, 0, 644, m.len());
+                out.extend_from_slice(header.as_bytes());
+                out.extend_from_slice(m);
+                if m.len() % 2 == 1 {
+                    out.push(b'\n');
+                }
+            }
+            out
+        };
+        assert_eq!(key_digest(&ar(&[&a, &d])), key_digest(&ar(&[&b, &d])));
+        assert_ne!(key_digest(&ar(&[&a, &d])), key_digest(&ar(&[&b, &e])));
+        assert_ne!(key_digest(&ar(&[&a, &d])), key_digest(&ar(&[&c, &d])));
+        assert_ne!(key_digest(&ar(&[&a])), key_digest(&a));
+        // Not ELF, or damaged: the whole bytes.
+        assert_eq!(key_digest(b"text"), *blake3::hash(b"text").as_bytes());
+        let mut damaged = a.clone();
+        damaged[0x28] = 0xff;
+        assert_eq!(key_digest(&damaged), *blake3::hash(&damaged).as_bytes());
     }
 }

@@ -17,6 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::archive;
 use super::classify::{classify, is_ptx, Content};
 use super::cubin::{self, CubinInfo};
@@ -265,29 +267,48 @@ impl LoadContext<'_> {
         if thin {
             return unsupported(Reason::Input, format!("{shown}: thin archive"));
         }
+        /// What one member contributes.
+        enum Member {
+            Unit(Box<Unit>),
+            CodeLess,
+            Ignored,
+        }
+        // Members are decoded in parallel (decompressing and parsing device
+        // code is the costly part); the first error in member order stands, as
+        // if they had been decoded one after another.
+        let decoded: Vec<Result<Member, LoadError>> = members
+            .par_iter()
+            .map(|m| {
+                let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
+                let member_name = format!("{shown}:{}", m.name);
+                // Only host relocatable objects contribute; everything else is ignored.
+                if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
+                    if is_elf(bytes) && bytes.len() < 64 {
+                        return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
+                    }
+                    return Ok(Member::Ignored);
+                }
+                match Elf::parse(bytes) {
+                    Err(_) => return Ok(Member::Ignored),
+                    Ok(e) if HostObject::read(&e).relfatbin.is_none() => return Ok(Member::CodeLess),
+                    Ok(_) => {}
+                }
+                Ok(match self.host_object(&member_name, bytes, true)? {
+                    Some(mut loaded) => {
+                        loaded.item.from_archive = true;
+                        Member::Unit(Box::new(loaded.item))
+                    }
+                    None => Member::Ignored,
+                })
+            })
+            .collect();
         let mut units = Vec::new();
         let mut skipped_host_objects = false;
-        for m in members {
-            let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
-            let member_name = format!("{shown}:{}", m.name);
-            // Only host relocatable objects contribute; everything else is ignored.
-            if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
-                if is_elf(bytes) && bytes.len() < 64 {
-                    return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
-                }
-                continue;
-            }
-            match Elf::parse(bytes) {
-                Err(_) => continue,
-                Ok(e) if HostObject::read(&e).relfatbin.is_none() => {
-                    skipped_host_objects = true;
-                    continue;
-                }
-                Ok(_) => {}
-            }
-            if let Some(mut loaded) = self.host_object(&member_name, bytes, true)? {
-                loaded.item.from_archive = true;
-                units.push(loaded.item);
+        for m in decoded {
+            match m? {
+                Member::Unit(u) => units.push(*u),
+                Member::CodeLess => skipped_host_objects = true,
+                Member::Ignored => {}
             }
         }
         let mut lib =

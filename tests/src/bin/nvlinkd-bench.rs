@@ -32,6 +32,10 @@
 //!   (s3) with `serve --watch`: the build's next link after the speculative
 //!       relink of a changed input, vs nvlink on the changed link.
 //!       `NVLINKD_BENCH_ONLY=speculation` runs only (s1)–(s3).
+//!   (j) the relink of recompiled but unchanged objects (the same sources
+//!       compiled again: only nvcc's temporary file name differs), non-LTO as
+//!       nvcc runs it (with a registration file) and LTO, after the link of the
+//!       first compilation: a cache hit against nvlink's full link.
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -238,6 +242,12 @@ fn main() {
         std::process::exit(if report.all_identical { 0 } else { 1 });
     }
 
+    // `NVLINKD_BENCH_ONLY=recompiled`: only the rows (j).
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "recompiled") {
+        recompiled_rows(&mut report, &corpus, &work, &o, reps);
+        print_rows(&report);
+        return;
+    }
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
     // `NVLINKD_BENCH_ONLY=remote`: only the shared-tier rows (r).
@@ -458,6 +468,10 @@ fn main() {
     // (r) the shared REAPI tier, when BuildGrid is installed.
     if !only_fresh && nvlinkd_tests::buildgrid::bgd().is_some() {
         remote_rows(&mut report, &work, reps, &o);
+    }
+
+    if !only_fresh {
+        recompiled_rows(&mut report, &corpus, &work, &o, reps);
     }
 
     print_rows(&report);
@@ -737,4 +751,40 @@ fn speculation_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path
         identical &= same(&expected, &o("next.cubin"));
     }
     report.row("(s3) next link after a --watch relink", median(nv), median(next), identical, "");
+}
+
+/// (j) Recompiled, unchanged: link the first compilation through the daemon,
+/// then time the link of the second compilation (a hit) against nvlink's.
+fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf, reps: usize) {
+    // Only units whose recompilation leaves the device code as it was: the CUB
+    // units (tu1..tu5) get internal-linkage device names and a module id that
+    // change with every compilation, so nvlink's outputs differ and no key
+    // may call them equal.
+    let units = ["transforms"];
+    let link = |suffix: &str, dir: &str, lto: bool| {
+        let objects: Vec<String> = units.iter().map(|u| format!("{dir}{u}{suffix}.o")).collect();
+        let mode = if lto { "-dlto -nvvmpath={NVVM} " } else { "" };
+        format!(
+            "-m64 --arch=sm_90 {mode}--register-link-binaries={{OUT}}.reg.c -L{{L}}/stubs -L{{L}} -cpu-arch=X86_64 {} -lcudadevrt -o {{OUT}} --host-ccbin gcc",
+            objects.join(" ")
+        )
+    };
+    for (lto, suffix, name) in [(false, "", "non-LTO"), (true, "_lto", "LTO")] {
+        let (first, again) = (link(suffix, "", lto), link(suffix, "recompiled/", lto));
+        let (mut nv, mut nvd) = (Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let d = fresh_daemon(corpus);
+            let hits = d.stat("cache_hits");
+            assert!(timed(&shim(), &args(&first, &o("rc.first")), work, &d.shim_env()).ok, "first link failed");
+            let t = timed(&shim(), &args(&again, &o("rc.nvlinkd")), work, &d.shim_env());
+            assert!(t.ok, "relink of the recompiled objects failed");
+            nvd.push(t.wall);
+            identical &= d.stat("cache_hits") == hits + 1;
+            nv.push(timed(&real_nvlink(), &args(&again, &o("rc.nvlink")), work, &[]).wall);
+            identical &= same(&o("rc.nvlink"), &o("rc.nvlinkd")) && same(&o("rc.nvlink.reg.c"), &o("rc.nvlinkd.reg.c"));
+        }
+        let row = format!("(j) {name} relink of recompiled unchanged objects");
+        report.row(&row, median(nv), median(nvd), identical, if identical { " (a hit)" } else { " or not a hit" });
+    }
 }

@@ -21,6 +21,11 @@ pub enum Reason {
     /// (`--nvvm-latest`, `-g`, `--keep-system-libraries`, `-Xnvvm` math
     /// options), host-referenced device variables under `-dlto`.
     LtoOptions,
+    /// LTO IR without a PTX copy (nvcc's `code=lto_XY`, what `-dlto` builds
+    /// produce): its symbols are encrypted, and linking it in process from an
+    /// NVVM probe of each module gave other bytes than nvlink on a CUB
+    /// workload (benchmark row s1), so nvlink links it.
+    LtoIrOnly,
     /// PTX compiled at link time with pruning or ptxas options.
     PtxJit,
     /// Member selection and arch checks not reproduced (`--arch compute_XY`,
@@ -60,9 +65,10 @@ pub enum Reason {
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::PartialLto,
         Reason::LtoOptions,
+        Reason::LtoIrOnly,
         Reason::PtxJit,
         Reason::Arch,
         Reason::Diagnostics,
@@ -84,6 +90,7 @@ impl Reason {
         match self {
             Reason::PartialLto => "partial_lto",
             Reason::LtoOptions => "lto_options",
+            Reason::LtoIrOnly => "lto_ir_only",
             Reason::PtxJit => "ptx_jit",
             Reason::Arch => "arch",
             Reason::Diagnostics => "diagnostics",

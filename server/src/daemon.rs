@@ -303,6 +303,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     }
     let speculator = Speculator::new(
         linker.clone(),
+        opts.events.clone(),
         &opts.cache_dir,
         opts.speculation.multi_arch && cached,
         opts.speculation.max_running,

@@ -329,3 +329,14 @@ mod tests {
         assert_eq!((v["event"].as_str(), v["reason"].as_str()), (Some("link_cancelled"), Some("superseded")));
     }
 }
+
+/// An engine's name in `link_finished`.
+pub fn engine_name(e: nvlinkd_core::request::EngineKind) -> &'static str {
+    use nvlinkd_core::request::EngineKind;
+    match e {
+        EngineKind::Frontend => "frontend",
+        EngineKind::InProcess => "in_process",
+        EngineKind::NvlinkProcess => "nvlink",
+        EngineKind::Cache => "cache",
+    }
+}

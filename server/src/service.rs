@@ -257,7 +257,13 @@ impl Service {
                 }
                 Ok(o) => {
                     events.diagnostics(link_id, &o.stdout, &o.stderr);
-                    events.finished(link_id, o.exit_code, ms, engine_name(o.engine), o.fallback.is_some());
+                    events.finished(
+                        link_id,
+                        o.exit_code,
+                        ms,
+                        crate::events::engine_name(o.engine),
+                        o.fallback.is_some(),
+                    );
                     info!(
                         args = %args,
                         exit = o.exit_code,
@@ -399,15 +405,6 @@ fn output_named(args: &[String]) -> Option<&str> {
         }
     }
     None
-}
-
-fn engine_name(e: EngineKind) -> &'static str {
-    match e {
-        EngineKind::Frontend => "frontend",
-        EngineKind::InProcess => "in_process",
-        EngineKind::NvlinkProcess => "nvlink",
-        EngineKind::Cache => "cache",
-    }
 }
 
 /// `Start.progress`: the link's phase events go to its own stream as

@@ -31,6 +31,8 @@ use std::time::Instant;
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs};
 use nvlinkd_core::request::{Outcome, Request};
 use nvlinkd_core::sched::Priority;
+
+use crate::events::Hub;
 use nvlinkd_core::speculate::sibling_archs;
 use nvlinkd_core::stats::bump;
 use nvlinkd_core::worker::Cancel;
@@ -66,6 +68,9 @@ const FAMILIES: usize = 64;
 
 pub struct Speculator {
     linker: Arc<Linker>,
+    /// The event stream: speculative links are announced like the others,
+    /// with `speculative: true` (`events.rs`).
+    events: Hub,
     /// Multi-arch prediction (`--no-speculate` turns it off).
     multi_arch: bool,
     /// Most speculative links computing at once.
@@ -85,6 +90,7 @@ pub struct Speculator {
 impl Speculator {
     pub fn new(
         linker: Arc<Linker>,
+        events: Hub,
         cache_dir: &Path,
         multi_arch: bool,
         max_running: usize,
@@ -103,6 +109,7 @@ impl Speculator {
         }
         Arc::new(Speculator {
             linker,
+            events,
             multi_arch,
             max_running: max_running.max(1),
             running: AtomicUsize::new(0),
@@ -190,8 +197,9 @@ impl Speculator {
         let this = self.clone();
         let spawned = std::thread::Builder::new().name("nvlinkd-speculative".into()).spawn(move || {
             let _running = Running(&this.running);
-            let span = this.linker.link_span(&req);
+            let (link_id, span) = this.linker.link_span_with_id(&req);
             let _entered = span.enter();
+            this.events.started(link_id, &req.cwd.to_string_lossy(), &req.args, Priority::Background.name(), true);
             let t = Instant::now();
             let fs = SpeculativeFs::new(this.max_link_input);
             let linked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -202,6 +210,7 @@ impl Speculator {
                 Err(_) => {
                     warn!(%reason, "speculative link panicked");
                     this.linker.note_failure();
+                    this.events.finished(link_id, 0, t.elapsed().as_secs_f64() * 1e3, "none", true);
                     return;
                 }
             };
@@ -213,6 +222,16 @@ impl Speculator {
                 None => outcome,
             };
             bump(&this.linker.stats.speculative_finished);
+            match cancel.stopped() {
+                Some(why) if outcome.fallback.is_some() => this.events.cancelled(link_id, why.name()),
+                _ => this.events.finished(
+                    link_id,
+                    outcome.exit_code,
+                    t.elapsed().as_secs_f64() * 1e3,
+                    crate::events::engine_name(outcome.engine),
+                    outcome.fallback.is_some(),
+                ),
+            }
             info!(
                 %reason,
                 exit = outcome.exit_code,

@@ -9,5 +9,6 @@ pub mod compare;
 pub mod corpus;
 pub mod daemon;
 pub mod env;
+pub mod events;
 pub mod remote;
 pub mod run;

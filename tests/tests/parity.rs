@@ -303,11 +303,6 @@ const IN_PROCESS: &[&str] = &[
     "report-arch-info",
     "report-arch-skipping-incompatible",
     // LTO modules without a PTX twin (nvcc -dlto, code=lto_XY).
-    "nvcc-dlto-sm80",
-    "nvcc-dlto-sm90",
-    "nvcc-dlto-sm100",
-    "cmake-dlto-sm90",
-    "lto-cross-unit-archive",
     // A callee only .nv.callgraph records.
     "cub-2arch-sm80",
     // Options forwarded to NVVM and ptxas under -dlto.
@@ -350,8 +345,13 @@ const IN_PROCESS: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
+    ("nvcc-dlto-sm80", "lto_ir_only"),
+    ("nvcc-dlto-sm90", "lto_ir_only"),
+    ("nvcc-dlto-sm100", "lto_ir_only"),
+    ("cmake-dlto-sm90", "lto_ir_only"),
+    ("lto-cross-unit-archive", "lto_ir_only"),
     ("lto-cdp", "partial_lto"),
-    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
+    ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
     ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),

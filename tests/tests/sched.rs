@@ -10,13 +10,13 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
+use nvlinkd_tests::events::Events;
 use nvlinkd_tests::run::{run, Invocation, Run};
 use serde_json::Value;
 
@@ -40,106 +40,6 @@ fn same(expected: &Run, actual: &Run, what: &str) {
         cmp.problems,
         String::from_utf8_lossy(&actual.stderr)
     );
-}
-
-/// `nvlinkd events --json` on the daemon's socket, read line by line.
-struct Events {
-    child: Child,
-    rx: Receiver<String>,
-    seen: Vec<Value>,
-}
-
-impl Events {
-    /// Subscribe, and make sure the subscription is live: `--version` links
-    /// go through the daemon until one of them shows up as an event.
-    fn follow(d: &Daemon) -> Events {
-        let mut child = Command::new(nvlinkd())
-            .args(["events", "--json", "--socket"])
-            .arg(d.socket())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nvlinkd events");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut ev = Events { child, rx, seen: Vec::new() };
-        let probe = TempDir::new("ev-probe");
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let r = run(&shim(), &inv("--version", &probe), &d.shim_env());
-            assert_eq!(r.code, 0);
-            // (The subscription may start in the middle of a probe.)
-            if ev.next(Duration::from_millis(200)).is_some() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no event came from nvlinkd events");
-        }
-        // Whatever else the probes produced is not the test's.
-        while ev.next(Duration::from_millis(300)).is_some() {}
-        ev.seen.clear();
-        ev
-    }
-
-    /// The next event, if one comes within `wait`.
-    fn next(&mut self, wait: Duration) -> Option<Value> {
-        match self.rx.recv_timeout(wait) {
-            Ok(line) => {
-                let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                self.seen.push(v.clone());
-                Some(v)
-            }
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => panic!("nvlinkd events ended; events so far: {:#?}", self.seen),
-        }
-    }
-
-    /// Wait for the first event (seen before or arriving) that `pred` accepts.
-    fn wait(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        if let Some(v) = self.seen.iter().find(|v| pred(v)) {
-            return v.clone();
-        }
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            if let Some(v) = self.next(Duration::from_millis(500)) {
-                if pred(&v) {
-                    return v;
-                }
-            }
-        }
-        panic!("no event {what}; events: {:#?}", self.seen)
-    }
-
-    /// The id of the link started with an `-o` ending in `out`.
-    fn started(&mut self, out: &str) -> u64 {
-        let v = self.wait(&format!("link_started for {out}"), |v| {
-            v["event"] == "link_started"
-                && v["args"].as_array().is_some_and(|a| a.iter().any(|x| x.as_str().is_some_and(|s| s.ends_with(out))))
-        });
-        v["link"].as_u64().expect("link id")
-    }
-
-    fn of(&mut self, kind: &str, link: u64) -> Value {
-        self.wait(&format!("{kind} of link {link}"), |v| v["event"] == kind && v["link"] == link)
-    }
-
-    fn all(&self, kind: &str, link: u64) -> Vec<Value> {
-        self.seen.iter().filter(|v| v["event"] == kind && v["link"] == link).cloned().collect()
-    }
-}
-
-impl Drop for Events {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The shim, started and left running.

@@ -13,6 +13,7 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::events::Events;
 use nvlinkd_tests::run::{run, Invocation, Run};
 
 fn same(what: &str, expected: &Run, actual: &Run) {
@@ -53,6 +54,7 @@ fn nvcc_link(lto: bool, sm: u32, n: u32, reg: &Path) -> String {
 fn other_archs_of_a_multi_arch_link_are_linked_ahead() {
     let dir = corpus::dir();
     let d = Daemon::start();
+    let mut events = Events::follow(&d);
     for lto in [false, true] {
         let tag = if lto { "dlto" } else { "dlink" };
         // The real nvlink, as nvcc runs it: sm_80 then sm_90 with one .reg.c.
@@ -69,6 +71,17 @@ fn other_archs_of_a_multi_arch_link_are_linked_ahead() {
         // sm_100 and sm_90 are predicted from the objects' fatbins.
         wait_for("the speculative links", || d.stat("speculative_finished") >= finished + 2);
         assert_eq!(d.stat("speculative_links") - started, 2, "{tag}: sm_90 and sm_100 should be speculated");
+        // Announced on the event stream as speculative background links.
+        let started = events.wait(&format!("{tag}: the speculative sm_90 link"), |v| {
+            let args = v["args"].as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>());
+            v["event"] == "link_started"
+                && v["speculative"] == true
+                && args
+                    .is_some_and(|a| a.iter().any(|x| x.ends_with("compute_90.cubin")) && a.contains(&"-dlto") == lto)
+        });
+        assert_eq!(started["priority"], "background", "{tag}");
+        let id = started["link"].as_u64().expect("link id");
+        assert_eq!(events.of("link_finished", id)["exit_code"], 0, "{tag}: {:#?}", events.seen);
 
         let (hits, spec_hits) = (d.stat("cache_hits"), d.stat("speculative_hits"));
         same(tag, &expected90, &run(&shim(), &second(reg.path()), &d.shim_env()));

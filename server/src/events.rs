@@ -291,6 +291,17 @@ where
     }
 }
 
+/// An engine's name in `link_finished`.
+pub fn engine_name(e: nvlinkd_core::request::EngineKind) -> &'static str {
+    use nvlinkd_core::request::EngineKind;
+    match e {
+        EngineKind::Frontend => "frontend",
+        EngineKind::InProcess => "in_process",
+        EngineKind::NvlinkProcess => "nvlink",
+        EngineKind::Cache => "cache",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,16 +338,5 @@ mod tests {
         assert_eq!(v["speculative"], true);
         let v: Value = serde_json::from_str(&rx.recv().await.unwrap().json).unwrap();
         assert_eq!((v["event"].as_str(), v["reason"].as_str()), (Some("link_cancelled"), Some("superseded")));
-    }
-}
-
-/// An engine's name in `link_finished`.
-pub fn engine_name(e: nvlinkd_core::request::EngineKind) -> &'static str {
-    use nvlinkd_core::request::EngineKind;
-    match e {
-        EngineKind::Frontend => "frontend",
-        EngineKind::InProcess => "in_process",
-        EngineKind::NvlinkProcess => "nvlink",
-        EngineKind::Cache => "cache",
     }
 }

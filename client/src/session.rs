@@ -401,42 +401,8 @@ fn write_output(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
                 std::fs::OpenOptions::new().write(true).truncate(true).open(&target).map_err(|_| WriteFailed::Open)?;
             f.write_all(data).and_then(|()| f.flush()).map_err(|_| WriteFailed::Write)
         }
-        _ => write_atomically(&target, data).map_err(|_| WriteFailed::Open),
+        _ => nvlinkd_fs::write_atomically(&target, data).map_err(|_| WriteFailed::Open),
     }
-}
-
-/// Write `data` to a temporary file beside `path`, then rename it into place.
-/// The temporary file is created exclusively (`O_CREAT|O_EXCL`, which never
-/// follows a symlink): a name someone planted is skipped, never written through.
-fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut attempt = 0u32;
-    let (tmp, mut f) = loop {
-        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{attempt}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o666)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    let result = (|| {
-        f.write_all(data)?;
-        f.flush()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// HTTP/2 keepalive: a daemon whose connection died is noticed within

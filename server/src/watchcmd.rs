@@ -114,7 +114,7 @@ fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
     } else {
         for f in &r.outputs {
             let path = Path::new(&f.path);
-            let done = if f.append { append(path, &f.data) } else { write_atomically(path, &f.data) };
+            let done = if f.append { append(path, &f.data) } else { nvlinkd_fs::write_atomically(path, &f.data) };
             match done {
                 Ok(()) => written.push(f.path.clone()),
                 Err(e) => errors.push(format!("{}: {e}", f.path)),
@@ -143,37 +143,4 @@ fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
 
 fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(data)
-}
-
-/// Write `data` to a temporary file beside `path`, then rename it into place
-/// (as the shim does: created exclusively, never through a planted symlink).
-fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut attempt = 0u32;
-    let (tmp, mut f) = loop {
-        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{attempt}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o666)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    let result = (|| {
-        f.write_all(data)?;
-        f.flush()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }

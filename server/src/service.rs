@@ -123,6 +123,22 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<Event, Status>> + Send>>;
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
 impl Service {
+    /// The link a `Start` asks for. It shares this daemon's filesystem only
+    /// over the local socket, when the shim's cwd is the same directory here.
+    fn link_request(&self, start: &Start) -> LinkRequest {
+        let cwd = PathBuf::from(&start.cwd);
+        let shared_fs = self.local
+            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
+        LinkRequest {
+            args: start.args.clone(),
+            cwd,
+            env: start.env.clone().into_iter().collect(),
+            toolkit: Some(start.toolkit_release.clone()).filter(|t| !t.is_empty()),
+            shared_fs,
+            speculative: false,
+        }
+    }
+
     /// Read the Start message, run the link on a blocking thread (file reads
     /// go back to the shim over this stream), send the result.
     async fn serve_link(
@@ -143,18 +159,7 @@ impl Service {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
         };
-        let cwd = PathBuf::from(&start.cwd);
-        // Same filesystem only when local and the shim's cwd is the same directory here.
-        let shared_fs = self.local
-            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
-        let req = LinkRequest {
-            args: start.args,
-            cwd,
-            env: start.env.into_iter().collect(),
-            toolkit: Some(start.toolkit_release).filter(|t| !t.is_empty()),
-            shared_fs,
-            speculative: false,
-        };
+        let req = self.link_request(&start);
         // An unknown class is the default one: the shim forwards the variable as set.
         let priority = Priority::from_name(&start.priority).unwrap_or_default();
         let (link_id, span) = self.linker.link_span_with_id(&req);
@@ -521,22 +526,12 @@ impl Nvlinkd for Service {
         self.authenticate(&request)?;
         self.local_only("Watch")?;
         let start = request.into_inner();
-        let cwd = PathBuf::from(&start.cwd);
-        let shared_fs = self.local
-            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
-        if !shared_fs {
+        let req = self.link_request(&start);
+        if !req.shared_fs {
             return Err(Status::failed_precondition(
                 "nvlinkd watch needs a daemon on this machine that sees the link's files (its unix socket)",
             ));
         }
-        let req = LinkRequest {
-            args: start.args,
-            cwd,
-            env: start.env.into_iter().collect(),
-            toolkit: Some(start.toolkit_release).filter(|t| !t.is_empty()),
-            shared_fs,
-            speculative: false,
-        };
         let (tx, rx) = mpsc::channel(16);
         let events = tx.clone();
         let subscriber: Subscriber = Arc::new(move |relink, changed, o, took| {

@@ -28,6 +28,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::os::fd::FromRawFd;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -433,6 +434,7 @@ impl Cancel {
             let _ = child.wait();
             return Err(std::io::Error::other("link cancelled"));
         }
+        let started = Instant::now();
         let (done, wait) = std::sync::mpsc::channel::<()>();
         let me = self.clone();
         let watchdog = std::thread::Builder::new().name("nvlinkd-process-watch".into()).spawn(move || {
@@ -458,12 +460,22 @@ impl Cancel {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT);
         }
+        // A run that was still going when its limit passed is not a result,
+        // whichever came first: the watchdog thread's kill (it may not have
+        // been scheduled yet on a loaded machine) or the child's own exit.
+        if started.elapsed() >= limit {
+            self.stop(TIMED_OUT);
+        }
         self.detach();
         let _ = done.send(());
         if let Ok(w) = watchdog {
             let _ = w.join();
         }
-        let status = child.wait()?;
+        let mut status = child.wait()?;
+        if self.stopped() == Some(Stopped::TimedOut) && status.signal().is_none() {
+            // Killed at its limit, if only as a zombie: reported as the kill.
+            status = std::process::ExitStatus::from_raw(libc::SIGKILL);
+        }
         read?;
         Ok(std::process::Output { status, stdout, stderr })
     }
@@ -782,7 +794,6 @@ fn watch_loop(watch: &(Mutex<Watch>, Condvar)) {
 }
 
 fn describe(s: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (_, Some(sig)) => format!("killed by signal {sig}"),
         (Some(c), _) => format!("exited with status {c}"),

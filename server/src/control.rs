@@ -141,12 +141,20 @@ fn read_back(mut f: std::fs::File) -> String {
 }
 
 fn pid_alive(pid: u32) -> bool {
-    // An exited process its parent has not reaped yet is gone for us.
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
-        .unwrap_or(false);
     // SAFETY: signal 0 only checks for existence.
-    !zombie && unsafe { libc::kill(pid as i32, 0) == 0 }
+    let exists = unsafe { libc::kill(pid as i32, 0) == 0 };
+    exists && !exited_unreaped(pid)
+}
+
+/// Whether `pid` has exited and only waits for its parent to reap it: a zombie
+/// whose every thread is gone. The thread-group leader turns zombie as soon as
+/// it exits, while the process's other threads may still be dying (a loaded
+/// machine takes a while to schedule them); until they are gone the parent's
+/// wait does not see the exit, so the process still counts as running.
+fn exited_unreaped(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    field("State:").is_some_and(|s| s.starts_with('Z')) && field("Threads:") == Some("1")
 }
 
 pub async fn status(socket: &Path) -> Result<String, String> {

@@ -22,9 +22,9 @@ pub enum Reason {
     /// options), host-referenced device variables under `-dlto`.
     LtoOptions,
     /// LTO IR without a PTX copy (nvcc's `code=lto_XY`, what `-dlto` builds
-    /// produce): its symbols are encrypted, and linking it in process from an
-    /// NVVM probe of each module gave other bytes than nvlink on a CUB
-    /// workload (benchmark row s1), so nvlink links it.
+    /// produce): its symbols are encrypted, and learning them from an NVVM
+    /// probe of each module costs more than nvlink's whole link saves cold
+    /// (see `PROBE_LTO_IR_ONLY` in `engine/inprocess.rs`), so nvlink links it.
     LtoIrOnly,
     /// PTX compiled at link time with pruning or ptxas options.
     PtxJit,

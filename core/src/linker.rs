@@ -194,12 +194,12 @@ impl Linker {
             .build()
             .unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
         let workers = config.worker_exe.clone().map(|exe| {
-            Arc::new(WorkerPool::new(PoolConfig {
+            WorkerPool::new(PoolConfig {
                 exe,
                 max: pool.current_num_threads(),
                 mem_limit: config.worker_mem,
                 timeout: config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
-            }))
+            })
         });
         // Open the default toolkit now, off the first link's path (a link
         // arriving meanwhile waits for this one opening, not a second one).

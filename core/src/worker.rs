@@ -519,6 +519,9 @@ struct Worker {
     child: Child,
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    /// Whether it has served a request. NVVM requests run only in workers
+    /// that have not (see [`WorkerPool::link`]).
+    used: bool,
 }
 
 #[derive(Default)]
@@ -530,7 +533,7 @@ struct State {
     live: [usize; 2],
     /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
     /// a request for one waits for that worker rather than starting another.
-    prewarming: Vec<LibSpec>,
+    prewarming: Vec<(LibSpec, Priority)>,
 }
 
 /// Deadlines of the requests in flight, watched by one thread.
@@ -542,6 +545,8 @@ struct Watch {
 
 /// Bounded pool of warm workers (see the module docs).
 pub struct WorkerPool {
+    /// This pool, for the threads that start replacement workers.
+    me: std::sync::Weak<WorkerPool>,
     config: PoolConfig,
     state: Mutex<State>,
     freed: Condvar,
@@ -552,15 +557,16 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    pub fn new(config: PoolConfig) -> WorkerPool {
-        WorkerPool {
+    pub fn new(config: PoolConfig) -> Arc<WorkerPool> {
+        Arc::new_cyclic(|me| WorkerPool {
+            me: me.clone(),
             config: PoolConfig { max: config.max.max(1), ..config },
             state: Mutex::new(State::default()),
             freed: Condvar::new(),
             watch: Arc::default(),
             watcher: OnceLock::new(),
             crashes: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Live worker processes.
@@ -575,30 +581,62 @@ impl WorkerPool {
 
     /// Start a worker for `lib` ahead of the first link, if there is room.
     pub(crate) fn prewarm(&self, lib: &LibSpec) {
+        self.prewarm_class(lib, Priority::Foreground);
+    }
+
+    /// Start an unused worker of `lib` and `class` unless one is idle or
+    /// starting already, or every slot of the class is taken.
+    fn prewarm_class(&self, lib: &LibSpec, class: Priority) {
+        let c = class as usize;
+        let key = (lib.clone(), class);
         {
             let mut st = self.lock();
-            let fg = Priority::Foreground as usize;
-            if st.live[fg] >= self.config.max || st.idle.iter().any(|w| &w.lib == lib) || st.prewarming.contains(lib) {
+            if st.live[c] >= self.config.max
+                || st.idle.iter().any(|w| &w.lib == lib && w.class == class && !w.used)
+                || st.prewarming.contains(&key)
+            {
                 return;
             }
-            st.live[fg] += 1;
-            st.prewarming.push(lib.clone());
+            st.live[c] += 1;
+            st.prewarming.push(key.clone());
         }
-        let spawned = self.spawn(lib, Priority::Foreground);
+        let spawned = self.spawn(lib, class);
         let mut st = self.lock();
-        st.prewarming.retain(|l| l != lib);
+        st.prewarming.retain(|k| k != &key);
         match spawned {
             Ok(w) => st.idle.push(w),
             Err(e) => {
                 tracing::warn!("cannot start an nvJitLink worker: {e}");
-                st.live[Priority::Foreground as usize] -= 1;
+                st.live[c] -= 1;
             }
         }
         drop(st);
         self.freed.notify_all();
     }
 
+    /// End a worker that ran an NVVM compile, and start an unused one in its
+    /// place in the background, so that the next link does not wait for it.
+    fn retire(&self, mut w: Worker) {
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+        self.release_slot(w.class);
+        if let Some(me) = self.me.upgrade() {
+            let (lib, class) = (w.lib.clone(), w.class);
+            let _ = std::thread::Builder::new()
+                .name("nvlinkd-worker-start".into())
+                .spawn(move || me.prewarm_class(&lib, class));
+        }
+    }
+
     /// Link in a worker for `lib`.
+    ///
+    /// An NVVM compile (`-lto`) runs in a worker that has served no request
+    /// yet, which ends after it. NVVM inside nvJitLink keeps option state
+    /// from one compile to the next in a process: after a compile with
+    /// `-Xnvvm=-opt=0` or `-Xnvvm=-Ofast-compile=max` (nvlink's `-Ofc max`),
+    /// a later default compile of the benchmark's CUB units gave other code
+    /// for three kernels than nvlink, which runs one compile per process. Non-LTO
+    /// links (no NVVM) reuse warm workers, preferring those already used.
     pub fn link(
         &self,
         lib: &LibSpec,
@@ -611,7 +649,8 @@ impl WorkerPool {
             return Err(WorkerError::Cancelled);
         }
         let class = cancel.priority();
-        let mut w = self.checkout(lib, class)?;
+        let nvvm = options.iter().any(|o| o == "-lto");
+        let mut w = self.checkout(lib, class, nvvm)?;
         let pid = w.child.id();
         if !cancel.attach(pid) {
             self.checkin(w);
@@ -623,7 +662,12 @@ impl WorkerPool {
         cancel.detach();
         match res {
             Ok(r) => {
-                self.checkin(w);
+                if nvvm {
+                    self.retire(w);
+                } else {
+                    w.used = true;
+                    self.checkin(w);
+                }
                 Ok(r?)
             }
             Err(e) => {
@@ -648,16 +692,23 @@ impl WorkerPool {
         }
     }
 
-    /// An idle worker for `lib`, or a new one when there is room; waits while
-    /// all `max` workers are busy.
-    fn checkout(&self, lib: &LibSpec, class: Priority) -> Result<Worker, WorkerError> {
+    /// An idle worker for `lib` (an unused one when `unused`; otherwise a
+    /// used one first, keeping unused ones for NVVM), or a new one when there
+    /// is room; waits while all `max` workers are busy.
+    fn checkout(&self, lib: &LibSpec, class: Priority, unused: bool) -> Result<Worker, WorkerError> {
         let mut st = self.lock();
         let c = class as usize;
+        let key = (lib.clone(), class);
         loop {
-            if let Some(i) = st.idle.iter().rposition(|w| &w.lib == lib && w.class == class) {
+            let fits = |w: &Worker| &w.lib == lib && w.class == class && !(unused && w.used);
+            let pick = match unused {
+                true => st.idle.iter().rposition(fits),
+                false => st.idle.iter().rposition(|w| fits(w) && w.used).or_else(|| st.idle.iter().rposition(fits)),
+            };
+            if let Some(i) = pick {
                 return Ok(st.idle.swap_remove(i));
             }
-            if class == Priority::Foreground && st.prewarming.contains(lib) {
+            if st.prewarming.contains(&key) {
                 st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -665,7 +716,8 @@ impl WorkerPool {
                 st.live[c] += 1;
                 break;
             }
-            // Full: retire an idle worker of another toolkit, or wait.
+            // Full: retire an idle worker this request cannot use (another
+            // toolkit's, or a used one for NVVM), or wait.
             if let Some(i) = st.idle.iter().rposition(|w| w.class == class) {
                 let mut other = st.idle.swap_remove(i);
                 drop(st);
@@ -727,6 +779,7 @@ impl WorkerPool {
             child,
             stdin: BufWriter::with_capacity(1 << 16, stdin),
             stdout: BufReader::with_capacity(1 << 16, stdout),
+            used: false,
         };
         let hello = get::<1>(&mut w.stdout).and_then(|[t]| match t {
             0 => Ok(None),

@@ -49,6 +49,10 @@ for f in xcall_main xcall_loop livedead libcxx; do
   wait
 done
 "$nvcc" -arch=sm_90 -dc -dlto warp_cub.cu -o warp_cub_lto.o &
+# CUB's flagged selection beside a cross-unit device function: NVVM's code for
+# it shows state an earlier compile left in the process (workers.rs).
+"$nvcc" -arch=sm_90 -dc -dlto select_flagged.cu -o select_flagged_lto.o &
+"$nvcc" -arch=sm_90 -dc -dlto select_xform.cu -o select_xform_lto.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_dead.cu -o cdp_dead_lto90.o &
 "$nvcc" -arch=sm_90 -dc -dlto thrust_seq.cu -o thrust_seq_lto.o &
 "$nvcc" -arch=sm_90 -dc thrust_seq.cu -o thrust_seq.o &

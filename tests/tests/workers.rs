@@ -198,3 +198,27 @@ fn nvlink_engine_killed_by_a_signal_is_no_result() {
     assert_eq!(d.reason_count("routed", "input"), 2);
     assert_eq!(d.reason_count("fallback_reasons", "environment"), 2);
 }
+
+/// NVVM inside nvJitLink keeps option state from one compile to the next in a
+/// process: after an `-Ofc max` LTO link (`-Xnvvm=-Ofast-compile=max`) in a
+/// worker, a default LTO link of CUB's flagged selection in the same worker
+/// gave other code for its three selection kernels than nvlink. So an NVVM
+/// compile runs in a worker that has served nothing, which ends after it
+/// (`WorkerPool::link`). One slot (`--jobs 1`): every link would share one
+/// worker if workers were reused.
+#[test]
+fn an_nvvm_compile_leaves_nothing_behind_for_the_next_link() {
+    const LTO: &str = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} select_flagged_lto.o select_xform_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    const OFC: &str = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Ofc max accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    let d = Daemon::start_with(&["--jobs", "1", "--no-speculate"]);
+    let env = d.shim_env();
+    for (i, args) in [OFC, LTO].into_iter().enumerate() {
+        let out = TempDir::new("nvvm-state");
+        let expected = run(&real_nvlink(), &inv(args, corpus::dir(), &out), &[]);
+        assert_eq!(expected.code, 0, "nvlink: {}", String::from_utf8_lossy(&expected.stderr));
+        let actual_out = TempDir::new("nvvm-state-d");
+        let actual = run(&shim(), &inv(args, corpus::dir(), &actual_out), &env);
+        same(&expected, &actual, &format!("link {i} ({args})"));
+        assert_eq!(d.stat("in_process"), i as u64 + 1, "link {i} was not linked in process");
+    }
+}

@@ -244,7 +244,14 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
 }
 
 /// Whether LTO modules without a PTX twin are linked in process from their
-/// NVVM probes (below). Off: see [`Reason::LtoIrOnly`].
+/// NVVM probes (below). Off: see [`Reason::LtoIrOnly`]. The probes once gave
+/// other bytes than nvlink on the benchmark's CUB workload; the cause was not
+/// the probes' symbols but NVVM state a probe (`-opt=0`) left in the worker
+/// for the link's own compile, which workers no longer share (an NVVM compile
+/// runs in a fresh worker, `WorkerPool::link`). With that, the probe path
+/// gives nvlink's bytes on that workload, but the probes cost an NVVM run per
+/// module (5 × ~1 s on the CUB units, 9.5 s vs nvlink's 5.7 s cold): nvlink
+/// stays faster until the symbols come cheaper.
 const PROBE_LTO_IR_ONLY: bool = false;
 
 /// The symbols of LTO modules without a PTX twin (nvcc's `code=lto_XY`; the
@@ -255,9 +262,7 @@ const PROBE_LTO_IR_ONLY: bool = false;
 /// module's reference to libcudadevrt from code the host never reaches would
 /// go unseen (nvlink makes that partial LTO).
 fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
-    // Not trusted: on the benchmark's CUB workload (two-gencode `-dlto`, row
-    // s1) the link of probed modules differs from nvlink's cubin while the
-    // whole corpus agreed. Until a corpus case shows why, nvlink links them.
+    // Off (see PROBE_LTO_IR_ONLY): nvlink links them, no slower than itself.
     let ir_only =
         plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::LtoObject(_)) && m.lto.is_none());
     if ir_only && !PROBE_LTO_IR_ONLY {

@@ -30,9 +30,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
-use nvlinkd_proto::v1::{file_error, file_reply, file_request, server_message, FileReply, FileRequest, ServerMessage};
+use nvlinkd_proto::v1::{
+    file_error, file_reply, file_request, server_message, AnnouncedFile, FileReply, FileRequest, ServerMessage,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
+use tracing::warn;
+
+use crate::blobs::{BlobStore, Digest};
 
 pub type Outbound = mpsc::Sender<Result<ServerMessage, Status>>;
 
@@ -52,6 +57,9 @@ pub struct LinkChannel {
 struct Pending {
     tx: oneshot::Sender<FileReply>,
     data: Vec<u8>,
+    /// Most bytes its pieces may add up to: the link's budget, or the size the
+    /// shim announced for the file.
+    limit: u64,
 }
 
 #[derive(Default)]
@@ -108,7 +116,7 @@ impl LinkChannel {
         let mut s = self.state();
         let Some(p) = s.pending.get_mut(&reply.id) else { return };
         if let Some(file_reply::Result::Data(d)) = &mut reply.result {
-            if p.data.len() as u64 + d.len() as u64 > self.max_file {
+            if p.data.len() as u64 + d.len() as u64 > p.limit {
                 let p = s.pending.remove(&reply.id).expect("present");
                 let error = nvlinkd_proto::v1::FileError {
                     kind: file_error::Kind::TooLarge as i32,
@@ -141,7 +149,7 @@ impl LinkChannel {
 
     /// Register a read and send its request. Registration and the closed check
     /// share one lock: after `close`, nothing is registered.
-    fn request(&self, path: &Path, op: file_request::Op) -> io::Result<oneshot::Receiver<FileReply>> {
+    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<FileReply>> {
         let (id, rx) = {
             let mut s = self.state();
             if let Some(why) = s.closed {
@@ -150,7 +158,7 @@ impl LinkChannel {
             s.next_id += 1;
             let id = s.next_id;
             let (tx, rx) = oneshot::channel();
-            s.pending.insert(id, Pending { tx, data: Vec::new() });
+            s.pending.insert(id, Pending { tx, data: Vec::new(), limit: limit.min(self.max_file) });
             (id, rx)
         };
         let msg = ServerMessage {
@@ -214,12 +222,53 @@ fn to_io(e: nvlinkd_proto::v1::FileError) -> io::Error {
     io::Error::new(kind, e.message)
 }
 
+/// What the shim announced of one path when the link started (`Start.files`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announced {
+    pub exists: bool,
+    pub is_dir: bool,
+    pub size: u64,
+    /// BLAKE3 of a regular file's contents; `None`: stat only.
+    pub digest: Option<Digest>,
+}
+
+/// The announcements of a `Start`, by path. Paths that are not absolute and
+/// digests that are not 32 bytes are ignored (those paths are asked for as
+/// before); the first announcement of a path stands.
+pub fn announced(files: &[AnnouncedFile]) -> HashMap<PathBuf, Announced> {
+    let mut map = HashMap::new();
+    for f in files {
+        let path = PathBuf::from(&f.path);
+        if !path.is_absolute() {
+            continue;
+        }
+        let digest = match f.blake3.len() {
+            0 => None,
+            32 => f.blake3.as_slice().try_into().ok(),
+            _ => continue,
+        };
+        let a = Announced { exists: f.exists, is_dir: f.is_dir && f.exists, size: f.size, digest };
+        map.entry(path).or_insert(a);
+    }
+    map
+}
+
 /// Where a link's files are.
 enum Source {
     /// The daemon shares the caller's filesystem and reads the files itself.
     Local,
-    /// Over the stream, with reads already requested by `prefetch`.
-    Stream(Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>),
+    /// Over the stream.
+    Stream(Stream),
+}
+
+struct Stream {
+    /// Reads already requested (`prefetch`, and the announced blobs the store lacked).
+    prefetched: Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>,
+    /// What the shim announced: stats answered here, contents by digest.
+    announced: HashMap<PathBuf, Announced>,
+    blobs: Option<Arc<BlobStore>>,
+    /// Announced blobs found in the store when the link started, held for it.
+    held: Mutex<HashMap<Digest, Arc<[u8]>>>,
 }
 
 /// What a link reads through (see the module documentation).
@@ -229,21 +278,73 @@ pub struct LinkFs {
     /// Input bytes this link may read in all.
     budget: u64,
     used: AtomicU64,
+    /// Input bytes that came over the stream.
+    received: AtomicU64,
     declined: Mutex<Option<String>>,
 }
 
 impl LinkFs {
     pub fn new(channel: Arc<LinkChannel>, shared_fs: bool, budget: u64) -> Self {
-        let source = if shared_fs { Source::Local } else { Source::Stream(Mutex::new(HashMap::new())) };
-        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
+        let source = if shared_fs {
+            Source::Local
+        } else {
+            Source::Stream(Stream {
+                prefetched: Mutex::new(HashMap::new()),
+                announced: HashMap::new(),
+                blobs: None,
+                held: Mutex::new(HashMap::new()),
+            })
+        };
+        LinkFs {
+            channel,
+            source,
+            budget,
+            used: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            declined: Mutex::new(None),
+        }
     }
 
-    /// Input bytes received from the shim (none when the daemon reads the files itself).
-    pub fn bytes_received(&self) -> u64 {
-        match self.source {
-            Source::Local => 0,
-            Source::Stream(_) => self.used.load(Ordering::Relaxed),
+    /// The files the shim announced, read by digest from `blobs` (a link over
+    /// the stream only; a local link reads its files itself). The blobs the
+    /// store holds are taken for this link now; the others are asked of the
+    /// shim at once, all together (when they fit the link's budget).
+    pub fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
+        let Source::Stream(st) = &mut self.source else { return self };
+        let mut held = HashMap::new();
+        let mut missing = Vec::new();
+        for (path, a) in &files {
+            let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir) else { continue };
+            if held.contains_key(&d) {
+                continue;
+            }
+            match blobs.get(&d, a.size) {
+                Some(b) => {
+                    held.insert(d, b);
+                }
+                None => missing.push((path.clone(), a.size)),
+            }
         }
+        st.held = Mutex::new(held);
+        st.announced = files;
+        st.blobs = Some(blobs);
+        let wanted = missing.iter().fold(0u64, |n, (_, size)| n.saturating_add(*size));
+        if wanted <= self.budget {
+            let mut prefetched = st.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+            for (path, size) in missing {
+                // A closed stream refuses the request: the read itself then fails.
+                if let Ok(rx) = self.channel.request(&path, file_request::Op::Read, size) {
+                    prefetched.insert(path, rx);
+                }
+            }
+        }
+        self
+    }
+
+    /// Input bytes received from the shim (none when the daemon reads the files
+    /// itself, or finds them in its blob store).
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 
     fn decline(&self, why: String) {
@@ -267,27 +368,72 @@ impl LinkFs {
         e
     }
 
-    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
-        let Source::Stream(prefetched) = &self.source else { unreachable!("local links do not ask the shim") };
+    /// Ask the shim (or take the reply to an earlier request) and wait.
+    fn ask(&self, st: &Stream, path: &Path, op: file_request::Op, limit: u64) -> io::Result<file_reply::Result> {
         let early = match op {
-            file_request::Op::Read => prefetched.lock().ok().and_then(|mut m| m.remove(path)),
+            file_request::Op::Read => st.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
             file_request::Op::Stat => None,
         };
         let rx = match early {
             Some(rx) => rx,
-            None => self.channel.request(path, op).map_err(|e| self.lost(e))?,
+            None => self.channel.request(path, op, limit).map_err(|e| self.lost(e))?,
         };
         self.channel.wait(rx).map_err(|e| self.lost(e))
     }
 
-    fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Vec<u8>> {
-        match &self.source {
-            Source::Local => corefs::read_regular(path, remaining),
-            Source::Stream(_) => match self.ask(path, file_request::Op::Read)? {
-                file_reply::Result::Data(d) => Ok(d),
-                file_reply::Result::Error(e) => Err(to_io(e)),
-                file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
-            },
+    /// The contents of `path` from the shim, by path.
+    fn fetch(&self, st: &Stream, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+        match self.ask(st, path, file_request::Op::Read, limit)? {
+            file_reply::Result::Data(d) => {
+                self.received.fetch_add(d.len() as u64, Ordering::Relaxed);
+                Ok(d)
+            }
+            file_reply::Result::Error(e) => Err(to_io(e)),
+            file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
+        }
+    }
+
+    /// An announced regular file: from the blob store, else from the shim,
+    /// kept (and used) only if its bytes are the ones announced.
+    fn blob(&self, st: &Stream, path: &Path, a: &Announced, digest: &Digest) -> io::Result<Arc<[u8]>> {
+        let blobs = st.blobs.as_ref().expect("announcements come with a blob store");
+        let held = st.held.lock().ok().and_then(|m| m.get(digest).cloned());
+        if let Some(b) = held.or_else(|| blobs.get(digest, a.size)) {
+            blobs.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(b);
+        }
+        blobs.misses.fetch_add(1, Ordering::Relaxed);
+        let data: Arc<[u8]> = match self.fetch(st, path, a.size) {
+            Ok(d) => d.into(),
+            Err(e) => {
+                // Announced, then not served: the file changed while the link
+                // ran (or the shim is gone); not an answer nvlink would give.
+                self.decline(format!("{} could not be read as announced: {e}", path.display()));
+                return Err(e);
+            }
+        };
+        if data.len() as u64 != a.size || !blobs.verify_and_put(digest, &data) {
+            if data.len() as u64 != a.size {
+                blobs.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
+            self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"));
+        }
+        Ok(data)
+    }
+
+    fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
+        let st = match &self.source {
+            Source::Local => return corefs::read_regular(path, remaining).map(Arc::from),
+            Source::Stream(st) => st,
+        };
+        match st.announced.get(path) {
+            Some(a) if !a.exists => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
+            Some(a) if a.is_dir => Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")),
+            Some(a) if a.size > remaining => Err(io::Error::new(io::ErrorKind::FileTooLarge, "too large")),
+            Some(a @ Announced { digest: Some(d), .. }) => self.blob(st, path, a, d),
+            _ => self.fetch(st, path, u64::MAX).map(Arc::from),
         }
     }
 }
@@ -308,17 +454,21 @@ impl InputFs for LinkFs {
             self.decline(format!("the link's inputs exceed the daemon's budget of {} bytes", self.budget));
             return Err(io::Error::new(io::ErrorKind::FileTooLarge, "the link's inputs exceed the daemon's budget"));
         }
-        Ok(data.into())
+        Ok(data)
     }
 
     fn prefetch(&self, paths: &[PathBuf]) {
-        let Source::Stream(prefetched) = &self.source else { return };
+        let Source::Stream(st) = &self.source else { return };
         for p in paths {
-            let known = prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
+            // Announced files are asked for (if at all) when the link starts.
+            if st.announced.get(p).is_some_and(|a| !a.exists || a.is_dir || a.digest.is_some()) {
+                continue;
+            }
+            let known = st.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
             if !known {
                 // A closed stream refuses the request: the read itself then fails.
-                if let Ok(rx) = self.channel.request(p, file_request::Op::Read) {
-                    if let Ok(mut m) = prefetched.lock() {
+                if let Ok(rx) = self.channel.request(p, file_request::Op::Read, u64::MAX) {
+                    if let Ok(mut m) = st.prefetched.lock() {
                         m.insert(p.clone(), rx);
                     }
                 }
@@ -328,13 +478,20 @@ impl InputFs for LinkFs {
 
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         self.open()?;
-        match &self.source {
-            Source::Local => LocalFs.stat(path),
-            Source::Stream(_) => match self.ask(path, file_request::Op::Stat)? {
-                file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
-                file_reply::Result::Error(e) => Err(to_io(e)),
-                file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
-            },
+        let st = match &self.source {
+            Source::Local => return LocalFs.stat(path),
+            Source::Stream(st) => st,
+        };
+        if let Some(a) = st.announced.get(path) {
+            return match a.exists {
+                true => Ok(FileStat { is_dir: a.is_dir, size: a.size }),
+                false => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
+            };
+        }
+        match self.ask(st, path, file_request::Op::Stat, u64::MAX)? {
+            file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
+            file_reply::Result::Error(e) => Err(to_io(e)),
+            file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
         }
     }
 

@@ -315,22 +315,24 @@ async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
     announce_one_gib(&socket).await
 }
 
-/// The poisoning attempt of issue 10: a client on the stream answers a stat
-/// of the archive truthfully once (the link finds and reads it) and "missing"
-/// to every later stat (a key built from those would say "no libdevmath", the
-/// key of a link nvlink fails), handing over the archive when it is read.
-/// (This attack was already closed by `MemoFs`'s one view per link before the
-/// remote work; the test guards it. Removing only the stat memo did not make
-/// it fail: the sequence of reads this case produces does not reach the gap.) Whatever the daemon
-/// makes of that, a later genuine link without the library must get nvlink's
-/// own answer, not a result stored under its key by the attacker.
+/// The poisoning attempt of issue 10 (a client that announces nothing: its
+/// files are asked for by path): it answers the first stat of each path
+/// truthfully and "missing" to every later one, handing over the archive when
+/// it is read. The key sees the library (its first stat) and a link that
+/// stat'ed it again would not: its answer (undefined references) would land
+/// under the key of a link with the library. `MemoFs`'s one view per link
+/// closes this (removing its stat memo makes this test fail). Whatever the
+/// daemon makes of it, later genuine links from the same directory, with the
+/// library and without it, must get nvlink's own answers.
 #[test]
 fn a_client_cannot_store_a_result_under_another_links_key() {
     use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
     let d = Daemon::start();
-    // The victim's directory: the object, no lib/ (nvlink fails to find -ldevmath).
+    // The victim's directory: the object and lib/libdevmath.a.
     let victim = TempDir::new("sec-poison-victim");
     std::fs::copy(corpus::dir().join("mathlib_main.o"), victim.path().join("mathlib_main.o")).unwrap();
+    std::fs::create_dir(victim.path().join("lib")).unwrap();
+    std::fs::copy(corpus::dir().join("lib/libdevmath.a"), victim.path().join("lib/libdevmath.a")).unwrap();
     let out = TempDir::new("sec-poison-out");
     let case = "--arch=sm_90 mathlib_main.o -Llib -ldevmath -o {OUT}/out.cubin";
     let invocation = inv(case, victim.path(), &out);
@@ -356,11 +358,7 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
             let server_message::Msg::File(req) = m else { continue };
             requests += 1;
             let path = Path::new(&req.path);
-            let real = if path.ends_with("lib/libdevmath.a") {
-                corpus::dir().join("lib/libdevmath.a")
-            } else {
-                path.to_path_buf()
-            };
+            let real = path.to_path_buf();
             let result = match req.op() {
                 file_request::Op::Stat if path.ends_with("mathlib_main.o") || stated.insert(req.path.clone()) => {
                     match std::fs::metadata(&real) {
@@ -386,10 +384,14 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
     assert!(served > 0, "the daemon asked the hostile client for nothing");
 
     let expected = run(&real_nvlink(), &invocation, &[]);
+    assert_eq!(expected.code, 0, "nvlink fails with the library: the case proves nothing");
+    let actual = run(&shim(), &invocation, &d.shim_env());
+    assert_same(&expected, &actual, "the genuine link with the library was poisoned");
+    std::fs::remove_dir_all(victim.path().join("lib")).unwrap();
+    let expected = run(&real_nvlink(), &invocation, &[]);
     assert_ne!(expected.code, 0, "nvlink links without the library: the case proves nothing");
     let actual = run(&shim(), &invocation, &d.shim_env());
-    let cmp = compare::runs(&expected, &actual);
-    assert!(cmp.problems.is_empty() && cmp.identical, "the genuine link was poisoned: {:?}", cmp.problems);
+    assert_same(&expected, &actual, "the genuine link without the library was poisoned");
 }
 
 // Content-addressed inputs (issue 10, item 4): a remote shim announces its

@@ -16,7 +16,11 @@
 //! gone therefore ends within a moment and frees its thread.
 //!
 //! [`LinkFs`] is what the link reads through, for both a shared filesystem
-//! (the daemon reads the files itself) and the stream. It refuses reads once the
+//! (the daemon reads the files itself) and the stream. Over the stream, the
+//! files the shim announced with its `Start` ([`announced`]) are stat'ed from
+//! the announcement and read from the blob store by digest; the blobs the
+//! store lacks are asked for all at once when the link starts, and one whose
+//! bytes are not the announced ones is refused and declines the link. It refuses reads once the
 //! stream is closed, never reads a non-regular file (see `nvlinkd_core::fs`),
 //! and bounds the bytes one link may read (`--max-link-input`); any of these
 //! makes the link *declined*: no engine of the daemon runs it (a closed stream's

@@ -510,3 +510,31 @@ impl InputFs for LinkFs {
         self.declined.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_are_taken_only_as_sent_rightly() {
+        let file = |path: &str, digest: Vec<u8>| AnnouncedFile {
+            path: path.into(),
+            exists: true,
+            is_dir: false,
+            size: 3,
+            blake3: digest,
+        };
+        let d = blake3::hash(b"abc").as_bytes().to_vec();
+        let map = announced(&[
+            file("relative.o", d.clone()),
+            file("/w/short.o", vec![1, 2, 3]),
+            file("/w/a.o", d.clone()),
+            file("/w/./a.o", vec![]),
+            AnnouncedFile { path: "/w/gone".into(), exists: false, is_dir: true, ..Default::default() },
+        ]);
+        assert_eq!(map.len(), 2, "{map:?}");
+        let a = &map[Path::new("/w/a.o")];
+        assert_eq!((a.size, a.digest.map(|x| x.to_vec())), (3, Some(d)), "the first announcement of a path stands");
+        assert!(!map[Path::new("/w/gone")].is_dir, "a missing path is no directory");
+    }
+}

@@ -473,6 +473,28 @@ fn a_warm_remote_relink_uploads_no_input_bytes() {
     assert_eq!(fresh.stat("input_bytes_received"), 0, "the fresh daemon had the inputs sent again");
     assert_eq!((fresh.stat("blob_misses"), fresh.stat("blob_hits")), (0, 3));
     assert_eq!(fresh.stat("fallbacks"), 0);
+    drop(fresh);
+
+    // Damaged blobs on disk are misses: asked for again, never used.
+    let mut damaged = 0;
+    for shard in std::fs::read_dir(d.cache_dir().join("blobs/v2")).unwrap().flatten() {
+        for blob in std::fs::read_dir(shard.path()).unwrap().flatten() {
+            let mut raw = std::fs::read(blob.path()).unwrap();
+            *raw.last_mut().unwrap() ^= 1;
+            std::fs::write(blob.path(), raw).unwrap();
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 4, "blobs on disk: 3 inputs and the changed one");
+    let (again, again_port) = secure_daemon_sharing(&pki, &d);
+    let env = remote_env(&pki, &format!("https://127.0.0.1:{again_port}"));
+    assert_same(&expected, &run(&shim(), &link, &env), "relink over damaged blobs");
+    assert_eq!(again.stat("input_bytes_received"), objects_now(&inputs) + devrt, "damaged blobs not sent again");
+    assert_eq!(again.stat("fallbacks"), 0);
+}
+
+fn objects_now(inputs: &TempDir) -> u64 {
+    ["accumulate.o", "scale.o"].iter().map(|f| std::fs::metadata(inputs.path().join(f)).unwrap().len()).sum()
 }
 
 /// What a hostile client on the remote listener does with one link.

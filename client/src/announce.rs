@@ -212,9 +212,11 @@ mod tests {
         std::fs::write(dir.join("a.o"), b"object").unwrap();
         std::fs::write(dir.join("out.cubin"), b"old output").unwrap();
         std::fs::write(dir.join("lib/libm.a"), b"!<arch>\nmembers").unwrap();
+        std::fs::create_dir_all(dir.join("cuda/lib")).unwrap();
+        std::fs::write(dir.join("cuda/lib/libcudadevrt.a"), b"!<arch>\ndevrt").unwrap();
         let args: Vec<String> =
             ["a.o", "-Lnone", "-Llib", "-Lother", "-lm", "-o", "out.cubin"].iter().map(|s| s.to_string()).collect();
-        let policy = Policy::new(&args, &dir, None, None);
+        let policy = Policy::new(&args, &dir, None, Some(&dir.join("cuda")));
         let files = files(&policy, &dir);
         let get = |p: &str| files.iter().find(|f| Path::new(&f.path) == dir.join(p));
         let a = get("a.o").unwrap();
@@ -225,6 +227,7 @@ mod tests {
         assert_eq!(get("lib/libm.a").unwrap().blake3, blake3::hash(b"!<arch>\nmembers").as_bytes().to_vec());
         assert!(get("lib").unwrap().is_dir);
         assert!(get("other/libm.a").is_none(), "a candidate after the one nvlink takes");
+        assert!(get("cuda/lib/libcudadevrt.a").is_none(), "a library the command line does not use");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

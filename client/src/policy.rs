@@ -41,6 +41,8 @@ const MAX_DEPTH: usize = 8;
 pub struct Policy {
     /// Files that may be read or stat'ed (as the command line names them).
     reads: HashSet<PathBuf>,
+    /// The toolkit's own `libcudadevrt.a`, which may be read too.
+    devrt: HashSet<PathBuf>,
     /// Names a `-l` may have (any name on the command line).
     names: HashSet<String>,
     /// Directories `-l` searches (any name on the command line, `LIBRARY_PATH`).
@@ -122,7 +124,7 @@ impl Policy {
         }
         if let Some(home) = cuda_home {
             for lib in ["lib64", "lib"] {
-                p.reads.insert(home.join(lib).join("libcudadevrt.a"));
+                p.devrt.insert(home.join(lib).join("libcudadevrt.a"));
             }
         }
         p
@@ -133,7 +135,7 @@ impl Policy {
         if !path.is_absolute() {
             return false;
         }
-        if self.reads.contains(path) {
+        if self.reads.contains(path) || self.devrt.contains(path) {
             return true;
         }
         // `-l name` along `-L dir`: `dir/libname.a`.
@@ -149,7 +151,8 @@ impl Policy {
         path.is_absolute() && if append { self.appends.contains(path) } else { self.writes.contains(path) }
     }
 
-    /// Every path the command line names (a superset of nvlink's inputs).
+    /// Every path the command line names (a superset of nvlink's inputs; not
+    /// the toolkit's libcudadevrt, which is read only as a `-l` candidate).
     pub fn named(&self) -> impl Iterator<Item = &Path> {
         self.reads.iter().map(PathBuf::as_path)
     }

@@ -55,6 +55,8 @@ pub struct LinkChannel {
     reply_timeout: Duration,
     /// Most bytes one file's pieces may add up to (the link's input budget).
     max_file: u64,
+    /// Bytes of file contents the shim sent on this stream (read or not).
+    received: AtomicU64,
 }
 
 /// A read waiting for its reply, and the pieces of it received so far.
@@ -83,6 +85,7 @@ impl LinkChannel {
             rt,
             reply_timeout,
             max_file,
+            received: AtomicU64::new(0),
         })
     }
 
@@ -117,6 +120,9 @@ impl LinkChannel {
     /// piece past it answers the read "too large" (later pieces find no
     /// waiter and are dropped).
     pub fn deliver(&self, mut reply: FileReply) {
+        if let Some(file_reply::Result::Data(d)) = &reply.result {
+            self.received.fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
         let mut s = self.state();
         let Some(p) = s.pending.get_mut(&reply.id) else { return };
         if let Some(file_reply::Result::Data(d)) = &mut reply.result {
@@ -282,8 +288,6 @@ pub struct LinkFs {
     /// Input bytes this link may read in all.
     budget: u64,
     used: AtomicU64,
-    /// Input bytes that came over the stream.
-    received: AtomicU64,
     declined: Mutex<Option<String>>,
 }
 
@@ -299,14 +303,7 @@ impl LinkFs {
                 held: Mutex::new(HashMap::new()),
             })
         };
-        LinkFs {
-            channel,
-            source,
-            budget,
-            used: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            declined: Mutex::new(None),
-        }
+        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
     }
 
     /// The files the shim announced, read by digest from `blobs` (a link over
@@ -345,10 +342,11 @@ impl LinkFs {
         self
     }
 
-    /// Input bytes received from the shim (none when the daemon reads the files
-    /// itself, or finds them in its blob store).
+    /// Input bytes received from the shim on the link's stream, whether the
+    /// link read them or not (none when the daemon reads the files itself, or
+    /// finds them in its blob store).
     pub fn bytes_received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
+        self.channel.received.load(Ordering::Relaxed)
     }
 
     fn decline(&self, why: String) {
@@ -388,10 +386,7 @@ impl LinkFs {
     /// The contents of `path` from the shim, by path.
     fn fetch(&self, st: &Stream, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
         match self.ask(st, path, file_request::Op::Read, limit)? {
-            file_reply::Result::Data(d) => {
-                self.received.fetch_add(d.len() as u64, Ordering::Relaxed);
-                Ok(d)
-            }
+            file_reply::Result::Data(d) => Ok(d),
             file_reply::Result::Error(e) => Err(to_io(e)),
             file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
         }

@@ -164,6 +164,9 @@ fn remote_link_over_tls_with_a_token_matches_nvlink() {
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
     assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
     assert_eq!(d.stat("fallbacks"), 0);
+    // The two inputs, and nothing the link does not read (the toolkit's libcudadevrt).
+    let inputs: u64 = ["accumulate.o", "scale.o"].iter().map(|f| corpus::dir().join(f).metadata().unwrap().len()).sum();
+    assert_eq!(d.stat("input_bytes_received"), inputs);
     // Without the token the shim is refused and (never falling back) fails.
     let mut env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
     env.retain(|(k, _)| k != paths::ENV_TOKEN_FILE);

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nvlinkd_core::cache::Store;
+use tracing::warn;
 
 pub type Digest = [u8; 32];
 
@@ -33,7 +34,15 @@ pub struct BlobStore {
 impl BlobStore {
     /// Memory only when `cache_dir` is `None` or cannot be written.
     pub fn open(cache_dir: Option<&Path>, mem: u64, disk: u64) -> BlobStore {
-        let dir = cache_dir.map(|d| d.join("blobs"));
+        // Checked here so that the log says what is off (the cache store's own
+        // line is about cached results).
+        let dir = cache_dir.map(|d| d.join("blobs")).filter(|d| match writable(d) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(dir = %d.display(), "blob directory not writable ({e}): remote inputs kept in memory only");
+                false
+            }
+        });
         BlobStore {
             store: Store::open(dir.as_deref(), mem, disk).content_addressed(),
             hits: AtomicU64::new(0),
@@ -72,4 +81,13 @@ impl BlobStore {
             ("blob_disk_bytes", disk),
         ]
     }
+}
+
+/// Whether files can be written in `dir` (made if missing).
+fn writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".probe-blobs-{}", std::process::id()));
+    let written = std::fs::write(&probe, b"nvlinkd");
+    let _ = std::fs::remove_file(&probe);
+    written
 }

@@ -495,9 +495,15 @@ impl InputFs for LinkFs {
     }
 
     fn identity(&self, path: &Path) -> Option<FileIdentity> {
-        match self.source {
+        match &self.source {
             Source::Local => LocalFs.identity(path),
-            Source::Stream(_) => None,
+            // Announced contents are known by their digest (and read only if
+            // they are those): key digests of them are remembered by it.
+            Source::Stream(st) => st
+                .announced
+                .get(path)
+                .filter(|a| a.exists && !a.is_dir)
+                .and_then(|a| Some(FileIdentity::of_contents(&a.digest?, a.size))),
         }
     }
 

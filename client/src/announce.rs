@@ -27,9 +27,11 @@ use crate::policy::Policy;
 
 /// Largest file announced by digest (what the shim serves at most).
 const MAX_FILE: u64 = 4 << 30;
-/// Most paths announced, and most bytes of their names (the `Start` message is bounded).
+/// Most paths announced.
 const MAX_PATHS: usize = 8192;
-const MAX_NAME_BYTES: usize = 1 << 20;
+/// What one announcement costs in the message besides its path (an estimate
+/// on the safe side: digest, numbers, framing).
+const ENTRY_BYTES: usize = 64;
 /// Digests the memo file keeps.
 const MEMO_ENTRIES: usize = 8192;
 /// How long a file must be unchanged before its digest is remembered.
@@ -43,18 +45,20 @@ fn identity(m: &std::fs::Metadata) -> Identity {
     (m.dev(), m.ino(), m.size(), ns(m.mtime(), m.mtime_nsec()), ns(m.ctime(), m.ctime_nsec()))
 }
 
-/// The announcement of a link of `policy`'s command line in `cwd`.
-pub fn files(policy: &Policy, cwd: &Path) -> Vec<AnnouncedFile> {
+/// The announcement of a link of `policy`'s command line in `cwd`, in at most
+/// `room` bytes of the `Start` message (which is bounded): paths beyond are
+/// not announced (the daemon asks for them by path).
+pub fn files(policy: &Policy, cwd: &Path, room: usize) -> Vec<AnnouncedFile> {
     let mut memo = Memo::load();
     let mut out: Vec<AnnouncedFile> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let mut names = 0usize;
+    let mut used = 0usize;
     let mut add = |path: &Path, out: &mut Vec<AnnouncedFile>, memo: &mut Memo| -> Option<std::fs::Metadata> {
         let m = std::fs::metadata(path);
-        if !seen.insert(path.to_owned()) || out.len() >= MAX_PATHS || names > MAX_NAME_BYTES {
+        let Some(text) = path.to_str() else { return m.ok() };
+        if !seen.insert(path.to_owned()) || out.len() >= MAX_PATHS || used + text.len() + ENTRY_BYTES > room {
             return m.ok();
         }
-        let Some(text) = path.to_str() else { return m.ok() };
         let entry = match &m {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 AnnouncedFile { path: text.to_owned(), exists: false, ..Default::default() }
@@ -72,7 +76,7 @@ pub fn files(policy: &Policy, cwd: &Path) -> Vec<AnnouncedFile> {
                 AnnouncedFile { path: text.to_owned(), exists: true, is_dir: false, size: m.len(), blake3 }
             }
         };
-        names += text.len();
+        used += text.len() + ENTRY_BYTES;
         out.push(entry);
         m.ok()
     };
@@ -217,7 +221,7 @@ mod tests {
         let args: Vec<String> =
             ["a.o", "-Lnone", "-Llib", "-Lother", "-lm", "-o", "out.cubin"].iter().map(|s| s.to_string()).collect();
         let policy = Policy::new(&args, &dir, None, Some(&dir.join("cuda")));
-        let files = files(&policy, &dir);
+        let files = files(&policy, &dir, 1 << 20);
         let get = |p: &str| files.iter().find(|f| Path::new(&f.path) == dir.join(p));
         let a = get("a.o").unwrap();
         assert_eq!((a.exists, a.size, &a.blake3[..]), (true, 6, &blake3::hash(b"object").as_bytes()[..]));
@@ -228,6 +232,13 @@ mod tests {
         assert!(get("lib").unwrap().is_dir);
         assert!(get("other/libm.a").is_none(), "a candidate after the one nvlink takes");
         assert!(get("cuda/lib/libcudadevrt.a").is_none(), "a library the command line does not use");
+        let few = super::files(&policy, &dir, 3 * (dir.to_str().unwrap().len() + 12 + ENTRY_BYTES));
+        assert!(
+            !few.is_empty() && few.len() < files.len(),
+            "{} of {} announced in a small room",
+            few.len(),
+            files.len()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

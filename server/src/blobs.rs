@@ -57,6 +57,12 @@ impl BlobStore {
         self.store.get(digest).filter(|b| b.len() as u64 == size)
     }
 
+    /// Whether the blob is (probably) held: in memory, or a file on disk that
+    /// `get` will verify.
+    pub fn has(&self, digest: &Digest) -> bool {
+        self.store.contains(digest)
+    }
+
     /// Keep `data` as the blob of `digest`, if it is: true when it hashes to
     /// the digest (else nothing is kept).
     pub fn verify_and_put(&self, digest: &Digest, data: &Arc<[u8]>) -> bool {

@@ -277,8 +277,6 @@ struct Stream {
     /// What the shim announced: stats answered here, contents by digest.
     announced: HashMap<PathBuf, Announced>,
     blobs: Option<Arc<BlobStore>>,
-    /// Announced blobs found in the store when the link started, held for it.
-    held: Mutex<HashMap<Digest, Arc<[u8]>>>,
 }
 
 /// What a link reads through (see the module documentation).
@@ -296,37 +294,26 @@ impl LinkFs {
         let source = if shared_fs {
             Source::Local
         } else {
-            Source::Stream(Stream {
-                prefetched: Mutex::new(HashMap::new()),
-                announced: HashMap::new(),
-                blobs: None,
-                held: Mutex::new(HashMap::new()),
-            })
+            Source::Stream(Stream { prefetched: Mutex::new(HashMap::new()), announced: HashMap::new(), blobs: None })
         };
         LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
     }
 
     /// The files the shim announced, read by digest from `blobs` (a link over
     /// the stream only; a local link reads its files itself). The blobs the
-    /// store holds are taken for this link now; the others are asked of the
-    /// shim at once, all together (when they fit the link's budget).
+    /// store lacks are asked of the shim at once, all together (when they fit
+    /// the link's budget); the others are read (and verified) only if the link
+    /// reads them — a whole-link hit whose key digests are remembered reads none.
     pub fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
         let Source::Stream(st) = &mut self.source else { return self };
-        let mut held = HashMap::new();
+        let mut seen = std::collections::HashSet::new();
         let mut missing = Vec::new();
         for (path, a) in &files {
             let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir) else { continue };
-            if held.contains_key(&d) {
-                continue;
-            }
-            match blobs.get(&d, a.size) {
-                Some(b) => {
-                    held.insert(d, b);
-                }
-                None => missing.push((path.clone(), a.size)),
+            if seen.insert(d) && !blobs.has(&d) {
+                missing.push((path.clone(), a.size));
             }
         }
-        st.held = Mutex::new(held);
         st.announced = files;
         st.blobs = Some(blobs);
         let wanted = missing.iter().fold(0u64, |n, (_, size)| n.saturating_add(*size));
@@ -396,8 +383,8 @@ impl LinkFs {
     /// kept (and used) only if its bytes are the ones announced.
     fn blob(&self, st: &Stream, path: &Path, a: &Announced, digest: &Digest) -> io::Result<Arc<[u8]>> {
         let Some(blobs) = st.blobs.as_ref() else { return self.fetch(st, path, a.size).map(Arc::from) };
-        let held = st.held.lock().ok().and_then(|m| m.get(digest).cloned());
-        if let Some(b) = held.or_else(|| blobs.get(digest, a.size)) {
+        // A blob evicted (or found damaged) since the link started is asked for now.
+        if let Some(b) = blobs.get(digest, a.size) {
             blobs.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(b);
         }

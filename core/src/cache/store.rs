@@ -161,6 +161,12 @@ impl Store {
         }
     }
 
+    /// Whether memory holds the entry or the disk has a file for it (not read:
+    /// a later `get` still verifies it).
+    pub fn contains(&self, key: &Key) -> bool {
+        self.mem.get(key).is_some() || self.path(key).is_some_and(|p| p.is_file())
+    }
+
     /// Memory and disk only.
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
         if let Some(v) = self.mem.get(key) {

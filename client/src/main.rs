@@ -15,6 +15,7 @@
 //! time for each message; anything else is a protocol violation, said on
 //! stderr, and the real nvlink runs.
 
+mod announce;
 mod fallback;
 mod policy;
 mod session;

@@ -41,6 +41,8 @@ const MAX_DEPTH: usize = 8;
 pub struct Policy {
     /// Files that may be read or stat'ed (as the command line names them).
     reads: HashSet<PathBuf>,
+    /// The toolkit's own `libcudadevrt.a`, which may be read too.
+    devrt: HashSet<PathBuf>,
     /// Names a `-l` may have (any name on the command line).
     names: HashSet<String>,
     /// Directories `-l` searches (any name on the command line, `LIBRARY_PATH`).
@@ -51,6 +53,10 @@ pub struct Policy {
     appends: HashSet<PathBuf>,
     /// The `-o` file, when the command line names one and links.
     output: Option<PathBuf>,
+    /// `-L` directories then `LIBRARY_PATH`'s, and `-l` names, as typed and in
+    /// order (what the shim announces; reads are allowed by the sets above).
+    lib_dirs: Vec<String>,
+    lib_names: Vec<String>,
 }
 
 /// The option name of `token` (`--name`, `-name`, `--name=value`), if it is one.
@@ -85,6 +91,18 @@ impl Policy {
             }
             let Some(name) = option_name(t) else { continue };
             no_link |= NO_LINK.contains(&name);
+            for (short, long, list) in
+                [("-L", "--library-path", &mut p.lib_dirs), ("-l", "--library", &mut p.lib_names)]
+            {
+                let value = if t == short || t == long {
+                    tokens.get(i + 1).map(String::as_str)
+                } else {
+                    t.strip_prefix(long).and_then(|v| v.strip_prefix('=')).or_else(|| t.strip_prefix(short))
+                };
+                if !t.starts_with("--") || t == long || t.starts_with(&format!("{long}=")) {
+                    list.extend(value.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).map(str::to_owned));
+                }
+            }
             // The value: after `=`, else the next token.
             let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned());
             let Some(value) = value.filter(|v| !v.is_empty()) else { continue };
@@ -102,10 +120,11 @@ impl Policy {
         }
         for d in library_path.unwrap_or_default().split(':').filter(|d| !d.is_empty()) {
             p.dirs.insert(resolve(d));
+            p.lib_dirs.push(d.to_owned());
         }
         if let Some(home) = cuda_home {
             for lib in ["lib64", "lib"] {
-                p.reads.insert(home.join(lib).join("libcudadevrt.a"));
+                p.devrt.insert(home.join(lib).join("libcudadevrt.a"));
             }
         }
         p
@@ -116,7 +135,7 @@ impl Policy {
         if !path.is_absolute() {
             return false;
         }
-        if self.reads.contains(path) {
+        if self.reads.contains(path) || self.devrt.contains(path) {
             return true;
         }
         // `-l name` along `-L dir`: `dir/libname.a`.
@@ -130,6 +149,22 @@ impl Policy {
     /// May the daemon have the shim write `path` (appending or replacing)?
     pub fn may_write(&self, path: &Path, append: bool) -> bool {
         path.is_absolute() && if append { self.appends.contains(path) } else { self.writes.contains(path) }
+    }
+
+    /// Every path the command line names (a superset of nvlink's inputs; not
+    /// the toolkit's libcudadevrt, which is read only as a `-l` candidate).
+    pub fn named(&self) -> impl Iterator<Item = &Path> {
+        self.reads.iter().map(PathBuf::as_path)
+    }
+
+    /// Whether nvlink writes or appends to `path`.
+    pub fn is_output(&self, path: &Path) -> bool {
+        self.writes.contains(path) || self.appends.contains(path)
+    }
+
+    /// The `-L` directories (then `LIBRARY_PATH`'s) and the `-l` names, in order.
+    pub fn libraries(&self) -> (&[String], &[String]) {
+        (&self.lib_dirs, &self.lib_names)
     }
 
     /// The `-o` file a successful link must write, if any.
@@ -197,6 +232,12 @@ mod tests {
         assert!(!p.may_write(Path::new("/w/a.o"), false));
         assert!(!p.may_write(Path::new("/w/../out.cubin"), false));
         assert_eq!(p.output(), Some(Path::new("/w/out.cubin")));
+        let (dirs, names) = p.libraries();
+        assert_eq!((dirs, names), (&["lib/".to_string(), "/opt/x".into(), "/lp".into()][..], &["foo".to_string()][..]));
+        let q =
+            Policy::new(&args(&["--library-path=a,b", "--library", "m", "-lx,y", "--lib-other=z"]), cwd, None, None);
+        let (dirs, names) = q.libraries();
+        assert_eq!((dirs, names), (&["a".to_string(), "b".into()][..], &["m".to_string(), "x".into(), "y".into()][..]));
     }
 
     #[test]

@@ -81,6 +81,12 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     let env: HashMap<String, String> =
         RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
     let policy = Policy::new(args, &cwd, env.get("LIBRARY_PATH").map(String::as_str), tk.cuda_home.as_deref());
+    // A remote daemon reads the files by digest (a local one reads them itself).
+    let remote = std::env::var(paths::ENV_ADDR).is_ok_and(|a| !a.is_empty());
+    // At most half the message bound, less the command line (the rest is asked for by path).
+    let room = (nvlinkd_proto::MAX_MESSAGE_BYTES / 2).saturating_sub(args.iter().map(|a| a.len() + 8).sum());
+    let files = if remote { crate::announce::files(&policy, &cwd, room) } else { Vec::new() };
+    mark("files announced");
     let start = Start {
         args: args.to_vec(),
         cwd: cwd.to_string_lossy().into_owned(),
@@ -91,6 +97,7 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
         priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
         progress: progress_wanted(),
         toolkit_release: tk.release().unwrap_or_default(),
+        files,
     };
     mark("request ready");
 

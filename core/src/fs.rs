@@ -127,6 +127,23 @@ impl HashMemo {
 }
 
 impl FileIdentity {
+    /// The identity of contents known by their BLAKE3 `digest` (a file a
+    /// remote shim announced, read only if its bytes hash to it): hashes of
+    /// it are remembered like a settled local file's, so a warm remote relink
+    /// digests nothing again. No local file has it: device `u64::MAX` and
+    /// timestamps before the epoch (a ctime cannot be set). It carries 192
+    /// bits of the digest and the size.
+    pub fn of_contents(digest: &[u8; 32], size: u64) -> FileIdentity {
+        let word = |i: usize| u64::from_le_bytes(digest[i..i + 8].try_into().expect("8 bytes"));
+        FileIdentity {
+            dev: u64::MAX,
+            ino: word(0),
+            size,
+            mtime_ns: -1 - i128::from(word(8)),
+            ctime_ns: -1 - i128::from(word(16)),
+        }
+    }
+
     /// The status change time, in nanoseconds since the epoch.
     pub(crate) fn ctime_ns(&self) -> i128 {
         self.ctime_ns
@@ -229,6 +246,30 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert!(is_not_regular(&LocalFs.read(&fifo).unwrap_err()));
         assert!(!fifo.is_file() && fifo.exists());
+    }
+
+    #[test]
+    fn contents_known_by_digest_are_remembered_by_it() {
+        struct Announced(&'static [u8]);
+        impl InputFs for Announced {
+            fn read(&self, _: &Path) -> io::Result<Arc<[u8]>> {
+                Ok(Arc::from(self.0))
+            }
+            fn stat(&self, _: &Path) -> io::Result<FileStat> {
+                Ok(FileStat { is_dir: false, size: self.0.len() as u64 })
+            }
+            fn identity(&self, _: &Path) -> Option<FileIdentity> {
+                Some(FileIdentity::of_contents(blake3::hash(self.0).as_bytes(), self.0.len() as u64))
+            }
+        }
+        let memo = HashMemo::default();
+        let (a, b) = (Announced(b"first"), Announced(b"other"));
+        assert_eq!(memo.hash(&a, Path::new("/x")).unwrap(), *blake3::hash(b"first").as_bytes());
+        assert_eq!(memo.len(), 1, "settled from the start");
+        assert_eq!(memo.hash(&b, Path::new("/x")).unwrap(), *blake3::hash(b"other").as_bytes());
+        assert_eq!(memo.len(), 2);
+        let id = a.identity(Path::new("/x")).unwrap();
+        assert!(id.ctime_ns() < 0 && id != b.identity(Path::new("/x")).unwrap());
     }
 
     #[test]

@@ -663,7 +663,9 @@ impl Linker {
     /// name other contents than the link used), and a success without its
     /// output file or with an empty one (nvlink never succeeds so).
     fn entry_of(&self, o: &Outcome, req: &Request, spec: &Spec, fs: &MemoFs) -> Option<LinkEntry> {
-        if o.fallback.is_some() || o.engine == EngineKind::Frontend {
+        // A read the file view declined (an input not as announced, past the
+        // budget, not regular) makes the link the caller's: never stored.
+        if o.fallback.is_some() || o.engine == EngineKind::Frontend || fs.declined().is_some() {
             return None;
         }
         let view_held = match o.engine {

@@ -351,6 +351,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
 
     let slow_link_ms = std::env::var("NVLINKD_TEST_SLOW_LINK_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let auth_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let blobs =
+        Arc::new(crate::blobs::BlobStore::open(Some(&opts.cache_dir), opts.limits.blob_mem, opts.limits.blob_size));
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
@@ -365,6 +367,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             activity: activity.clone(),
             slow_link_ms,
             events: opts.events.clone(),
+            blobs: blobs.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -374,7 +377,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     };
     if let Some(addr) = &opts.metrics_listen {
         let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
-        tokio::spawn(crate::metrics::serve(listener, linker.clone(), stopped(shutdown_rx.clone())));
+        tokio::spawn(crate::metrics::serve(listener, linker.clone(), blobs.clone(), stopped(shutdown_rx.clone())));
     }
 
     // grpc.health.v1: SERVING until the daemon stops.

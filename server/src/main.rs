@@ -1,5 +1,6 @@
 //! `nvlinkd`: the device-link daemon and its control commands.
 
+mod blobs;
 mod control;
 mod daemon;
 mod events;
@@ -68,6 +69,12 @@ struct ServeArgs {
     /// Bytes of cached results kept on disk
     #[arg(long, default_value_t = 10 << 30)]
     cache_size: u64,
+    /// Bytes of remote shims' input files (blobs, by digest) kept in memory
+    #[arg(long, default_value_t = 512 << 20)]
+    blob_mem: u64,
+    /// Bytes of remote shims' input files (blobs, by digest) kept on disk
+    #[arg(long, default_value_t = 10 << 30)]
+    blob_size: u64,
     /// Address-space limit of each nvJitLink worker process, bytes (0: none)
     #[arg(long, default_value_t = 64 << 30)]
     worker_mem: u64,
@@ -233,6 +240,10 @@ impl ServeArgs {
             self.cache_mem.to_string(),
             "--cache-size".into(),
             self.cache_size.to_string(),
+            "--blob-mem".into(),
+            self.blob_mem.to_string(),
+            "--blob-size".into(),
+            self.blob_size.to_string(),
             "--worker-mem".into(),
             self.worker_mem.to_string(),
             "--worker-timeout".into(),
@@ -430,7 +441,12 @@ fn main() -> ExitCode {
                     worker_mem: a.worker_mem,
                     worker_timeout: Some(std::time::Duration::from_secs(a.worker_timeout.max(1))),
                 },
-                limits: service::Limits { reply_timeout: a.reply_timeout, max_link_input: a.max_link_input },
+                limits: service::Limits {
+                    reply_timeout: a.reply_timeout,
+                    max_link_input: a.max_link_input,
+                    blob_mem: a.blob_mem,
+                    blob_size: a.blob_size,
+                },
                 shutdown_grace: a.shutdown_grace,
                 idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
                 events,

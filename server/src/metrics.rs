@@ -11,8 +11,9 @@
 //!   `nvlinkd_<name>_total`, the gauges (links in flight, workers, cache bytes)
 //!   as `nvlinkd_<name>`, and per cache level `nvlinkd_cache_hits_total{level}` /
 //!   `nvlinkd_cache_misses_total{level}` (`link`, `jit`, `nvvm`, `ptxas`), the
-//!   shared tier's `nvlinkd_remote_cache_*`. New counters of the linker appear
-//!   without changes here.
+//!   shared tier's `nvlinkd_remote_cache_*`, the blob store's `nvlinkd_blob_*`
+//!   and `nvlinkd_input_bytes_received_total`. New counters of the linker
+//!   appear without changes here.
 //!
 //! The endpoint has no authentication, by design (scrapers rarely carry
 //! credentials): bind it to an internal address, never to the address the
@@ -36,6 +37,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{debug, info};
+
+use crate::blobs::BlobStore;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -76,7 +79,7 @@ pub fn record_link(engine: &'static str, cache: &'static str, took: Duration, re
 }
 
 /// The linker's counters at scrape time.
-struct StatsCollector(Arc<Linker>);
+struct StatsCollector(Arc<Linker>, Arc<BlobStore>);
 
 impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,6 +96,8 @@ const GAUGES: &[(&str, &str)] = &[
     ("cache_disk", "Whether the disk cache tier is on (1) or off (0)"),
     ("decoded_input_bytes", "Bytes of decoded inputs kept for reuse"),
     ("remote_cache_uploads_pending", "Shared-cache uploads waiting or running"),
+    ("blob_mem_bytes", "Bytes of remote inputs (blobs) in memory"),
+    ("blob_disk_bytes", "Bytes of remote inputs (blobs) on disk"),
 ];
 
 /// Per-level cache counters: (level, hits, misses) in the stats.
@@ -106,9 +111,11 @@ const LEVELS: &[(&str, &str, &str)] = &[
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let json = self.0.stats_json();
-        let Ok(serde_json::Value::Object(stats)) = serde_json::from_str::<serde_json::Value>(&json) else {
+        let Ok(serde_json::Value::Object(mut stats)) = serde_json::from_str::<serde_json::Value>(&json) else {
             return Ok(());
         };
+        // The blob store's, as in `nvlinkd stats --json`.
+        stats.extend(self.1.counters().into_iter().map(|(k, v)| (k.to_owned(), v.into())));
         let get = |name: &str| stats.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
         for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
             let name = format!("cache_{hits_or_misses}");
@@ -140,20 +147,25 @@ impl Collector for StatsCollector {
     }
 }
 
-fn registry(linker: Arc<Linker>) -> Registry {
+fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>) -> Registry {
     let mut r = Registry::with_prefix("nvlinkd");
     let m = links();
     r.register("links", "Links answered, by engine and whole-link cache result", m.links.clone());
     r.register("link_duration_seconds", "Time from a link's start to its answer, by engine", m.latency.clone());
     r.register("link_received_bytes", "Input bytes received from shims", m.received.clone());
     r.register("link_sent_bytes", "Output bytes (files, stdout, stderr) sent to shims", m.sent.clone());
-    r.register_collector(Box::new(StatsCollector(linker)));
+    r.register_collector(Box::new(StatsCollector(linker, blobs)));
     r
 }
 
 /// Serve `/metrics` on `listener` until `stop` resolves.
-pub async fn serve(listener: TcpListener, linker: Arc<Linker>, stop: impl std::future::Future<Output = ()>) {
-    let registry = Arc::new(registry(linker));
+pub async fn serve(
+    listener: TcpListener,
+    linker: Arc<Linker>,
+    blobs: Arc<BlobStore>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let registry = Arc::new(registry(linker, blobs));
     if let Ok(a) = listener.local_addr() {
         info!(metrics = %a, "serving Prometheus metrics at /metrics");
     }

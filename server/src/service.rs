@@ -38,6 +38,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::blobs::BlobStore;
 use crate::events::Hub;
 use crate::speculate::Speculator;
 use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
@@ -52,6 +53,9 @@ pub struct Limits {
     /// Most input bytes one link may read; past it the link is declined (the
     /// shim runs the real nvlink).
     pub max_link_input: u64,
+    /// Bytes of remote shims' input files kept in memory and on disk (`blobs.rs`).
+    pub blob_mem: u64,
+    pub blob_size: u64,
 }
 
 /// Links in flight and when the last one arrived, for `--idle-exit`. Only links
@@ -116,6 +120,8 @@ pub struct Service {
     pub slow_link_ms: u64,
     /// The event stream (`events.rs`).
     pub events: Hub,
+    /// Remote shims' input files by digest, shared by the listeners (`blobs.rs`).
+    pub blobs: Arc<BlobStore>,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -207,6 +213,9 @@ impl Service {
             reader.close(why);
         });
 
+        // What a remote shim announced: stats and contents (by digest) of its files.
+        let announced = if req.shared_fs { Default::default() } else { crate::stream_fs::announced(&start.files) };
+        let blobs = self.blobs.clone();
         let linker = self.linker.clone();
         let watcher = self.watcher.clone();
         let slow = self.slow_link_ms;
@@ -221,7 +230,7 @@ impl Service {
             }
             // A daemon on the caller's filesystem reads the files itself: no copies
             // through the stream.
-            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget);
+            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_announced(announced, blobs.clone());
             let args = req.args.join(" ");
             let t_link = std::time::Instant::now();
             let outcome =
@@ -321,6 +330,7 @@ impl Service {
                 + result.stderr.len()
                 + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
             let (engine, cache) = if result.fallback { ("fallback", "none") } else { (engine, cache) };
+            blobs.input_bytes_received.fetch_add(fs.bytes_received(), Ordering::Relaxed);
             crate::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.
@@ -566,7 +576,8 @@ impl Nvlinkd for Service {
         let json = self.linker.stats_json();
         let rest = json.strip_prefix('{').unwrap_or(&json);
         let failures = self.auth_failures.load(Ordering::Relaxed);
-        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{rest}") }))
+        let blobs: String = self.blobs.counters().iter().map(|(k, v)| format!("\"{k}\":{v},")).collect();
+        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{blobs}{rest}") }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

@@ -16,7 +16,11 @@
 //! gone therefore ends within a moment and frees its thread.
 //!
 //! [`LinkFs`] is what the link reads through, for both a shared filesystem
-//! (the daemon reads the files itself) and the stream. It refuses reads once the
+//! (the daemon reads the files itself) and the stream. Over the stream, the
+//! files the shim announced with its `Start` ([`announced`]) are stat'ed from
+//! the announcement and read from the blob store by digest; the blobs the
+//! store lacks are asked for all at once when the link starts, and one whose
+//! bytes are not the announced ones is refused and declines the link. It refuses reads once the
 //! stream is closed, never reads a non-regular file (see `nvlinkd_core::fs`),
 //! and bounds the bytes one link may read (`--max-link-input`); any of these
 //! makes the link *declined*: no engine of the daemon runs it (a closed stream's
@@ -30,9 +34,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
-use nvlinkd_proto::v1::{file_error, file_reply, file_request, server_message, FileReply, FileRequest, ServerMessage};
+use nvlinkd_proto::v1::{
+    file_error, file_reply, file_request, server_message, AnnouncedFile, FileReply, FileRequest, ServerMessage,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
+use tracing::warn;
+
+use crate::blobs::{BlobStore, Digest};
 
 pub type Outbound = mpsc::Sender<Result<ServerMessage, Status>>;
 
@@ -46,12 +55,17 @@ pub struct LinkChannel {
     reply_timeout: Duration,
     /// Most bytes one file's pieces may add up to (the link's input budget).
     max_file: u64,
+    /// Bytes of file contents the shim sent on this stream (read or not).
+    received: AtomicU64,
 }
 
 /// A read waiting for its reply, and the pieces of it received so far.
 struct Pending {
     tx: oneshot::Sender<FileReply>,
     data: Vec<u8>,
+    /// Most bytes its pieces may add up to: the link's budget, or the size the
+    /// shim announced for the file.
+    limit: u64,
 }
 
 #[derive(Default)]
@@ -71,6 +85,7 @@ impl LinkChannel {
             rt,
             reply_timeout,
             max_file,
+            received: AtomicU64::new(0),
         })
     }
 
@@ -105,10 +120,13 @@ impl LinkChannel {
     /// piece past it answers the read "too large" (later pieces find no
     /// waiter and are dropped).
     pub fn deliver(&self, mut reply: FileReply) {
+        if let Some(file_reply::Result::Data(d)) = &reply.result {
+            self.received.fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
         let mut s = self.state();
         let Some(p) = s.pending.get_mut(&reply.id) else { return };
         if let Some(file_reply::Result::Data(d)) = &mut reply.result {
-            if p.data.len() as u64 + d.len() as u64 > self.max_file {
+            if p.data.len() as u64 + d.len() as u64 > p.limit {
                 let p = s.pending.remove(&reply.id).expect("present");
                 let error = nvlinkd_proto::v1::FileError {
                     kind: file_error::Kind::TooLarge as i32,
@@ -141,7 +159,7 @@ impl LinkChannel {
 
     /// Register a read and send its request. Registration and the closed check
     /// share one lock: after `close`, nothing is registered.
-    fn request(&self, path: &Path, op: file_request::Op) -> io::Result<oneshot::Receiver<FileReply>> {
+    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<FileReply>> {
         let (id, rx) = {
             let mut s = self.state();
             if let Some(why) = s.closed {
@@ -150,7 +168,7 @@ impl LinkChannel {
             s.next_id += 1;
             let id = s.next_id;
             let (tx, rx) = oneshot::channel();
-            s.pending.insert(id, Pending { tx, data: Vec::new() });
+            s.pending.insert(id, Pending { tx, data: Vec::new(), limit: limit.min(self.max_file) });
             (id, rx)
         };
         let msg = ServerMessage {
@@ -214,12 +232,51 @@ fn to_io(e: nvlinkd_proto::v1::FileError) -> io::Error {
     io::Error::new(kind, e.message)
 }
 
+/// What the shim announced of one path when the link started (`Start.files`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announced {
+    pub exists: bool,
+    pub is_dir: bool,
+    pub size: u64,
+    /// BLAKE3 of a regular file's contents; `None`: stat only.
+    pub digest: Option<Digest>,
+}
+
+/// The announcements of a `Start`, by path. Paths that are not absolute and
+/// digests that are not 32 bytes are ignored (those paths are asked for as
+/// before); the first announcement of a path stands.
+pub fn announced(files: &[AnnouncedFile]) -> HashMap<PathBuf, Announced> {
+    let mut map = HashMap::new();
+    for f in files {
+        let path = PathBuf::from(&f.path);
+        if !path.is_absolute() {
+            continue;
+        }
+        let digest = match f.blake3.len() {
+            0 => None,
+            32 => f.blake3.as_slice().try_into().ok(),
+            _ => continue,
+        };
+        let a = Announced { exists: f.exists, is_dir: f.is_dir && f.exists, size: f.size, digest };
+        map.entry(path).or_insert(a);
+    }
+    map
+}
+
 /// Where a link's files are.
 enum Source {
     /// The daemon shares the caller's filesystem and reads the files itself.
     Local,
-    /// Over the stream, with reads already requested by `prefetch`.
-    Stream(Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>),
+    /// Over the stream.
+    Stream(Stream),
+}
+
+struct Stream {
+    /// Reads already requested (`prefetch`, and the announced blobs the store lacked).
+    prefetched: Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>,
+    /// What the shim announced: stats answered here, contents by digest.
+    announced: HashMap<PathBuf, Announced>,
+    blobs: Option<Arc<BlobStore>>,
 }
 
 /// What a link reads through (see the module documentation).
@@ -234,16 +291,49 @@ pub struct LinkFs {
 
 impl LinkFs {
     pub fn new(channel: Arc<LinkChannel>, shared_fs: bool, budget: u64) -> Self {
-        let source = if shared_fs { Source::Local } else { Source::Stream(Mutex::new(HashMap::new())) };
+        let source = if shared_fs {
+            Source::Local
+        } else {
+            Source::Stream(Stream { prefetched: Mutex::new(HashMap::new()), announced: HashMap::new(), blobs: None })
+        };
         LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
     }
 
-    /// Input bytes received from the shim (none when the daemon reads the files itself).
-    pub fn bytes_received(&self) -> u64 {
-        match self.source {
-            Source::Local => 0,
-            Source::Stream(_) => self.used.load(Ordering::Relaxed),
+    /// The files the shim announced, read by digest from `blobs` (a link over
+    /// the stream only; a local link reads its files itself). The blobs the
+    /// store lacks are asked of the shim at once, all together (when they fit
+    /// the link's budget); the others are read (and verified) only if the link
+    /// reads them — a whole-link hit whose key digests are remembered reads none.
+    pub fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
+        let Source::Stream(st) = &mut self.source else { return self };
+        let mut seen = std::collections::HashSet::new();
+        let mut missing = Vec::new();
+        for (path, a) in &files {
+            let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir) else { continue };
+            if seen.insert(d) && !blobs.has(&d) {
+                missing.push((path.clone(), a.size));
+            }
         }
+        st.announced = files;
+        st.blobs = Some(blobs);
+        let wanted = missing.iter().fold(0u64, |n, (_, size)| n.saturating_add(*size));
+        if wanted <= self.budget {
+            let mut prefetched = st.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+            for (path, size) in missing {
+                // A closed stream refuses the request: the read itself then fails.
+                if let Ok(rx) = self.channel.request(&path, file_request::Op::Read, size) {
+                    prefetched.insert(path, rx);
+                }
+            }
+        }
+        self
+    }
+
+    /// Input bytes received from the shim on the link's stream, whether the
+    /// link read them or not (none when the daemon reads the files itself, or
+    /// finds them in its blob store).
+    pub fn bytes_received(&self) -> u64 {
+        self.channel.received.load(Ordering::Relaxed)
     }
 
     fn decline(&self, why: String) {
@@ -267,27 +357,69 @@ impl LinkFs {
         e
     }
 
-    fn ask(&self, path: &Path, op: file_request::Op) -> io::Result<file_reply::Result> {
-        let Source::Stream(prefetched) = &self.source else { unreachable!("local links do not ask the shim") };
+    /// Ask the shim (or take the reply to an earlier request) and wait.
+    fn ask(&self, st: &Stream, path: &Path, op: file_request::Op, limit: u64) -> io::Result<file_reply::Result> {
         let early = match op {
-            file_request::Op::Read => prefetched.lock().ok().and_then(|mut m| m.remove(path)),
+            file_request::Op::Read => st.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
             file_request::Op::Stat => None,
         };
         let rx = match early {
             Some(rx) => rx,
-            None => self.channel.request(path, op).map_err(|e| self.lost(e))?,
+            None => self.channel.request(path, op, limit).map_err(|e| self.lost(e))?,
         };
         self.channel.wait(rx).map_err(|e| self.lost(e))
     }
 
-    fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Vec<u8>> {
-        match &self.source {
-            Source::Local => corefs::read_regular(path, remaining),
-            Source::Stream(_) => match self.ask(path, file_request::Op::Read)? {
-                file_reply::Result::Data(d) => Ok(d),
-                file_reply::Result::Error(e) => Err(to_io(e)),
-                file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
-            },
+    /// The contents of `path` from the shim, by path.
+    fn fetch(&self, st: &Stream, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+        match self.ask(st, path, file_request::Op::Read, limit)? {
+            file_reply::Result::Data(d) => Ok(d),
+            file_reply::Result::Error(e) => Err(to_io(e)),
+            file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
+        }
+    }
+
+    /// An announced regular file: from the blob store, else from the shim,
+    /// kept (and used) only if its bytes are the ones announced.
+    fn blob(&self, st: &Stream, path: &Path, a: &Announced, digest: &Digest) -> io::Result<Arc<[u8]>> {
+        let Some(blobs) = st.blobs.as_ref() else { return self.fetch(st, path, a.size).map(Arc::from) };
+        // A blob evicted (or found damaged) since the link started is asked for now.
+        if let Some(b) = blobs.get(digest, a.size) {
+            blobs.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(b);
+        }
+        blobs.misses.fetch_add(1, Ordering::Relaxed);
+        let data: Arc<[u8]> = match self.fetch(st, path, a.size) {
+            Ok(d) => d.into(),
+            Err(e) => {
+                // Announced, then not served: the file changed while the link
+                // ran (or the shim is gone); not an answer nvlink would give.
+                self.decline(format!("{} could not be read as announced: {e}", path.display()));
+                return Err(e);
+            }
+        };
+        if data.len() as u64 != a.size || !blobs.verify_and_put(digest, &data) {
+            if data.len() as u64 != a.size {
+                blobs.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
+            self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"));
+        }
+        Ok(data)
+    }
+
+    fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
+        let st = match &self.source {
+            Source::Local => return corefs::read_regular(path, remaining).map(Arc::from),
+            Source::Stream(st) => st,
+        };
+        match st.announced.get(path) {
+            Some(a) if !a.exists => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
+            Some(a) if a.is_dir => Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")),
+            Some(a) if a.size > remaining => Err(io::Error::new(io::ErrorKind::FileTooLarge, "too large")),
+            Some(a @ Announced { digest: Some(d), .. }) => self.blob(st, path, a, d),
+            _ => self.fetch(st, path, u64::MAX).map(Arc::from),
         }
     }
 }
@@ -308,17 +440,21 @@ impl InputFs for LinkFs {
             self.decline(format!("the link's inputs exceed the daemon's budget of {} bytes", self.budget));
             return Err(io::Error::new(io::ErrorKind::FileTooLarge, "the link's inputs exceed the daemon's budget"));
         }
-        Ok(data.into())
+        Ok(data)
     }
 
     fn prefetch(&self, paths: &[PathBuf]) {
-        let Source::Stream(prefetched) = &self.source else { return };
+        let Source::Stream(st) = &self.source else { return };
         for p in paths {
-            let known = prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
+            // Announced files are asked for (if at all) when the link starts.
+            if st.announced.get(p).is_some_and(|a| !a.exists || a.is_dir || a.digest.is_some()) {
+                continue;
+            }
+            let known = st.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
             if !known {
                 // A closed stream refuses the request: the read itself then fails.
-                if let Ok(rx) = self.channel.request(p, file_request::Op::Read) {
-                    if let Ok(mut m) = prefetched.lock() {
+                if let Ok(rx) = self.channel.request(p, file_request::Op::Read, u64::MAX) {
+                    if let Ok(mut m) = st.prefetched.lock() {
                         m.insert(p.clone(), rx);
                     }
                 }
@@ -328,24 +464,65 @@ impl InputFs for LinkFs {
 
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         self.open()?;
-        match &self.source {
-            Source::Local => LocalFs.stat(path),
-            Source::Stream(_) => match self.ask(path, file_request::Op::Stat)? {
-                file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
-                file_reply::Result::Error(e) => Err(to_io(e)),
-                file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
-            },
+        let st = match &self.source {
+            Source::Local => return LocalFs.stat(path),
+            Source::Stream(st) => st,
+        };
+        if let Some(a) = st.announced.get(path) {
+            return match a.exists {
+                true => Ok(FileStat { is_dir: a.is_dir, size: a.size }),
+                false => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
+            };
+        }
+        match self.ask(st, path, file_request::Op::Stat, u64::MAX)? {
+            file_reply::Result::Stat(s) => Ok(FileStat { is_dir: s.is_dir, size: s.size }),
+            file_reply::Result::Error(e) => Err(to_io(e)),
+            file_reply::Result::Data(_) => Err(io::Error::other("unexpected data reply")),
         }
     }
 
     fn identity(&self, path: &Path) -> Option<FileIdentity> {
-        match self.source {
+        match &self.source {
             Source::Local => LocalFs.identity(path),
-            Source::Stream(_) => None,
+            // Announced contents are known by their digest (and read only if
+            // they are those): key digests of them are remembered by it.
+            Source::Stream(st) => st
+                .announced
+                .get(path)
+                .filter(|a| a.exists && !a.is_dir)
+                .and_then(|a| Some(FileIdentity::of_contents(&a.digest?, a.size))),
         }
     }
 
     fn declined(&self) -> Option<String> {
         self.declined.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_are_taken_only_as_sent_rightly() {
+        let file = |path: &str, digest: Vec<u8>| AnnouncedFile {
+            path: path.into(),
+            exists: true,
+            is_dir: false,
+            size: 3,
+            blake3: digest,
+        };
+        let d = blake3::hash(b"abc").as_bytes().to_vec();
+        let map = announced(&[
+            file("relative.o", d.clone()),
+            file("/w/short.o", vec![1, 2, 3]),
+            file("/w/a.o", d.clone()),
+            file("/w/./a.o", vec![]),
+            AnnouncedFile { path: "/w/gone".into(), exists: false, is_dir: true, ..Default::default() },
+        ]);
+        assert_eq!(map.len(), 2, "{map:?}");
+        let a = &map[Path::new("/w/a.o")];
+        assert_eq!((a.size, a.digest.map(|x| x.to_vec())), (3, Some(d)), "the first announcement of a path stands");
+        assert!(!map[Path::new("/w/gone")].is_dir, "a missing path is no directory");
     }
 }

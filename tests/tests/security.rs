@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use nvlinkd_proto::paths;
 use nvlinkd_proto::v1::{
-    client_message, nvlinkd_client::NvlinkdClient, ClientMessage, PingRequest, ShutdownRequest, Start, StatsRequest,
+    client_message, nvlinkd_client::NvlinkdClient, ClientMessage, LinkResult, PingRequest, ShutdownRequest, Start,
+    StatsRequest,
 };
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::remote::{free_port, private_copy, NobodyDaemon, Pki, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -163,6 +164,9 @@ fn remote_link_over_tls_with_a_token_matches_nvlink() {
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
     assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
     assert_eq!(d.stat("fallbacks"), 0);
+    // The two inputs, and nothing the link does not read (the toolkit's libcudadevrt).
+    let inputs: u64 = ["accumulate.o", "scale.o"].iter().map(|f| corpus::dir().join(f).metadata().unwrap().len()).sum();
+    assert_eq!(d.stat("input_bytes_received"), inputs);
     // Without the token the shim is refused and (never falling back) fails.
     let mut env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
     env.retain(|(k, _)| k != paths::ENV_TOKEN_FILE);
@@ -314,22 +318,24 @@ async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
     announce_one_gib(&socket).await
 }
 
-/// The poisoning attempt of issue 10: a client on the stream answers a stat
-/// of the archive truthfully once (the link finds and reads it) and "missing"
-/// to every later stat (a key built from those would say "no libdevmath", the
-/// key of a link nvlink fails), handing over the archive when it is read.
-/// (This attack was already closed by `MemoFs`'s one view per link before the
-/// remote work; the test guards it. Removing only the stat memo did not make
-/// it fail: the sequence of reads this case produces does not reach the gap.) Whatever the daemon
-/// makes of that, a later genuine link without the library must get nvlink's
-/// own answer, not a result stored under its key by the attacker.
+/// The poisoning attempt of issue 10 (a client that announces nothing: its
+/// files are asked for by path): it answers the first stat of each path
+/// truthfully and "missing" to every later one, handing over the archive when
+/// it is read. The key sees the library (its first stat) and a link that
+/// stat'ed it again would not: its answer (undefined references) would land
+/// under the key of a link with the library. `MemoFs`'s one view per link
+/// closes this (removing its stat memo makes this test fail). Whatever the
+/// daemon makes of it, later genuine links from the same directory, with the
+/// library and without it, must get nvlink's own answers.
 #[test]
 fn a_client_cannot_store_a_result_under_another_links_key() {
     use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
     let d = Daemon::start();
-    // The victim's directory: the object, no lib/ (nvlink fails to find -ldevmath).
+    // The victim's directory: the object and lib/libdevmath.a.
     let victim = TempDir::new("sec-poison-victim");
     std::fs::copy(corpus::dir().join("mathlib_main.o"), victim.path().join("mathlib_main.o")).unwrap();
+    std::fs::create_dir(victim.path().join("lib")).unwrap();
+    std::fs::copy(corpus::dir().join("lib/libdevmath.a"), victim.path().join("lib/libdevmath.a")).unwrap();
     let out = TempDir::new("sec-poison-out");
     let case = "--arch=sm_90 mathlib_main.o -Llib -ldevmath -o {OUT}/out.cubin";
     let invocation = inv(case, victim.path(), &out);
@@ -355,11 +361,7 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
             let server_message::Msg::File(req) = m else { continue };
             requests += 1;
             let path = Path::new(&req.path);
-            let real = if path.ends_with("lib/libdevmath.a") {
-                corpus::dir().join("lib/libdevmath.a")
-            } else {
-                path.to_path_buf()
-            };
+            let real = path.to_path_buf();
             let result = match req.op() {
                 file_request::Op::Stat if path.ends_with("mathlib_main.o") || stated.insert(req.path.clone()) => {
                     match std::fs::metadata(&real) {
@@ -385,8 +387,234 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
     assert!(served > 0, "the daemon asked the hostile client for nothing");
 
     let expected = run(&real_nvlink(), &invocation, &[]);
+    assert_eq!(expected.code, 0, "nvlink fails with the library: the case proves nothing");
+    let actual = run(&shim(), &invocation, &d.shim_env());
+    assert_same(&expected, &actual, "the genuine link with the library was poisoned");
+    std::fs::remove_dir_all(victim.path().join("lib")).unwrap();
+    let expected = run(&real_nvlink(), &invocation, &[]);
     assert_ne!(expected.code, 0, "nvlink links without the library: the case proves nothing");
     let actual = run(&shim(), &invocation, &d.shim_env());
-    let cmp = compare::runs(&expected, &actual);
-    assert!(cmp.problems.is_empty() && cmp.identical, "the genuine link was poisoned: {:?}", cmp.problems);
+    assert_same(&expected, &actual, "the genuine link without the library was poisoned");
+}
+
+// Content-addressed inputs (issue 10, item 4): a remote shim announces its
+// files by BLAKE3 digest; the daemon reads them from its blob store and asks
+// only for the blobs it lacks, each checked against its digest.
+
+/// nvcc's device-link call: inputs, a missing `-L` directory, libcudadevrt.
+const NVCC_LINK: &str = "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 \
+                         accumulate.o scale.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc";
+
+/// A directory holding copies of the inputs of [`NVCC_LINK`].
+fn nvcc_link_inputs(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// A second daemon serving TLS and tokens over `other`'s cache directory.
+fn secure_daemon_sharing(pki: &Pki, other: &Daemon) -> (Daemon, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let mut d = Daemon {
+        dir: TempDir::new("d"),
+        child: None,
+        env: Vec::new(),
+        shared_cache: Some(other.cache_dir()),
+        memory_limit: None,
+    };
+    d.spawn(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+    (d, port)
+}
+
+fn assert_same(expected: &Run, actual: &Run, what: &str) {
+    let cmp = compare::runs(expected, actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{what}: {:?}", cmp.problems);
+}
+
+#[test]
+fn a_warm_remote_relink_uploads_no_input_bytes() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = nvcc_link_inputs("sec-cas-in");
+    let out = TempDir::new("sec-cas-out");
+    let link = inv(NVCC_LINK, inputs.path(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0);
+    let env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
+
+    // Cold: every input's bytes come over the stream, once.
+    assert_same(&expected, &run(&shim(), &link, &env), "cold remote link");
+    let cold = d.stat("input_bytes_received");
+    let devrt = std::fs::metadata(cuda_home().join("lib/libcudadevrt.a")).unwrap().len();
+    let objects: u64 =
+        ["accumulate.o", "scale.o"].iter().map(|f| std::fs::metadata(inputs.path().join(f)).unwrap().len()).sum();
+    assert_eq!(cold, objects + devrt, "the cold link received other than its inputs, once each");
+    assert_eq!((d.stat("blob_misses"), d.stat("blob_hits")), (3, 0));
+
+    // Warm: the same link again sends no input byte (and, its key digests
+    // remembered by content, reads no blob: a whole-link hit).
+    assert_same(&expected, &run(&shim(), &link, &env), "warm remote link");
+    assert_eq!(d.stat("input_bytes_received"), cold, "a warm relink uploaded input bytes");
+    assert_eq!(d.stat("blob_misses"), 3, "a warm relink missed a blob");
+    assert_eq!(d.stat("cache_hits"), 1);
+
+    // One input recompiled in place (other bytes, the same key): only its bytes travel.
+    std::fs::copy(corpus::dir().join("twin/scale.o"), inputs.path().join("scale.o")).unwrap();
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_same(&expected, &run(&shim(), &link, &env), "relink after a change");
+    let changed = std::fs::metadata(inputs.path().join("scale.o")).unwrap().len();
+    assert_eq!(d.stat("input_bytes_received"), cold + changed, "more than the changed input was uploaded");
+    assert_eq!(d.stat("blob_misses"), 4);
+
+    // A fresh daemon over the same cache directory: the blobs are on disk.
+    let (fresh, fresh_port) = secure_daemon_sharing(&pki, &d);
+    let env = remote_env(&pki, &format!("https://127.0.0.1:{fresh_port}"));
+    assert_same(&expected, &run(&shim(), &link, &env), "relink through a fresh daemon");
+    assert_eq!(fresh.stat("input_bytes_received"), 0, "the fresh daemon had the inputs sent again");
+    assert_eq!((fresh.stat("blob_misses"), fresh.stat("blob_hits")), (0, 3));
+    assert_eq!(fresh.stat("fallbacks"), 0);
+    drop(fresh);
+
+    // Damaged blobs on disk are misses: asked for again, never used.
+    let mut damaged = 0;
+    for shard in std::fs::read_dir(d.cache_dir().join("blobs/v2")).unwrap().flatten() {
+        for blob in std::fs::read_dir(shard.path()).unwrap().flatten() {
+            let mut raw = std::fs::read(blob.path()).unwrap();
+            *raw.last_mut().unwrap() ^= 1;
+            std::fs::write(blob.path(), raw).unwrap();
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 4, "blobs on disk: 3 inputs and the changed one");
+    let (again, again_port) = secure_daemon_sharing(&pki, &d);
+    let env = remote_env(&pki, &format!("https://127.0.0.1:{again_port}"));
+    assert_same(&expected, &run(&shim(), &link, &env), "relink over damaged blobs");
+    assert_eq!(again.stat("input_bytes_received"), objects_now(&inputs) + devrt, "damaged blobs not sent again");
+    assert_eq!(again.stat("fallbacks"), 0);
+}
+
+fn objects_now(inputs: &TempDir) -> u64 {
+    ["accumulate.o", "scale.o"].iter().map(|f| std::fs::metadata(inputs.path().join(f)).unwrap().len()).sum()
+}
+
+/// What a hostile client on the remote listener does with one link.
+struct Hostile {
+    /// Announced: (path, digest, size) of each input.
+    announce: Vec<(std::path::PathBuf, Vec<u8>, u64)>,
+    /// The bytes it sends when a path is read.
+    serve: std::collections::HashMap<std::path::PathBuf, Vec<u8>>,
+}
+
+/// Run `args` in `cwd` as `hostile` over TLS with the token; the daemon's result.
+fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hostile) -> LinkResult {
+    use nvlinkd_proto::v1::{file_reply, file_request, server_message, AnnouncedFile, FileError, FileReply};
+    runtime().block_on(async {
+        let mut client = NvlinkdClient::new(tls_channel(pki, port).await);
+        let files = hostile
+            .announce
+            .iter()
+            .map(|(p, digest, size)| AnnouncedFile {
+                path: p.display().to_string(),
+                exists: true,
+                is_dir: false,
+                size: *size,
+                blake3: digest.clone(),
+            })
+            .collect();
+        let start = Start {
+            args: args.to_vec(),
+            cwd: cwd.display().to_string(),
+            toolkit_release: String::new(),
+            files,
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut inbound =
+            client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await.unwrap().into_inner();
+        loop {
+            let m = inbound.message().await.expect("the daemon's stream").expect("a result");
+            let req = match m.msg {
+                Some(server_message::Msg::File(req)) => req,
+                Some(server_message::Msg::Result(r)) => return r,
+                _ => continue,
+            };
+            let path = Path::new(&req.path);
+            let result = match (req.op(), hostile.serve.get(path)) {
+                (file_request::Op::Read, Some(data)) => file_reply::Result::Data(data.clone()),
+                (file_request::Op::Read, None) => match std::fs::read(path) {
+                    Ok(data) => file_reply::Result::Data(data),
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+                (file_request::Op::Stat, _) => match std::fs::metadata(path) {
+                    Ok(m) => {
+                        file_reply::Result::Stat(nvlinkd_proto::v1::FileStat { is_dir: m.is_dir(), size: m.len() })
+                    }
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+            };
+            let reply = FileReply { id: req.id, result: Some(result), more: false };
+            tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.unwrap();
+        }
+    })
+}
+
+/// `accumulate.o` announced by its own digest, served as other bytes of the same
+/// size (scale.o's, padded: an object that links, to something else).
+fn lying_about_accumulate(inputs: &Path) -> Hostile {
+    let genuine = std::fs::read(inputs.join("accumulate.o")).unwrap();
+    let mut other = std::fs::read(inputs.join("scale.o")).unwrap();
+    assert!(other.len() <= genuine.len());
+    other.resize(genuine.len(), 0);
+    let digest = blake3::hash(&genuine).as_bytes().to_vec();
+    Hostile {
+        announce: vec![(inputs.join("accumulate.o"), digest, genuine.len() as u64)],
+        serve: [(inputs.join("accumulate.o"), other)].into_iter().collect(),
+    }
+}
+
+#[test]
+fn a_blob_that_does_not_match_its_digest_is_refused_and_nothing_is_cached() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = nvcc_link_inputs("sec-cas-lie-in");
+    let out = TempDir::new("sec-cas-lie-out");
+    let link = inv(NVCC_LINK, inputs.path(), &out);
+    let result = hostile_link(&pki, port, &link.args, inputs.path(), &lying_about_accumulate(inputs.path()));
+    assert!(result.fallback, "the daemon answered a link whose input was not as announced: {result:?}");
+    assert_eq!(d.stat("blob_rejected"), 1);
+    assert_eq!(d.stat("cache_disk_bytes"), 0, "something of the refused link was cached");
+    // Sizes that disagree are refused too.
+    let mut wrong_size = lying_about_accumulate(inputs.path());
+    wrong_size.serve.values_mut().for_each(|v| v.push(0));
+    wrong_size.announce[0].2 += 1;
+    let result = hostile_link(&pki, port, &link.args, inputs.path(), &wrong_size);
+    assert!(result.fallback, "{result:?}");
+    assert_eq!(d.stat("blob_rejected"), 2);
+    assert_eq!(d.stat("cache_disk_bytes"), 0);
+    assert!(d.answers(), "the daemon died");
+}
+
+/// The poisoning attempt under content addressing: a client announces the
+/// genuine input's digest and sends other bytes. Were they kept under that
+/// digest (or the result under any key), the genuine caller's next link —
+/// which announces the same digest and sends nothing — would get the
+/// attacker's output; it must get nvlink's.
+#[test]
+fn a_lying_client_cannot_poison_a_later_genuine_link() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = nvcc_link_inputs("sec-cas-poison-in");
+    let out = TempDir::new("sec-cas-poison-out");
+    let link = inv(NVCC_LINK, inputs.path(), &out);
+    let _ = hostile_link(&pki, port, &link.args, inputs.path(), &lying_about_accumulate(inputs.path()));
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0);
+    let actual = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    assert_same(&expected, &actual, "the genuine link after the attack was poisoned");
+    assert_eq!(d.stat("fallbacks"), 1, "only the attacker's link falls back");
 }

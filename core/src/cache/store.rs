@@ -71,6 +71,9 @@ pub struct Store {
     failing: std::sync::atomic::AtomicBool,
     /// The shared tier behind memory and disk, once the daemon sets one.
     remote: std::sync::OnceLock<Arc<dyn RemoteTier>>,
+    /// Keys are the BLAKE3 of the payload itself (the daemon's blob store): a
+    /// disk entry is used only if its payload hashes to its key.
+    addressed: bool,
 }
 
 impl Store {
@@ -101,7 +104,15 @@ impl Store {
             write_errors: AtomicU64::new(0),
             failing: std::sync::atomic::AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
+            addressed: false,
         }
+    }
+
+    /// A store whose keys are the BLAKE3 of their values (blobs): a disk
+    /// entry whose payload does not hash to its key is damaged, dropped and a miss.
+    pub fn content_addressed(mut self) -> Store {
+        self.addressed = true;
+        self
     }
 
     /// Whether entries go to disk.
@@ -115,7 +126,7 @@ impl Store {
     }
 
     /// Bytes held in memory and on disk.
-    pub(crate) fn sizes(&self) -> (u64, u64) {
+    pub fn sizes(&self) -> (u64, u64) {
         let mem = self.mem.bytes();
         let disk = self.disk.lock().map(|d| d.bytes).unwrap_or(0);
         (mem, disk)
@@ -150,6 +161,12 @@ impl Store {
         }
     }
 
+    /// Whether memory holds the entry or the disk has a file for it (not read:
+    /// a later `get` still verifies it).
+    pub fn contains(&self, key: &Key) -> bool {
+        self.mem.get(key).is_some() || self.path(key).is_some_and(|p| p.is_file())
+    }
+
     /// Memory and disk only.
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
         if let Some(v) = self.mem.get(key) {
@@ -157,7 +174,7 @@ impl Store {
         }
         let path = self.path(key)?;
         let raw = fs::read(&path).ok()?;
-        match verify(&raw, key) {
+        match verify(&raw, key).filter(|_| !self.addressed || &raw[40..72] == key) {
             Some(payload) => {
                 let value: Arc<[u8]> = payload.into();
                 // Touch: the disk tier evicts by least-recent use.
@@ -387,6 +404,31 @@ mod tests {
         assert!(s.get(&key(2)).is_none());
         assert_eq!(s.corrupt.load(Ordering::Relaxed), 2);
         assert!(!p1.exists() && !p2.exists());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_blob_on_disk_must_hash_to_its_key() {
+        let d = tmpdir("blob");
+        let blob = &b"device code"[..];
+        let digest = *blake3::hash(blob).as_bytes();
+        let s = Store::open(Some(&d), 0, 1 << 20).content_addressed();
+        s.put(&digest, Arc::from(blob));
+        assert_eq!(s.get(&digest).as_deref(), Some(blob));
+        // Other bytes under the blob's name, with a header that is consistent
+        // for them (their own hash): a plain store would serve them.
+        let other = &b"other bytes"[..];
+        let mut raw = Vec::from(&MAGIC[..]);
+        raw.extend_from_slice(&digest);
+        raw.extend_from_slice(blake3::hash(other).as_bytes());
+        raw.extend_from_slice(&(other.len() as u64).to_le_bytes());
+        raw.extend_from_slice(other);
+        fs::write(s.path(&digest).unwrap(), &raw).unwrap();
+        assert_eq!(Store::open(Some(&d), 0, 1 << 20).get(&digest).as_deref(), Some(other));
+        fs::write(s.path(&digest).unwrap(), &raw).unwrap();
+        let s = Store::open(Some(&d), 0, 1 << 20).content_addressed();
+        assert!(s.get(&digest).is_none());
+        assert_eq!(s.corrupt.load(Ordering::Relaxed), 1);
         let _ = fs::remove_dir_all(&d);
     }
 

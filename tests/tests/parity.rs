@@ -634,15 +634,21 @@ fn parity_through_the_remote_path_as_another_user() {
     let stats = daemon.stats();
     let count = |k: &str| stats[k].as_u64().unwrap_or(0);
     println!(
-        "remote parity: {} cases, {} differing; daemon: {} requests, {} in process, {} fallbacks",
+        "remote parity: {} cases, {} differing; daemon: {} requests, {} in process, {} by its nvlink, {} fallbacks {}",
         cases.len(),
         differing.len(),
         count("requests"),
         count("in_process"),
-        count("fallbacks")
+        count("nvlink_process"),
+        count("fallbacks"),
+        stats["fallback_reasons"]
     );
-    assert!(count("in_process") > 0, "no link was served remotely: {stats}");
     assert!(differing.is_empty(), "{}", differing.join("\n"));
+    assert!(count("in_process") > 0, "no link was served remotely: {stats}");
+    // Routed links run on the daemon's nvlink in a sandbox; none falls back.
+    let routed = cases.iter().filter(|c| ROUTED.iter().any(|(n, _)| *n == c.0)).count() as u64;
+    assert!(count("nvlink_process") >= routed, "{routed} routed cases, fewer served by the daemon's nvlink: {stats}");
+    assert_eq!(count("fallbacks"), 0, "links fell back to the caller's nvlink: {stats}");
 }
 
 /// The cache key of an invocation, as the daemon computes it (any toolkit identity).

@@ -651,6 +651,42 @@ fn parity_through_the_remote_path_as_another_user() {
     assert_eq!(count("fallbacks"), 0, "links fell back to the caller's nvlink: {stats}");
 }
 
+/// Host linker scripts (`-ghls`) with a remote daemon: the host's `gcc` and
+/// `ld` make them, so the shim has the real nvlink make them on the caller's
+/// machine, even under `NVLINKD_FALLBACK=never` and with no daemon answering
+/// at that address; every answer is nvlink's.
+#[test]
+fn host_linker_scripts_are_made_on_the_callers_side() {
+    let cases: Vec<_> =
+        cases().into_iter().filter(|(_, args, _)| args.contains("-ghls") || args.contains("--gen-host")).collect();
+    let work = TempDir::new("ghls-remote");
+    let addr = format!("https://127.0.0.1:{}", nvlinkd_tests::remote::free_port());
+    let env = vec![
+        (nvlinkd_proto::paths::ENV_ADDR.to_string(), addr),
+        (nvlinkd_proto::paths::ENV_FALLBACK.to_string(), "never".to_string()),
+        (nvlinkd_proto::paths::ENV_REAL_NVLINK.to_string(), real_nvlink().display().to_string()),
+    ];
+    let mut differing = Vec::new();
+    for (name, args, _) in &cases {
+        let out = work.path().join(name);
+        let inv = Invocation {
+            args: expand(args, &out.display().to_string()).split_whitespace().map(String::from).collect(),
+            cwd: corpus::dir().to_path_buf(),
+            env: Vec::new(),
+            out_dir: out,
+        };
+        let expected = run(&real_nvlink(), &inv, &[]);
+        let actual = run(&shim(), &inv, &env);
+        let cmp = compare::runs(&expected, &actual);
+        if !cmp.problems.is_empty() {
+            differing.push(format!("== {name} ==\n{}", cmp.problems.join("\n")));
+        }
+    }
+    println!("host linker scripts with a remote daemon: {} cases, {} differing", cases.len(), differing.len());
+    assert!(cases.len() >= 7, "the corpus lost its -ghls cases");
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+}
+
 /// The cache key of an invocation, as the daemon computes it (any toolkit identity).
 fn link_keys(inv: &Invocation) -> Option<nvlinkd_core::linkcache::LinkKeys> {
     let req = nvlinkd_core::request::Request {

@@ -623,7 +623,11 @@ fn parity_through_the_remote_path_as_another_user() {
                     mask_times(&mut expected);
                     mask_times(&mut actual);
                 }
-                let cmp = compare::runs(&expected, &actual);
+                let mut cmp = compare::runs(&expected, &actual);
+                // What the daemon's nvlink made in its sandbox is nvlink's to the byte.
+                if !cmp.identical && cmp.problems.is_empty() && ROUTED.iter().any(|(n, _)| *n == name) {
+                    cmp.problems.push("a routed case not byte-identical (.note.nv.tkinfo)".into());
+                }
                 if !cmp.problems.is_empty() {
                     differing.lock().unwrap().push(format!("== {name} ==\n{}", cmp.problems.join("\n")));
                 }

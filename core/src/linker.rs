@@ -4,8 +4,9 @@
 //! the command line, dispatches on the mode, and for device links builds the
 //! link plan, looks the result up in the cache, and runs an engine: in process
 //! when the plan is one the finalizer reproduces byte for byte, otherwise the
-//! real nvlink (when this process shares the caller's filesystem) or a fallback
-//! answer that tells the shim to run nvlink itself.
+//! real nvlink (on the caller's files when this process shares its filesystem,
+//! otherwise on a sandboxed copy of them), or a fallback answer that tells the
+//! shim to run nvlink itself.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

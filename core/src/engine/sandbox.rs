@@ -271,7 +271,7 @@ impl Sandbox {
         outputs: Vec<OutputFile>,
         spec: &Spec,
         caller_cwd: &Path,
-    ) -> Result<(Vec<u8>, Vec<u8>, Vec<OutputFile>), SandboxError> {
+    ) -> Result<Answer, SandboxError> {
         let root = self.root.as_bytes();
         let mut mapped = Vec::with_capacity(outputs.len() + 1);
         let out_path = spec.output.as_deref().map(|o| absolute(caller_cwd, o));
@@ -305,6 +305,9 @@ impl Sandbox {
         &self.dir.0
     }
 }
+
+/// stdout, stderr and the output files of a run.
+pub type Answer = (Vec<u8>, Vec<u8>, Vec<OutputFile>);
 
 /// `arg` with an absolute name of `moved` (the whole argument, after `=`, or
 /// glued to `-L`) put under `root`.

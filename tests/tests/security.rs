@@ -290,6 +290,9 @@ fn remote_routed_links_run_in_a_sandbox_under_the_callers_names() {
         (format!("--arch=sm_90 -time {dir}/time.csv {dir}/saxpy_ptx.o -o {{OUT}}/out.cubin"), true),
         // Above the root and down again: the same file for nvlink, not mirrored.
         (format!("--arch=sm_90 -v {up}{}/accumulate.o scale.o -o {{OUT}}/out.cubin", &dir[1..]), false),
+        // A list of directories (not moved one by one) and a path for the embedded ptxas.
+        (format!("--arch=sm_90 -v -L{dir}/lib,{dir}/tinylib accumulate.o scale.o -o {{OUT}}/out.cubin"), false),
+        (format!("--arch=sm_90 -v -Xptxas --output-file={dir}/x.o accumulate.o scale.o -o {{OUT}}/out.cubin"), false),
     ];
     for (args, sandboxed) in &cases {
         let before = daemon.stats();

@@ -173,13 +173,31 @@ impl Sandbox {
                 return Err(unsupported("absolute names with an options file"));
             }
         }
-        if spec
-            .parsed
-            .options
-            .iter()
-            .any(|o| o.id == Opt::LibraryPath && o.value.as_deref().is_some_and(|v| v.contains(',')))
-        {
-            return Err(unsupported("a -L list"));
+        // A value naming a file nvlink reads or writes that is not mirrored
+        // (its embedded tools' options, a dot file) is not run here.
+        let mirrored = [
+            Opt::OptionsFile,
+            Opt::LibraryPath,
+            Opt::Library,
+            Opt::Nvvmpath,
+            Opt::Time,
+            Opt::UidxFile,
+            Opt::OutputFile,
+            Opt::RegisterLinkBinaries,
+            // Only host linker scripts run it (never a device link).
+            Opt::HostCcbin,
+        ];
+        for o in &spec.parsed.options {
+            if o.id == Opt::DotFile
+                || (!mirrored.contains(&o.id) && o.value.as_deref().is_some_and(|v| v.contains('/')))
+            {
+                return Err(unsupported(format!("a file named by {:?}", o.id)));
+            }
+            // Names are moved one argument at a time: not inside a list.
+            let token = o.at.and_then(|at| req.args.get(at.value.unwrap_or(at.option)));
+            if matches!(o.id, Opt::LibraryPath | Opt::OptionsFile) && token.is_some_and(|t| t.contains(',')) {
+                return Err(unsupported("a list of directories or options files"));
+            }
         }
         let link = match spec.nvvmpath.as_deref() {
             Some(v) => Some(mirror(&root, &req.cwd, v, None)?),
@@ -401,6 +419,7 @@ mod tests {
         let rows = [
             ("/c/a.o", "/R/c/a.o"),
             ("-L/c/lib", "-L/R/c/lib"),
+            ("-L/c/lib,/c/lib", "-L/c/lib,/c/lib"),
             ("--library-path=/c/lib", "--library-path=/R/c/lib"),
             ("-o", "-o"),
             ("/c/other.o", "/c/other.o"),

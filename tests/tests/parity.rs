@@ -587,9 +587,9 @@ fn parity_with_nvlink() {
 
 /// The corpus through the remote path: TLS and a token over 127.0.0.1, the
 /// daemon running as `nobody` on a private (0700) copy of the corpus it cannot
-/// read, so every input comes through the shim and its policy. Links the
-/// daemon answers "fall back" remotely (the real-nvlink engine, `-ghls`) run
-/// the real nvlink on the caller's side; every answer must be nvlink's.
+/// read, so every input comes through the shim and its policy. Every answer
+/// must be nvlink's; the routed cases run on the daemon's nvlink in a sandbox
+/// (byte-identical, none falling back), and `-ghls` never reaches the daemon.
 #[test]
 fn parity_through_the_remote_path_as_another_user() {
     let cases = cases();

@@ -19,6 +19,13 @@ pub fn run_with(tk: &Toolkit, reason: &str) -> ExitCode {
         eprintln!("nvlink fatal   : nvlinkd could not serve this link ({reason}) and {}=never", paths::ENV_FALLBACK);
         return ExitCode::from(1);
     }
+    exec_real(tk, reason)
+}
+
+/// Replace this process with the real nvlink (same arguments): for a fallback,
+/// and for what only the caller's machine can do (host linker scripts for a
+/// remote daemon), whatever `NVLINKD_FALLBACK` says.
+pub fn exec_real(tk: &Toolkit, reason: &str) -> ExitCode {
     let Some(real) = tk.real_nvlink.as_ref().filter(|p| p.is_file()) else {
         eprintln!(
             "nvlink fatal   : nvlinkd could not serve this link ({reason}) and no real nvlink is known (set {} or CUDA_HOME)",

@@ -30,6 +30,15 @@ fn main() -> ExitCode {
         Err(_) => return fallback::run("arguments are not UTF-8"),
     };
     let tk = toolkit::Toolkit::discover();
+    // A host linker script comes from the caller's host tools (`gcc`, `ld`):
+    // with a remote daemon, the real nvlink makes it here.
+    if session::remote() {
+        if let Ok(cwd) = std::env::current_dir() {
+            if policy::host_linker_script(&args, &cwd) {
+                return fallback::exec_real(&tk, "host linker script");
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fallback::run(&format!("cannot start runtime: {e}")),

@@ -173,6 +173,15 @@ impl Policy {
     }
 }
 
+/// Whether the command line asks for a host linker script (`-ghls`, also in
+/// an options file): made from the host's own `gcc` and `ld`, so by the
+/// caller's machine, never by a remote daemon.
+pub fn host_linker_script(args: &[String], cwd: &Path) -> bool {
+    let mut tokens = Vec::new();
+    expand(args, cwd, &mut tokens, 0);
+    tokens.iter().filter_map(|t| option_name(t)).any(|n| matches!(n, "ghls" | "gen-host-linker-script"))
+}
+
 /// The command line with the contents of its options files (read here),
 /// recursively up to [`MAX_DEPTH`].
 fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
@@ -255,5 +264,16 @@ mod tests {
         assert!(!p.may_write(Path::new("/w/t.csv"), false));
         let help = Policy::new(&args(&["--help", "-o", "x"]), cwd, None, None);
         assert_eq!(help.output(), None);
+    }
+
+    #[test]
+    fn host_linker_scripts_are_recognised() {
+        let cwd = Path::new("/nonexistent");
+        for yes in [&["-ghls"][..], &["--gen-host-linker-script=lcs-aug", "-o", "x"], &["-v", "-ghls", "lcs-abs"]] {
+            assert!(host_linker_script(&args(yes), cwd), "{yes:?}");
+        }
+        for no in [&["--arch=sm_90", "a.o"][..], &["ghls"], &["-o", "ghls.ld"]] {
+            assert!(!host_linker_script(&args(no), cwd), "{no:?}");
+        }
     }
 }

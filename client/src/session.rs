@@ -490,6 +490,11 @@ fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Asci
 
 type Token = Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>;
 
+/// Whether the shim links through remote daemons (`NVLINKD_ADDR`).
+pub fn remote() -> bool {
+    std::env::var(paths::ENV_ADDR).is_ok_and(|a| !a.is_empty())
+}
+
 async fn connect_or_start(tk: &Toolkit) -> Result<(Channel, Token), String> {
     if let Some(list) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) {
         // Remote daemons are managed by their owners; never start one. Each is

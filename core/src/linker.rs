@@ -4,8 +4,9 @@
 //! the command line, dispatches on the mode, and for device links builds the
 //! link plan, looks the result up in the cache, and runs an engine: in process
 //! when the plan is one the finalizer reproduces byte for byte, otherwise the
-//! real nvlink (when this process shares the caller's filesystem) or a fallback
-//! answer that tells the shim to run nvlink itself.
+//! real nvlink (on the caller's files when this process shares its filesystem,
+//! otherwise on a sandboxed copy of them), or a fallback answer that tells the
+//! shim to run nvlink itself.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::elf::{header_machine, EM_CUDA};
 use crate::engine::artifacts::Artifacts;
 use crate::engine::inprocess;
 use crate::engine::process;
+use crate::engine::sandbox::{Sandbox, SandboxError};
 use crate::fs::{absolute, HashMemo, InputFs};
 use crate::ghls;
 use crate::input::load::{LoadContext, LoadError};
@@ -289,10 +291,18 @@ impl Linker {
     }
 
     /// The in-process engine declined: the real nvlink serves the link.
-    fn route(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel, why: Declined) -> Outcome {
+    fn route(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &dyn InputFs,
+        spec: &Spec,
+        cancel: &Cancel,
+        why: Declined,
+    ) -> Outcome {
         debug!(reason = %why.reason, why = %why.detail, "routed to nvlink");
         self.routed.bump(why.reason);
-        self.run_nvlink(tk, req, spec, cancel).routed(why)
+        self.run_nvlink(tk, req, fs, spec, cancel).routed(why)
     }
 
     /// Count a link as in flight until the guard drops (from the moment the
@@ -459,6 +469,7 @@ impl Linker {
             return self.route(
                 &tk,
                 req,
+                fs,
                 &spec,
                 cancel,
                 Declined::new(Reason::NvlinkCrash, "-report-arch without --arch"),
@@ -503,11 +514,11 @@ impl Linker {
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
-            return self.run_nvlink(tk, req, spec, cancel);
+            return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel);
         }
         let scratch = match self.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
             Some(s) => s,
-            None => return self.run_nvlink(tk, req, spec, cancel),
+            None => return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel),
         };
         let mut report = Report::new(Filters::default());
         match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
@@ -523,7 +534,7 @@ impl Linker {
                 // Not marked as routed: nvlink makes the script as the front end would.
                 debug!(reason = %why.reason, why = %why.detail, "host linker script left to nvlink");
                 self.routed.bump(why.reason);
-                self.run_nvlink(tk, req, spec, cancel)
+                self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel)
             }
         }
     }
@@ -669,7 +680,8 @@ impl Linker {
             return None;
         }
         let view_held = match o.engine {
-            EngineKind::NvlinkProcess => fs.unchanged_on_disk(),
+            // A sandboxed run read exactly the view (mirrored from it).
+            EngineKind::NvlinkProcess if req.shared_fs => fs.unchanged_on_disk(),
             _ => fs.consistent(),
         };
         if !view_held {
@@ -714,12 +726,12 @@ impl Linker {
         let output = match self.link_in_process(tk, spec, mode, &mut plan, cancel) {
             Ok(bytes) => bytes,
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
-            Err(NotLinked::Declined(why)) => return self.route(tk, req, spec, cancel, why),
+            Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, cancel, why),
             Err(NotLinked::Errors(_)) if spec.register_link_binaries.is_some() => {
                 // Whether nvlink writes its registration file before failing
                 // is not reproduced.
                 let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
-                return self.route(tk, req, spec, cancel, why);
+                return self.route(tk, req, fs, spec, cancel, why);
             }
             Err(NotLinked::Errors(errors)) => {
                 bump(&self.stats.in_process);
@@ -745,7 +757,7 @@ impl Linker {
     ) -> Result<plan::Plan, Box<Outcome>> {
         let Some(target) = spec.target() else {
             let why = Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch));
-            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
         };
         let ctx = LoadContext {
             fs,
@@ -771,7 +783,7 @@ impl Linker {
                     debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
                     return Err(Box::new(self.fall_back(Declined::new(Reason::InputDeclined, declined))));
                 }
-                return Err(Box::new(self.route(tk, req, spec, cancel, why)));
+                return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
             }
         };
         if spec.warning_as_error && !plan.warnings.is_empty() {
@@ -783,7 +795,7 @@ impl Linker {
                 return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }
             let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings beside infos");
-            return Err(Box::new(self.route(tk, req, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
         }
         Ok(plan)
     }
@@ -894,14 +906,10 @@ impl Linker {
         self.frontend(EXIT_FATAL, Vec::new(), format!("{d}\n").into_bytes())
     }
 
-    /// The real nvlink as the engine (same filesystem only).
-    fn run_nvlink(&self, tk: &Toolkit, req: &Request, spec: &Spec, cancel: &Cancel) -> Outcome {
-        if !req.shared_fs {
-            return self.fall_back(Declined::new(
-                Reason::NotHere,
-                "this link needs the real nvlink and the daemon does not share the caller's files",
-            ));
-        }
+    /// The real nvlink as the engine: on the caller's files where the daemon
+    /// shares its filesystem, otherwise on the link's files mirrored into a
+    /// sandbox (`engine/sandbox.rs`).
+    fn run_nvlink(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, cancel: &Cancel) -> Outcome {
         // Routed from a computing link, this link holds its slot already.
         let _admitted = match self.admit(cancel) {
             Ok(a) => a,
@@ -909,10 +917,26 @@ impl Linker {
         };
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
         let _phase = debug_span!("nvlink").entered();
-        match process::run(&tk.nvlink(), req, spec, &self.scratch_parents(), cancel, limit) {
+        let sandbox = if req.shared_fs {
+            None
+        } else {
+            match Sandbox::prepare(&self.scratch_dir(), req, spec, fs, &tk.root.join("nvvm")) {
+                Ok(s) => Some(s),
+                Err(e) => return self.sandbox_failed(e),
+            }
+        };
+        let run_req = sandbox.as_ref().map_or(req, |s| &s.request);
+        match process::run(&tk.nvlink(), run_req, spec, &self.scratch_parents(), cancel, limit) {
             Ok(r) => {
+                let (stdout, stderr, outputs) = match &sandbox {
+                    None => (r.stdout, r.stderr, r.outputs),
+                    Some(s) => match s.unmirror(r.stdout, r.stderr, r.outputs, spec, &req.cwd) {
+                        Ok(mapped) => mapped,
+                        Err(e) => return self.sandbox_failed(e),
+                    },
+                };
                 bump(&self.stats.nvlink_process);
-                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, r.stdout, r.stderr, r.outputs)
+                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, stdout, stderr, outputs)
             }
             Err(e) => {
                 // Not an answer of nvlink for these inputs (a fault of the
@@ -928,6 +952,21 @@ impl Linker {
                     process::RunError::Unsupported(_) => Reason::NotHere,
                 };
                 self.fall_back(Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display())))
+            }
+        }
+    }
+
+    /// A link the sandbox cannot serve (see `engine/sandbox.rs`): the caller runs nvlink.
+    fn sandbox_failed(&self, e: SandboxError) -> Outcome {
+        match e {
+            SandboxError::Unsupported(why) => {
+                debug!(%why, "not run in a sandbox");
+                self.fall_back(Declined::new(Reason::NotHere, format!("the daemon cannot mirror this link: {why}")))
+            }
+            SandboxError::Environment(why) => {
+                warn!(%why, "sandbox failed");
+                bump(&self.stats.environment_faults);
+                self.fall_back(Declined::new(Reason::Environment, why))
             }
         }
     }

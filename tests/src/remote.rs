@@ -141,6 +141,11 @@ impl NobodyDaemon {
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stats: {e}: {out:?}"))
     }
 
+    /// Its cache directory (the sandboxes of its links go under `tmp/`).
+    pub fn cache_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("cache")
+    }
+
     pub fn addr(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
     }

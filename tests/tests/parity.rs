@@ -587,9 +587,9 @@ fn parity_with_nvlink() {
 
 /// The corpus through the remote path: TLS and a token over 127.0.0.1, the
 /// daemon running as `nobody` on a private (0700) copy of the corpus it cannot
-/// read, so every input comes through the shim and its policy. Links the
-/// daemon answers "fall back" remotely (the real-nvlink engine, `-ghls`) run
-/// the real nvlink on the caller's side; every answer must be nvlink's.
+/// read, so every input comes through the shim and its policy. Every answer
+/// must be nvlink's; the routed cases run on the daemon's nvlink in a sandbox
+/// (byte-identical, none falling back), and `-ghls` never reaches the daemon.
 #[test]
 fn parity_through_the_remote_path_as_another_user() {
     let cases = cases();
@@ -623,7 +623,11 @@ fn parity_through_the_remote_path_as_another_user() {
                     mask_times(&mut expected);
                     mask_times(&mut actual);
                 }
-                let cmp = compare::runs(&expected, &actual);
+                let mut cmp = compare::runs(&expected, &actual);
+                // What the daemon's nvlink made in its sandbox is nvlink's to the byte.
+                if !cmp.identical && cmp.problems.is_empty() && ROUTED.iter().any(|(n, _)| *n == name) {
+                    cmp.problems.push("a routed case not byte-identical (.note.nv.tkinfo)".into());
+                }
                 if !cmp.problems.is_empty() {
                     differing.lock().unwrap().push(format!("== {name} ==\n{}", cmp.problems.join("\n")));
                 }
@@ -634,14 +638,56 @@ fn parity_through_the_remote_path_as_another_user() {
     let stats = daemon.stats();
     let count = |k: &str| stats[k].as_u64().unwrap_or(0);
     println!(
-        "remote parity: {} cases, {} differing; daemon: {} requests, {} in process, {} fallbacks",
+        "remote parity: {} cases, {} differing; daemon: {} requests, {} in process, {} by its nvlink, {} fallbacks {}",
         cases.len(),
         differing.len(),
         count("requests"),
         count("in_process"),
-        count("fallbacks")
+        count("nvlink_process"),
+        count("fallbacks"),
+        stats["fallback_reasons"]
     );
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
     assert!(count("in_process") > 0, "no link was served remotely: {stats}");
+    // Routed links run on the daemon's nvlink in a sandbox; none falls back.
+    let routed = cases.iter().filter(|c| ROUTED.iter().any(|(n, _)| *n == c.0)).count() as u64;
+    assert!(count("nvlink_process") >= routed, "{routed} routed cases, fewer served by the daemon's nvlink: {stats}");
+    assert_eq!(count("fallbacks"), 0, "links fell back to the caller's nvlink: {stats}");
+}
+
+/// Host linker scripts (`-ghls`) with a remote daemon: the host's `gcc` and
+/// `ld` make them, so the shim has the real nvlink make them on the caller's
+/// machine, even under `NVLINKD_FALLBACK=never` and with no daemon answering
+/// at that address; every answer is nvlink's.
+#[test]
+fn host_linker_scripts_are_made_on_the_callers_side() {
+    let cases: Vec<_> =
+        cases().into_iter().filter(|(_, args, _)| args.contains("-ghls") || args.contains("--gen-host")).collect();
+    let work = TempDir::new("ghls-remote");
+    let addr = format!("https://127.0.0.1:{}", nvlinkd_tests::remote::free_port());
+    let env = vec![
+        (nvlinkd_proto::paths::ENV_ADDR.to_string(), addr),
+        (nvlinkd_proto::paths::ENV_FALLBACK.to_string(), "never".to_string()),
+        (nvlinkd_proto::paths::ENV_REAL_NVLINK.to_string(), real_nvlink().display().to_string()),
+    ];
+    let mut differing = Vec::new();
+    for (name, args, _) in &cases {
+        let out = work.path().join(name);
+        let inv = Invocation {
+            args: expand(args, &out.display().to_string()).split_whitespace().map(String::from).collect(),
+            cwd: corpus::dir().to_path_buf(),
+            env: Vec::new(),
+            out_dir: out,
+        };
+        let expected = run(&real_nvlink(), &inv, &[]);
+        let actual = run(&shim(), &inv, &env);
+        let cmp = compare::runs(&expected, &actual);
+        if !cmp.problems.is_empty() {
+            differing.push(format!("== {name} ==\n{}", cmp.problems.join("\n")));
+        }
+    }
+    println!("host linker scripts with a remote daemon: {} cases, {} differing", cases.len(), differing.len());
+    assert!(cases.len() >= 7, "the corpus lost its -ghls cases");
     assert!(differing.is_empty(), "{}", differing.join("\n"));
 }
 

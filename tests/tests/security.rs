@@ -260,6 +260,74 @@ fn remote_daemon_as_another_user_reads_nothing_of_the_callers() {
     assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
 }
 
+/// `-time` rows with their times masked (they differ from run to run).
+fn mask_time_rows(text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    let rows = text.lines().map(|l| match l.rsplit_once(" , ms").and_then(|(head, _)| head.rsplit_once(" , ")) {
+        Some((cells, _)) => format!("{cells} , <time> , ms"),
+        None => l.to_owned(),
+    });
+    rows.collect::<Vec<_>>().join("\n")
+}
+
+/// Links the in-process engine declines run, for a remote caller, on the
+/// daemon's own nvlink in a sandbox holding the link's files under the
+/// caller's names: absolute names in messages, in the output's tool entry
+/// (`-L`, `-nvvmpath`) and in `-time` rows (appended to the caller's file) are
+/// the caller's, byte for byte. A name that climbs above the caller's root is
+/// not mirrored (the link falls back), and no sandbox outlives its link.
+#[test]
+fn remote_routed_links_run_in_a_sandbox_under_the_callers_names() {
+    let pki = Pki::new();
+    let Some(daemon) = NobodyDaemon::start(&pki) else { return };
+    let inputs = private_copy(corpus::dir(), "sec-sandbox-in");
+    let dir = inputs.path().display().to_string();
+    let time = inputs.path().join("time.csv");
+    let out = TempDir::new("sec-sandbox-out");
+    let up = "../".repeat(inputs.path().components().count() + 2);
+    let cases = [
+        // Undefined reference in an absolute name (routed: link errors with --register-link-binaries).
+        (format!("--arch=sm_90 --register-link-binaries={{OUT}}/reg.c {dir}/missing.o -o {{OUT}}/out.cubin"), true),
+        // Partial LTO: nvlink records -L and -nvvmpath in its tool entry.
+        (format!("--arch=sm_90 -dlto -nvvmpath={{NVVM}} -L{{L}} -L{dir}/lib {dir}/cdp_lto.o -lcudadevrt -o {{OUT}}/out.cubin"), true),
+        // -time rows naming absolute inputs, appended to the caller's file.
+        (format!("--arch=sm_90 -time {dir}/time.csv {dir}/saxpy_ptx.o -o {{OUT}}/out.cubin"), true),
+        // Above the root and down again: the same file for nvlink, not mirrored.
+        (format!("--arch=sm_90 -v {up}{}/accumulate.o scale.o -o {{OUT}}/out.cubin", &dir[1..]), false),
+        // A list of directories (not moved one by one) and a path for the embedded ptxas.
+        (format!("--arch=sm_90 -v -L{dir}/lib,{dir}/tinylib accumulate.o scale.o -o {{OUT}}/out.cubin"), false),
+        (format!("--arch=sm_90 -v -Xptxas --output-file={dir}/x.o accumulate.o scale.o -o {{OUT}}/out.cubin"), false),
+    ];
+    for (args, sandboxed) in &cases {
+        let before = daemon.stats();
+        std::fs::write(&time, "earlier rows\n").unwrap();
+        let expected = run(&real_nvlink(), &inv(args, inputs.path(), &out), &[]);
+        let expected_time = mask_time_rows(&std::fs::read(&time).unwrap());
+        std::fs::write(&time, "earlier rows\n").unwrap();
+        let actual = run(&shim(), &inv(args, inputs.path(), &out), &pki.shim_env(&daemon.addr(), "auto"));
+        let actual_time = mask_time_rows(&std::fs::read(&time).unwrap());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+        assert_eq!(expected_time, actual_time, "{args}: -time file");
+        assert!(!args.contains("-time") || actual_time.lines().count() > 1, "no -time rows compared");
+        let after = daemon.stats();
+        let grew = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+        if *sandboxed {
+            assert!(expected.code != 0 || !expected.files.is_empty(), "{args}: nothing to compare");
+            assert_eq!(
+                (grew("nvlink_process"), grew("fallbacks")),
+                (1, 0),
+                "{args}: not served by the daemon's nvlink"
+            );
+        } else {
+            assert_eq!((grew("nvlink_process"), grew("fallbacks")), (0, 1), "{args}: mirrored out of the root");
+        }
+    }
+    let left: Vec<_> =
+        std::fs::read_dir(daemon.cache_dir().join("tmp")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "sandboxes left behind: {left:?}");
+}
+
 /// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
 /// frame header announcing a 1 GiB message; returns the grpc-status the daemon
 /// answers with (the stream is kept open: no body follows).

@@ -6,3 +6,4 @@ pub mod artifacts;
 pub mod inprocess;
 pub mod process;
 pub mod ptxas;
+pub mod sandbox;

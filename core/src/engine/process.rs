@@ -2,7 +2,8 @@
 //!
 //! Used for the cases the in-process engine does not reproduce yet (see
 //! ARCHITECTURE.md, "Cases routed to nvlink"). It needs the caller's files at
-//! the same paths, so only a daemon sharing the caller's filesystem uses it.
+//! the same paths: a daemon sharing the caller's filesystem runs it there, any
+//! other on a copy of them (`sandbox.rs`, whose request this then runs).
 //! nvlink runs in the caller's working directory with the caller's arguments,
 //! except that its output files are redirected into a private directory (a
 //! later `-o` overrides an earlier one), so the caller still writes them

@@ -1,0 +1,433 @@
+//! The real nvlink for a caller whose files the daemon does not share: the
+//! link's files, read through its `InputFs`, mirrored into a sandbox.
+//!
+//! A fresh directory `S` (mode 0700, under the daemon's scratch directory,
+//! removed on drop whatever happens) holds the caller's paths at `S/<path>`:
+//! the working directory (so relative names stay as given, and nvlink prints
+//! them as given), the inputs, the options files, the `-l` candidates along
+//! `-L` and `LIBRARY_PATH`, the `--uidx-file` and the `-time` file. Absolute
+//! names on the command line become `S/<name>`; `-nvvmpath` becomes a symlink
+//! at its mirrored place to the daemon's own toolkit's `nvvm` (a caller never
+//! chooses what the daemon loads). The daemon's own nvlink runs there (see
+//! `process.rs`, which redirects `-o` and `--register-link-binaries`).
+//!
+//! Measured with nvlink 13.5 (the routed parity cases, paths moved so): the
+//! only differences are the moved names themselves, in messages, in `-time`
+//! rows and in the `-L`/`-nvvmpath` values nvlink records in its own
+//! `.note.nv.tkinfo` entry. So `S` is removed from messages and from the
+//! `-time` rows, and the output cubin's tool entries are rewritten without it
+//! (the file laid out again by the finalizer's `CubinImage`, which must first
+//! give nvlink's bytes back unchanged). A result that still names `S` anywhere
+//! is no answer: the link falls back.
+//!
+//! Nothing the caller sends is a path here outside `S`: every name is joined
+//! to `S` component by component (`..` may not climb out of `S`, nor pass the
+//! `-nvvmpath` link); only directories and regular files the daemon creates are
+//! in `S`, files are created exclusively and never through a symlink. Absolute
+//! names given inside options files are not rewritten: such links fall back.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::cli::options::Opt;
+use crate::cli::spec::Spec;
+use crate::engine::process::Scratch;
+use crate::finalize::image::CubinImage;
+use crate::finalize::tkinfo;
+use crate::fs::{absolute, InputFs};
+use crate::input::libsearch;
+use crate::request::{OutputFile, Request};
+
+/// Why a link cannot run in a sandbox.
+#[derive(Debug)]
+pub enum SandboxError {
+    /// Not mirrored faithfully (or not safely): the caller runs nvlink.
+    Unsupported(String),
+    /// The daemon's disk failed (a fault of the environment).
+    Environment(String),
+}
+
+fn unsupported(why: impl Into<String>) -> SandboxError {
+    SandboxError::Unsupported(why.into())
+}
+
+fn env_fault(e: std::io::Error) -> SandboxError {
+    SandboxError::Environment(format!("sandbox: {e}"))
+}
+
+/// A link's files mirrored under a fresh directory, and the request that
+/// runs nvlink on them.
+pub struct Sandbox {
+    dir: Scratch,
+    /// The sandbox root as text (what is removed from results).
+    root: String,
+    /// The request as nvlink runs it there: arguments and `LIBRARY_PATH` moved,
+    /// the mirrored working directory.
+    pub request: Request,
+    /// The caller's `-time` file: its place here and the bytes it had.
+    time: Option<(PathBuf, usize)>,
+}
+
+/// The caller's absolute path `path` under `root`, walked component by
+/// component: `..` never climbs above `root` and no step is `link` (the one
+/// symlink in a sandbox).
+fn mirror(root: &Path, cwd: &Path, path: &str, link: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    let p = Path::new(path);
+    let (mut at, rest) = if p.is_absolute() {
+        (root.to_owned(), p)
+    } else {
+        (mirror(root, Path::new("/"), &cwd.to_string_lossy(), link)?, p)
+    };
+    for c in rest.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(n) => at.push(n),
+            Component::ParentDir => {
+                if at == root {
+                    return Err(unsupported(format!("'{path}' leaves the caller's root")));
+                }
+                at.pop();
+            }
+            Component::Prefix(_) => return Err(unsupported("path prefix")),
+        }
+        if link.is_some_and(|l| at == l) {
+            return Err(unsupported(format!("'{path}' goes through -nvvmpath")));
+        }
+    }
+    Ok(at)
+}
+
+/// Create `dir` and its missing parents under `root`, refusing anything that
+/// is not a directory on the way (never following a symlink).
+fn make_dirs(root: &Path, dir: &Path) -> Result<(), SandboxError> {
+    let rel = dir.strip_prefix(root).map_err(|_| unsupported("outside the sandbox"))?;
+    let mut at = root.to_owned();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(unsupported(format!("{} is a file and a directory", at.display()))),
+            Err(_) => std::fs::DirBuilder::new().mode(0o700).create(&at).map_err(env_fault)?,
+        }
+    }
+    Ok(())
+}
+
+/// Write a file at `at` (its parents made), exclusively, never through a symlink.
+fn write_file(root: &Path, at: &Path, data: &[u8]) -> Result<(), SandboxError> {
+    let parent = at.parent().ok_or_else(|| unsupported("no parent"))?;
+    make_dirs(root, parent)?;
+    if std::fs::symlink_metadata(at).is_ok() {
+        // Already mirrored (the same file named twice): same view, same bytes.
+        return Ok(());
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(at)
+        .map_err(env_fault)?;
+    f.write_all(data).map_err(env_fault)
+}
+
+impl Sandbox {
+    /// Mirror what nvlink reads for `req` (read through `fs`) into a new
+    /// directory under `parent`; `nvvm` is the daemon's toolkit's `nvvm`.
+    pub fn prepare(
+        parent: &Path,
+        req: &Request,
+        spec: &Spec,
+        fs: &dyn InputFs,
+        nvvm: &Path,
+    ) -> Result<Sandbox, SandboxError> {
+        if !req.cwd.is_absolute() {
+            return Err(unsupported("the caller's working directory is not absolute"));
+        }
+        let _ = std::fs::create_dir_all(parent);
+        let dir = Scratch::new(parent).map_err(env_fault)?;
+        let root = dir.0.join("root");
+        std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(env_fault)?;
+        let root_s = root.to_str().ok_or_else(|| unsupported("sandbox path not UTF-8"))?.to_owned();
+        let cwd = mirror(&root, Path::new("/"), &req.cwd.to_string_lossy(), None)?;
+        let options_files: Vec<&str> = spec
+            .parsed
+            .options
+            .iter()
+            .filter(|o| o.id == Opt::OptionsFile)
+            .filter_map(|o| o.value.as_deref())
+            .collect();
+        let lib_path = req.env.get("LIBRARY_PATH").map(String::as_str);
+        let dirs = libsearch::search_dirs(&spec.library_paths, lib_path);
+        // Every name nvlink may open, as the caller wrote it.
+        let mut named: Vec<&str> = spec.inputs.iter().map(String::as_str).collect();
+        named.extend(&options_files);
+        named.extend(spec.uidx_file.as_deref());
+        let time = spec.time.as_deref().filter(|t| *t != "-");
+        named.extend(time);
+        if !options_files.is_empty() {
+            let mut values =
+                named.iter().copied().chain(dirs.iter().map(String::as_str)).chain(spec.nvvmpath.as_deref());
+            if values.any(|v| v.starts_with('/')) {
+                return Err(unsupported("absolute names with an options file"));
+            }
+        }
+        // A value naming a file nvlink reads or writes that is not mirrored
+        // (its embedded tools' options, a dot file) is not run here.
+        let mirrored = [
+            Opt::OptionsFile,
+            Opt::LibraryPath,
+            Opt::Library,
+            Opt::Nvvmpath,
+            Opt::Time,
+            Opt::UidxFile,
+            Opt::OutputFile,
+            Opt::RegisterLinkBinaries,
+            // Only host linker scripts run it (never a device link).
+            Opt::HostCcbin,
+        ];
+        for o in &spec.parsed.options {
+            if o.id == Opt::DotFile
+                || (!mirrored.contains(&o.id) && o.value.as_deref().is_some_and(|v| v.contains('/')))
+            {
+                return Err(unsupported(format!("a file named by {:?}", o.id)));
+            }
+            // Names are moved one argument at a time: not inside a list.
+            let token = o.at.and_then(|at| req.args.get(at.value.unwrap_or(at.option)));
+            if matches!(o.id, Opt::LibraryPath | Opt::OptionsFile) && token.is_some_and(|t| t.contains(',')) {
+                return Err(unsupported("a list of directories or options files"));
+            }
+        }
+        let link = match spec.nvvmpath.as_deref() {
+            Some(v) => Some(mirror(&root, &req.cwd, v, None)?),
+            None => None,
+        };
+        let link = link.as_deref();
+        make_dirs(&root, &cwd)?;
+        let mut time_at = None;
+        let mut files: Vec<String> = named.iter().map(|s| s.to_string()).collect();
+        for d in &dirs {
+            let at = mirror(&root, &req.cwd, d, link)?;
+            if let Ok(st) = fs.stat(&absolute(&req.cwd, d)) {
+                if st.is_dir {
+                    make_dirs(&root, &at)?;
+                }
+            }
+            files.extend(spec.libraries.iter().map(|name| libsearch::candidate(d, name)));
+        }
+        for name in &files {
+            let at = mirror(&root, &req.cwd, name, link)?;
+            let caller = absolute(&req.cwd, name);
+            let is_time = time == Some(name.as_str());
+            match fs.stat(&caller) {
+                Ok(st) if st.is_dir => make_dirs(&root, &at)?,
+                Ok(_) => match fs.read(&caller) {
+                    Ok(data) => {
+                        write_file(&root, &at, &data)?;
+                        if is_time {
+                            time_at = Some((at, data.len()));
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(why) = fs.declined() {
+                            return Err(unsupported(why));
+                        }
+                        return Err(unsupported(format!("{name}: {e}")));
+                    }
+                },
+                Err(_) if is_time => {
+                    // nvlink creates it (its header first).
+                    make_dirs(&root, at.parent().unwrap_or(&root))?;
+                    time_at = Some((at, 0));
+                }
+                Err(_) => {}
+            }
+            if let Some(why) = fs.declined() {
+                return Err(unsupported(why));
+            }
+        }
+        if let Some(l) = link {
+            make_dirs(&root, l.parent().unwrap_or(&root))?;
+            if std::fs::symlink_metadata(l).is_ok() {
+                return Err(unsupported("-nvvmpath names a mirrored file"));
+            }
+            std::os::unix::fs::symlink(nvvm, l).map_err(env_fault)?;
+        }
+        // Absolute names on the command line move under the root.
+        let written = [spec.output.as_deref(), spec.register_link_binaries.as_deref()];
+        if written.iter().flatten().any(|w| files.iter().any(|f| f == w) || dirs.iter().any(|d| d == w)) {
+            return Err(unsupported("an output is also read"));
+        }
+        let moved: Vec<&str> = files
+            .iter()
+            .map(String::as_str)
+            .chain(dirs.iter().map(String::as_str))
+            .chain(spec.nvvmpath.as_deref())
+            .filter(|v| v.starts_with('/'))
+            .collect();
+        let args = req.args.iter().map(|a| move_arg(a, &moved, &root_s)).collect();
+        let mut env = req.env.clone();
+        // The caller's CUDA_HOME names nothing here.
+        env.remove("CUDA_HOME");
+        if let Some(lp) = lib_path {
+            let moved: Vec<String> =
+                lp.split(':').map(|d| if d.starts_with('/') { format!("{root_s}{d}") } else { d.to_owned() }).collect();
+            env.insert("LIBRARY_PATH".into(), moved.join(":"));
+        }
+        let request = Request { args, cwd, env, ..req.clone() };
+        Ok(Sandbox { dir, root: root_s, request, time: time_at })
+    }
+
+    /// The caller's view of what nvlink produced here: the sandbox's name
+    /// removed from messages, `-time` rows and the output's tool entries,
+    /// output paths back to the caller's. Err when the sandbox still shows.
+    pub fn unmirror(
+        &self,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        outputs: Vec<OutputFile>,
+        spec: &Spec,
+        caller_cwd: &Path,
+    ) -> Result<Answer, SandboxError> {
+        let root = self.root.as_bytes();
+        let mut mapped = Vec::with_capacity(outputs.len() + 1);
+        let out_path = spec.output.as_deref().map(|o| absolute(caller_cwd, o));
+        for mut f in outputs {
+            f.path = self.caller_path(&f.path);
+            if contains(&f.data, root) {
+                if Some(&f.path) != out_path.as_ref() {
+                    return Err(unsupported(format!("{} names the sandbox", f.path.display())));
+                }
+                f.data = unmirror_tkinfo(&f.data, &self.root)?;
+            }
+            mapped.push(f);
+        }
+        if let (Some((at, old)), Some(t)) = (&self.time, spec.time.as_deref()) {
+            let data = std::fs::read(at).map_err(env_fault)?;
+            let added = data.get(*old..).ok_or_else(|| unsupported("the -time file shrank"))?;
+            mapped.push(OutputFile { path: absolute(caller_cwd, t), data: strip(added, root), append: true });
+        }
+        Ok((strip(&stdout, root), strip(&stderr, root), mapped))
+    }
+
+    fn caller_path(&self, p: &Path) -> PathBuf {
+        match p.to_str().and_then(|s| s.strip_prefix(self.root.as_str())) {
+            Some(rest) if rest.starts_with('/') => PathBuf::from(rest),
+            _ => p.to_owned(),
+        }
+    }
+
+    /// The sandbox directory (for tests and logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+}
+
+/// stdout, stderr and the output files of a run.
+pub type Answer = (Vec<u8>, Vec<u8>, Vec<OutputFile>);
+
+/// `arg` with an absolute name of `moved` (the whole argument, after `=`, or
+/// glued to `-L`) put under `root`.
+fn move_arg(arg: &str, moved: &[&str], root: &str) -> String {
+    if moved.contains(&arg) {
+        return format!("{root}{arg}");
+    }
+    if let Some((opt, v)) = arg.split_once('=') {
+        if opt.starts_with('-') && moved.contains(&v) {
+            return format!("{opt}={root}{v}");
+        }
+    }
+    if let Some(v) = arg.strip_prefix("-L").filter(|v| moved.contains(v)) {
+        return format!("-L{root}{v}");
+    }
+    arg.to_owned()
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `data` with every occurrence of `root` removed.
+fn strip(data: &[u8], root: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(root) {
+            i += root.len();
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The output cubin with the sandbox's name removed from its tool entries,
+/// laid out again; only when the layout gives nvlink's own bytes back
+/// unchanged and nothing else names the sandbox.
+fn unmirror_tkinfo(cubin: &[u8], root: &str) -> Result<Vec<u8>, SandboxError> {
+    let no = |why: &str| unsupported(format!("the output names the sandbox ({why})"));
+    let mut img = CubinImage::parse(cubin).map_err(|_| no("not a cubin"))?;
+    if img.serialize() != cubin {
+        return Err(no("layout not reproduced"));
+    }
+    let idx = img.section_index(".note.nv.tkinfo").ok_or_else(|| no("no tkinfo"))?;
+    let mut entries = tkinfo::parse(&img.sections[idx].data).map_err(|_| no("tkinfo"))?;
+    for e in &mut entries {
+        for s in [&mut e.object, &mut e.tool, &mut e.release, &mut e.build, &mut e.options] {
+            *s = s.replace(root, "");
+        }
+    }
+    img.sections[idx].data = tkinfo::serialize(&entries);
+    let out = img.serialize();
+    if contains(&out, root.as_bytes()) {
+        return Err(no("outside its tool entries"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrored_names_stay_inside_the_root() {
+        let root = Path::new("/s/root");
+        let cwd = Path::new("/w/b");
+        let link = Path::new("/s/root/w/nvvm");
+        let rows: &[(&str, Option<&str>)] = &[
+            ("a.o", Some("/s/root/w/b/a.o")),
+            ("/abs/x.o", Some("/s/root/abs/x.o")),
+            ("../lib/libx.a", Some("/s/root/w/lib/libx.a")),
+            ("../../x.o", Some("/s/root/x.o")),
+            ("../../../etc/passwd", None),
+            ("/../etc/passwd", None),
+            ("./../nvvm/../x.o", None),
+            ("../nvvm", None),
+            ("/w//b/./c.o", Some("/s/root/w/b/c.o")),
+        ];
+        for (name, want) in rows {
+            let got = mirror(root, cwd, name, Some(link)).ok();
+            assert_eq!(got.as_deref(), want.map(Path::new), "{name}");
+        }
+    }
+
+    #[test]
+    fn only_named_absolute_values_move() {
+        let moved = ["/c/lib", "/c/a.o"];
+        let rows = [
+            ("/c/a.o", "/R/c/a.o"),
+            ("-L/c/lib", "-L/R/c/lib"),
+            ("-L/c/lib,/c/lib", "-L/c/lib,/c/lib"),
+            ("--library-path=/c/lib", "--library-path=/R/c/lib"),
+            ("-o", "-o"),
+            ("/c/other.o", "/c/other.o"),
+            ("a.o", "a.o"),
+        ];
+        for (arg, want) in rows {
+            assert_eq!(move_arg(arg, &moved, "/R"), want);
+        }
+        assert_eq!(strip(b"in '/R/c/a.o' and /R/x", b"/R"), b"in '/c/a.o' and /x");
+    }
+}

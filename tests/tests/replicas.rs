@@ -15,14 +15,14 @@ use nvlinkd_tests::remote::{free_port, Pki};
 use nvlinkd_tests::run::{run, Invocation, Run};
 
 /// A replica: TLS and tokens on a 127.0.0.1 port, the shared tier at `tier`
-/// (none: no shared tier), extra environment.
+/// (none: no shared tier), extra `serve` arguments and environment.
 struct Replica {
     daemon: Daemon,
     port: u16,
 }
 
 impl Replica {
-    fn start(pki: &Pki, tier: Option<&str>, env: &[(&str, &str)]) -> Replica {
+    fn start(pki: &Pki, tier: Option<&str>, extra: &[&str], env: &[(&str, &str)]) -> Replica {
         let port = free_port();
         let (listen, cert, key, tokens) =
             (format!("127.0.0.1:{port}"), pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
@@ -30,6 +30,7 @@ impl Replica {
         if let Some(url) = tier {
             args.extend(["--remote-cache", url, "--remote-timeout", "5s"]);
         }
+        args.extend(extra);
         let daemon = Daemon::start_env(&args, env);
         // `Daemon` waits for the unix socket; the TCP listener comes up with it.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -72,8 +73,9 @@ fn a_replica_killed_mid_link_costs_a_retry() {
     let hold_file = hold.path().join("hold");
     for timing in [false, true] {
         std::fs::write(&hold_file, b"").unwrap();
-        let mut first = Replica::start(&pki, None, &[("NVLINKD_TEST_HOLD_SLOT", &hold_file.display().to_string())]);
-        let second = Replica::start(&pki, None, &[]);
+        let mut first =
+            Replica::start(&pki, None, &[], &[("NVLINKD_TEST_HOLD_SLOT", &hold_file.display().to_string())]);
+        let second = Replica::start(&pki, None, &[], &[]);
         let out = TempDir::new("rep1");
         let inv = Invocation::templated(LINK, corpus::dir(), &out);
         let expected = run(&real_nvlink(), &inv, &[]);
@@ -111,7 +113,12 @@ fn three_replicas_survive_one_killed_during_a_burst() {
     let Some(bg) = BuildGrid::start() else { return };
     let pki = Pki::new();
     let url = bg.url();
-    let mut replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&pki, Some(&url), &[])).collect();
+    // The victim computes one link at a time: its share of the burst is still
+    // in flight when the last shim arrives.
+    let victim = 0;
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|k| Replica::start(&pki, Some(&url), if k == victim { &["--jobs", "1"] } else { &[] }, &[]))
+        .collect();
 
     // Distinct cold LTO links (NVVM and ptxas each time), slow enough to be
     // in flight when the replica dies; each twice in the burst.
@@ -130,7 +137,6 @@ fn three_replicas_survive_one_killed_during_a_burst() {
     assert!(expected.iter().all(|e| e.code == 0), "nvlink failed: {expected:?}");
 
     let shims = 2 * links.len();
-    let victim = 0;
     let (results, lost, received): (Vec<(usize, Run)>, u64, u64) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..shims)
             .map(|i| {
@@ -181,7 +187,7 @@ fn three_replicas_survive_one_killed_during_a_burst() {
     for &k in &survivors {
         wait_uploads(&replicas[k].daemon);
     }
-    let fresh = Replica::start(&pki, Some(&url), &[]);
+    let fresh = Replica::start(&pki, Some(&url), &[], &[]);
     for (link, e) in links.iter().zip(&expected) {
         let out = TempDir::new("rep-fresh");
         let actual =

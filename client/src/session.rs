@@ -43,16 +43,25 @@ pub struct Failure {
     /// The daemon broke the protocol (asked for or sent what nvlink would not):
     /// said on stderr, not only with `NVLINKD_FALLBACK=never`.
     pub violation: bool,
+    /// The daemon went away before its answer was complete (refused, reset,
+    /// silent, the stream ended without a result): another replica of
+    /// `NVLINKD_ADDR` may serve the link.
+    pub lost: bool,
 }
 
 impl From<String> for Failure {
     fn from(reason: String) -> Self {
-        Failure { reason, violation: false }
+        Failure { reason, violation: false, lost: false }
     }
 }
 
 fn violation(reason: String) -> Failure {
-    Failure { reason, violation: true }
+    Failure { reason, violation: true, lost: false }
+}
+
+/// The daemon is gone (see [`Failure::lost`]).
+fn lost(reason: String) -> Failure {
+    Failure { reason, violation: false, lost: true }
 }
 
 /// Longest wait for each message of the daemon ([`paths::ENV_TIMEOUT`]).
@@ -70,8 +79,42 @@ const MAX_OUTPUT: u64 = 4 << 30;
 
 pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     mark("start");
-    let (channel, token) = connect_or_start(tk).await?;
-    mark("connected");
+    let Some(list) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) else {
+        let channel = connect_or_start(tk).await?;
+        mark("connected");
+        return link(channel, None, args, tk).await;
+    };
+    // Remote daemons (replicas) are managed by their owners; never start one.
+    // Each address is tried in order, at most once per link: one that refuses
+    // the connection, or dies or goes silent before its answer is complete,
+    // costs a retry on the next. Nothing is written before a complete answer,
+    // so a retry starts from a clean slate. An answer (nvlink's, a decline, a
+    // protocol violation) is final.
+    let token = token()?;
+    let mut failures = Vec::new();
+    for target in remote_targets(&list) {
+        let channel = match connect(&target).await {
+            Ok(c) => c,
+            Err(e) => {
+                mark(&format!("next address: {e}"));
+                failures.push(e);
+                continue;
+            }
+        };
+        mark("connected");
+        match link(channel, token.clone(), args, tk).await {
+            Err(f) if f.lost => {
+                mark(&format!("next address: {}", f.reason));
+                failures.push(f.reason);
+            }
+            answered => return answered,
+        }
+    }
+    Err(if failures.is_empty() { format!("{} names no daemon", paths::ENV_ADDR) } else { failures.join("; ") }.into())
+}
+
+/// One link on one daemon's channel.
+async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     let mut client = NvlinkdClient::new(channel)
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES);
@@ -105,15 +148,15 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
     tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) })
         .await
-        .map_err(|_| "request channel closed".to_string())?;
+        .map_err(|_| lost("request channel closed".to_string()))?;
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     if let Some(token) = token {
         request.metadata_mut().insert("authorization", token);
     }
     let mut inbound = tokio::time::timeout(timeout, client.link(request))
         .await
-        .map_err(|_| "the daemon did not answer in time".to_string())?
-        .map_err(|s| format!("link rejected: {}", s.message()))?
+        .map_err(|_| lost("the daemon did not answer in time".to_string()))?
+        .map_err(|s| lost(format!("link rejected: {}", s.message())))?
         .into_inner();
     mark("request sent");
 
@@ -131,10 +174,10 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
             }
         };
         let msg = next
-            .map_err(|_| format!("the daemon sent nothing for {}s", timeout.as_secs_f64()))?
-            .map_err(|s| format!("daemon stream failed: {}", s.message()))?;
+            .map_err(|_| lost(format!("the daemon sent nothing for {}s", timeout.as_secs_f64())))?
+            .map_err(|s| lost(format!("daemon stream failed: {}", s.message())))?;
         let Some(msg) = msg.and_then(|m| m.msg) else {
-            return Err("daemon closed the link without a result".to_string().into());
+            return Err(lost("daemon closed the link without a result".to_string()));
         };
         match msg {
             server_message::Msg::File(req) => {
@@ -146,7 +189,7 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
                 for reply in serve_file(req.id, path, req.op()) {
                     tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
                         .await
-                        .map_err(|_| "daemon stopped reading".to_string())?;
+                        .map_err(|_| lost("daemon stopped reading".to_string()))?;
                 }
             }
             server_message::Msg::Output(piece) => {
@@ -495,33 +538,17 @@ pub fn remote() -> bool {
     std::env::var(paths::ENV_ADDR).is_ok_and(|a| !a.is_empty())
 }
 
-async fn connect_or_start(tk: &Toolkit) -> Result<(Channel, Token), String> {
-    if let Some(list) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) {
-        // Remote daemons are managed by their owners; never start one. Each is
-        // tried in order; the first that accepts the connection serves.
-        let token = token()?;
-        let mut failures = Vec::new();
-        for target in remote_targets(&list) {
-            match connect(&target).await {
-                Ok(c) => return Ok((c, token)),
-                Err(e) => failures.push(e),
-            }
-        }
-        return Err(if failures.is_empty() {
-            format!("{} names no daemon", paths::ENV_ADDR)
-        } else {
-            failures.join("; ")
-        });
-    }
+/// The local daemon (unix socket), started if none answers.
+async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
     let socket = paths::socket_path();
     let target = Target::Unix(socket.clone());
     if socket.exists() {
         if let Ok(c) = connect(&target).await {
-            return Ok((c, None));
+            return Ok(c);
         }
     }
     start_daemon(tk, &socket)?;
-    Ok((connect(&target).await?, None))
+    connect(&target).await
 }
 
 /// Run `nvlinkd start` (it detaches the daemon and waits until it answers).

@@ -12,3 +12,4 @@ pub mod env;
 pub mod events;
 pub mod remote;
 pub mod run;
+pub mod wan;

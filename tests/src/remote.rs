@@ -13,14 +13,19 @@ use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
 /// The token the shims of the tests present.
 pub const TOKEN: &str = "s3cret-token-for-tests";
 
-/// A CA, a server certificate it signed for 127.0.0.1 and localhost, and a
-/// token file, in a fresh directory.
+/// A CA, a server certificate it signed for 127.0.0.1 and localhost (or the
+/// names given), and a token file, in a fresh directory.
 pub struct Pki {
     pub dir: TempDir,
 }
 
 impl Pki {
     pub fn new() -> Pki {
+        Self::for_hosts(&["127.0.0.1", "localhost"])
+    }
+
+    /// The same, with a server certificate for these names and addresses.
+    pub fn for_hosts(hosts: &[&str]) -> Pki {
         let dir = TempDir::new("pki");
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -29,7 +34,7 @@ impl Pki {
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        let cert = rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
             .unwrap()
             .signed_by(&key, &issuer)
             .unwrap();

@@ -36,6 +36,16 @@
 //!       compiled again: only nvcc's temporary file name differs), non-LTO as
 //!       nvcc runs it (with a registration file) and LTO, after the link of the
 //!       first compilation: a cache hit against nvlink's full link.
+//!   (w) remote links over a simulated WAN (20 ms RTT, 100 Mbit/s each way:
+//!       network namespaces and `tc netem`, or a user-space relay where
+//!       netem is refused; `nvlinkd_tests::wan`), TLS and a token: (w1) the
+//!       cold LTO link of the workload on a fresh remote daemon against the
+//!       local nvlink, (w2) the same link again (warm), with bytes on the wire
+//!       per link; (w3) 64 concurrent shims on three replicas sharing a
+//!       BuildGrid (without it, no shared tier), NVLINKD_ADDR rotated: p50/p99
+//!       against 64 concurrent nvlink processes, and the replicas' memory.
+//!       Targets: (w2) under 4 RTT + 10 ms, no input bytes sent; (w1) within
+//!       1.2x of nvlink's cold link. `NVLINKD_BENCH_ONLY=wan` runs only (w).
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -247,6 +257,12 @@ fn main() {
         recompiled_rows(&mut report, &corpus, &work, &o, reps);
         print_rows(&report);
         return;
+    }
+    // `NVLINKD_BENCH_ONLY=wan`: only the WAN rows (w).
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "wan") {
+        wan_rows(&mut report, reps, &corpus, &work);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
     }
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
@@ -786,5 +802,232 @@ fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&
         }
         let row = format!("(j) {name} relink of recompiled unchanged objects");
         report.row(&row, median(nv), median(nvd), identical, if identical { " (a hit)" } else { " or not a hit" });
+    }
+}
+
+/// The (g) burst's links: distinct non-LTO links of two or three CUB units
+/// and `transforms.o`.
+fn burst_links(n: usize) -> Vec<String> {
+    let mut sets: Vec<String> = Vec::new();
+    for a in 1..=5 {
+        for b in a + 1..=5 {
+            sets.push(format!("tu{a}.o tu{b}.o"));
+            for c in b + 1..=5 {
+                sets.push(format!("tu{a}.o tu{b}.o tu{c}.o"));
+            }
+        }
+    }
+    sets.into_iter()
+        .take(n)
+        .map(|tus| format!("--arch=sm_90 -L{{L}} {tus} transforms.o -lcudadevrt -o {{OUT}}"))
+        .collect()
+}
+
+/// The `p`-th percentile (0..=1) of `v`, nearest rank.
+fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+    v.sort();
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// Resident memory (KiB) of `root` and its live descendants (the worker processes).
+fn tree_rss_kb(root: u32) -> u64 {
+    let mut parent = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) {
+            parent.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    tree.iter().map(|&p| proc_kb(p, "VmRSS")).sum()
+}
+
+/// Rows (w): see the module docs.
+fn wan_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path) {
+    use nvlinkd_tests::wan::Wan;
+    let wan = Wan::new(Duration::from_millis(20), 100);
+    if let Some(why) = &wan.netem_refused {
+        println!("(w) network namespaces with tc netem refused here ({why});");
+        println!("    emulating the WAN with a user-space relay instead");
+    }
+    println!("(w) WAN: {}", wan.describe());
+    let pki = nvlinkd_tests::remote::Pki::for_hosts(&wan.cert_hosts());
+    let out = TempDir::new("bench-wan");
+    let o = |n: &str| out.path().join(n);
+    let bg = if nvlinkd_tests::buildgrid::bgd().is_some() {
+        wan.on_server(nvlinkd_tests::buildgrid::BuildGrid::start)
+    } else {
+        println!("(w3) BuildGrid is not installed: the replicas share no tier");
+        None
+    };
+    let url = bg.as_ref().map(|b| b.url());
+    // A daemon on the server side, listening with TLS and a token; its
+    // address for shims on the client side.
+    let replica = |tier: bool| -> (Daemon, String) {
+        wan.on_server(|| {
+            let port = nvlinkd_tests::remote::free_port();
+            let listen = format!("{}:{port}", wan.server_ip());
+            let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+            let mut a = vec!["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens];
+            if let (true, Some(url)) = (tier, &url) {
+                a.extend(["--remote-cache", url.as_str()]);
+            }
+            let d = Daemon::start_with(&a);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect((wan.server_ip(), port)).is_err() {
+                assert!(Instant::now() < deadline, "the daemon did not listen on {listen}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (d, format!("https://{}", wan.expose(port)))
+        })
+    };
+    wan.enter_client();
+    let shim_env = |addr: &str| pki.shim_env(addr, "auto");
+    // One link through the WAN: wall time and bytes (up, down).
+    let remote = |link: &str, dst: &Path, addr: &str| {
+        let before = wan.wire_bytes();
+        let t = timed(&shim(), &args(link, dst), work, &shim_env(addr));
+        assert!(t.ok, "remote link failed: {link}");
+        let after = wan.wire_bytes();
+        (t.wall, after.0 - before.0, after.1 - before.1)
+    };
+    // The link's input files: the objects and libcudadevrt.a.
+    let inputs: Vec<u64> = LTO
+        .split_whitespace()
+        .filter(|a| a.ends_with(".o"))
+        .map(|f| work.join(f))
+        .chain([cuda_home().join("lib/libcudadevrt.a")])
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .collect();
+    let (input_bytes, smallest_input) = (inputs.iter().sum::<u64>(), inputs.iter().copied().min().unwrap_or(0));
+
+    // (w1) cold, (w2) warm: one fresh daemon (no shared tier) per repetition.
+    let (mut nv, mut local, mut cold, mut warm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut cold_bytes, mut warm_bytes) = ((0, 0), (0, 0));
+    let (mut identical, mut served) = (true, true);
+    for _ in 0..reps {
+        nv.push(timed(&real_nvlink(), &args(LTO, &o("w.nvlink")), work, &[]).wall);
+        // The same cold link through a local daemon (unix socket): what the
+        // WAN adds is the difference.
+        let d = fresh_daemon(corpus);
+        local.push(timed(&shim(), &args(LTO, &o("w.local")), work, &d.shim_env()).wall);
+        identical &= same(&o("w.nvlink"), &o("w.local"));
+        drop(d);
+        let (d, addr) = replica(false);
+        // Libraries loaded, as in (a): one tiny link first.
+        assert!(timed(&shim(), &args(TINY, &o("w.warmup")), corpus, &shim_env(&addr)).ok);
+        let (t, up, down) = remote(LTO, &o("w.cold"), &addr);
+        cold.push(t);
+        cold_bytes = (up, down);
+        let (t, up, down) = remote(LTO, &o("w.warm"), &addr);
+        warm.push(t);
+        warm_bytes = (up, down);
+        served &= d.stat("fallbacks") == 0 && d.stat("cache_hits") >= 1;
+        identical &= same(&o("w.nvlink"), &o("w.cold")) && same(&o("w.nvlink"), &o("w.warm"));
+    }
+    let how = if served { "" } else { " (the daemon declined: the shim ran nvlink)" };
+    let nv = median(nv);
+    report.row("(w1) cold LTO link, local daemon (reference)", nv, median(local.clone()), identical, "");
+    report.row("(w1) cold LTO link, remote over the WAN", nv, median(cold.clone()), identical, how);
+    report.row("(w2) the same LTO link again, remote (warm)", nv, median(warm.clone()), identical, how);
+
+    // (w3) 64 concurrent shims on three replicas, lists rotated.
+    let replicas: Vec<(Daemon, String)> = (0..3).map(|_| replica(true)).collect();
+    for (_, addr) in &replicas {
+        assert!(timed(&shim(), &args(TINY, &o("w.warmup")), corpus, &shim_env(addr)).ok);
+    }
+    let links = burst_links(16);
+    let n = 64;
+    let burst = |remote: bool| -> Vec<Duration> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|i| {
+                    let link = &links[i % links.len()];
+                    let dst = o(&format!("w3.{i}.{}", if remote { "nvlinkd" } else { "nvlink" }));
+                    let order: Vec<&str> = (0..3).map(|k| replicas[(i + k) % 3].1.as_str()).collect();
+                    let env = if remote { shim_env(&order.join(",")) } else { Vec::new() };
+                    let prog = if remote { shim() } else { real_nvlink() };
+                    s.spawn(move || {
+                        let t = timed(&prog, &args(link, &dst), work, &env);
+                        assert!(t.ok, "burst link failed: {link}");
+                        t.wall
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("burst thread")).collect()
+        })
+    };
+    let nearby = burst(false);
+    let before = wan.wire_bytes();
+    let far = burst(true);
+    let after = wan.wire_bytes();
+    let identical = (0..n).all(|i| same(&o(&format!("w3.{i}.nvlink")), &o(&format!("w3.{i}.nvlinkd"))));
+    let note = format!(" ({} distinct links)", links.len());
+    report.row(
+        "(w3) 64 shims on 3 replicas, p50",
+        percentile(nearby.clone(), 0.5),
+        percentile(far.clone(), 0.5),
+        identical,
+        &note,
+    );
+    report.row("(w3) 64 shims on 3 replicas, p99", percentile(nearby, 0.99), percentile(far, 0.99), identical, &note);
+    wan.leave_client();
+
+    let kib = |b: u64| b as f64 / 1024.0;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("\n(w) bytes on the wire and latency, {}", wan.describe());
+    println!(
+        "  LTO link inputs (6 objects, libcudadevrt.a):  {:>10.1} KiB (smallest {:.1} KiB)",
+        kib(input_bytes),
+        kib(smallest_input)
+    );
+    println!(
+        "  (w1) cold, up / down:                         {:>10.1} KiB / {:.1} KiB",
+        kib(cold_bytes.0),
+        kib(cold_bytes.1)
+    );
+    println!(
+        "  (w2) warm, up / down:                         {:>10.1} KiB / {:.1} KiB",
+        kib(warm_bytes.0),
+        kib(warm_bytes.1)
+    );
+    let (w2, rtt) = (ms(median(warm)), 20.0);
+    println!(
+        "  (w2) warm relink: {w2:.1} ms = {:.1} RTT (target < 4 RTT + 10 ms = {:.0} ms); inputs sent: {}",
+        w2 / rtt,
+        4.0 * rtt + 10.0,
+        // Fewer bytes up than the smallest input: no input went up whole.
+        if warm_bytes.0 < smallest_input { "no" } else { "yes" }
+    );
+    println!(
+        "  (w1) cold remote / local nvlink: {:.2}x (target <= 1.2x); remote / local daemon: {:.2}x",
+        median(cold.clone()).as_secs_f64() / nv.as_secs_f64(),
+        median(cold).as_secs_f64() / median(local).as_secs_f64()
+    );
+    println!(
+        "  (w3) per link, up / down:                     {:>10.1} KiB / {:.1} KiB",
+        kib((after.0 - before.0) / n as u64),
+        kib((after.1 - before.1) / n as u64)
+    );
+    for (k, (d, _)) in replicas.iter().enumerate() {
+        let pid = d.pid().unwrap_or(0);
+        let s = d.stats();
+        println!(
+            "  (w3) replica {k}: {} links ({} hits, {} from the tier), daemon peak RSS {} KiB, with workers now {} KiB",
+            s["requests"],
+            s["cache_hits"],
+            s["remote_cache_hits"],
+            proc_kb(pid, "VmHWM"),
+            tree_rss_kb(pid)
+        );
     }
 }

@@ -118,6 +118,13 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
     let mut client = NvlinkdClient::new(channel)
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES);
+    // Over a network, outputs come back zstd-compressed (a cubin shrinks
+    // about sixfold: a warm relink's answer is mostly its output); a local
+    // daemon is not asked to spend the CPU. Decompression is bounded by the
+    // message limit above.
+    if remote() {
+        client = client.accept_compressed(tonic::codec::CompressionEncoding::Zstd);
+    }
 
     let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
     let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));

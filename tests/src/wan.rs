@@ -82,16 +82,24 @@ impl Wan {
         match Self::netem(rtt, mbit) {
             Ok(mode) => Wan { mode, rtt, mbit, netem_refused: None },
             Err(why) => {
-                let link = Link {
-                    one_way: rtt / 2,
-                    bytes_per_sec: mbit as f64 * 1e6 / 8.0,
-                    free_at: [Mutex::new(Instant::now()), Mutex::new(Instant::now())],
-                    bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-                };
-                let mode = Mode::Emulated { link: Arc::new(link), stop: Arc::new(AtomicBool::new(false)) };
-                Wan { mode, rtt, mbit, netem_refused: Some(why) }
+                let mut wan = Wan::emulated(rtt, mbit);
+                wan.netem_refused = Some(why);
+                wan
             }
         }
+    }
+
+    /// The emulated link alone (a relay on loopback that counts the bytes of
+    /// each direction), whatever the machine allows: for tests.
+    pub fn emulated(rtt: Duration, mbit: u64) -> Wan {
+        let link = Link {
+            one_way: rtt / 2,
+            bytes_per_sec: mbit as f64 * 1e6 / 8.0,
+            free_at: [Mutex::new(Instant::now()), Mutex::new(Instant::now())],
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+        };
+        let mode = Mode::Emulated { link: Arc::new(link), stop: Arc::new(AtomicBool::new(false)) };
+        Wan { mode, rtt, mbit, netem_refused: Some("emulated on request".into()) }
     }
 
     fn netem(rtt: Duration, mbit: u64) -> Result<Mode, String> {

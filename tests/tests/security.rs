@@ -686,3 +686,28 @@ fn a_lying_client_cannot_poison_a_later_genuine_link() {
     assert_same(&expected, &actual, "the genuine link after the attack was poisoned");
     assert_eq!(d.stat("fallbacks"), 1, "only the attacker's link falls back");
 }
+
+/// Over a network the daemon's answer comes back zstd-compressed: the bytes on
+/// the wire towards the shim (counted by an emulated link in front of the
+/// daemon, `wan.rs`) stay well below the output's size, and the output is
+/// nvlink's. A warm relink's answer is mostly its output, so this is what
+/// keeps it within a few round trips on a slow link.
+#[test]
+fn remote_answers_travel_compressed() {
+    const LTO: &str = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} select_flagged_lto.o select_xform_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let wan = nvlinkd_tests::wan::Wan::emulated(Duration::ZERO, 10_000);
+    let addr = format!("https://{}", wan.expose(port));
+    let out = TempDir::new("sec-zstd-ref");
+    let expected = run(&real_nvlink(), &inv(LTO, corpus::dir(), &out), &[]);
+    assert_eq!(expected.code, 0);
+    let output: u64 = expected.files.values().map(|f| f.len() as u64).sum();
+    let out = TempDir::new("sec-zstd");
+    let actual = run(&shim(), &inv(LTO, corpus::dir(), &out), &remote_env(&pki, &addr));
+    assert_same(&expected, &actual, "remote LTO link");
+    assert_eq!(d.stat("fallbacks"), 0);
+    let (up, down) = wan.wire_bytes();
+    assert!(up > 0, "nothing went through the emulated link");
+    assert!(down * 3 < output, "{down} bytes came back for a {output}-byte output: not compressed");
+}

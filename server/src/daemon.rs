@@ -381,7 +381,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     };
     if let Some(addr) = &opts.metrics_listen {
         let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
-        tokio::spawn(crate::metrics::serve(listener, linker.clone(), blobs.clone(), stopped(shutdown_rx.clone())));
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            linker.clone(),
+            blobs.clone(),
+            auth_failures.clone(),
+            stopped(shutdown_rx.clone()),
+        ));
     }
 
     // grpc.health.v1: SERVING until the daemon stops.

@@ -20,6 +20,7 @@
 //! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET
 //! /metrics` is a 404.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -79,7 +80,8 @@ pub fn record_link(engine: &'static str, cache: &'static str, took: Duration, re
 }
 
 /// The linker's counters at scrape time.
-struct StatsCollector(Arc<Linker>, Arc<BlobStore>);
+/// The linker, the blob store, and the service's refused calls (`auth_failures`).
+struct StatsCollector(Arc<Linker>, Arc<BlobStore>, Arc<AtomicU64>);
 
 impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,6 +118,7 @@ impl Collector for StatsCollector {
         };
         // The blob store's, as in `nvlinkd stats --json`.
         stats.extend(self.1.counters().into_iter().map(|(k, v)| (k.to_owned(), v.into())));
+        stats.insert("auth_failures".to_owned(), self.2.load(Ordering::Relaxed).into());
         let get = |name: &str| stats.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
         for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
             let name = format!("cache_{hits_or_misses}");
@@ -147,14 +150,14 @@ impl Collector for StatsCollector {
     }
 }
 
-fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>) -> Registry {
+fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>, auth_failures: Arc<AtomicU64>) -> Registry {
     let mut r = Registry::with_prefix("nvlinkd");
     let m = links();
     r.register("links", "Links answered, by engine and whole-link cache result", m.links.clone());
     r.register("link_duration_seconds", "Time from a link's start to its answer, by engine", m.latency.clone());
     r.register("link_received_bytes", "Input bytes received from shims", m.received.clone());
     r.register("link_sent_bytes", "Output bytes (files, stdout, stderr) sent to shims", m.sent.clone());
-    r.register_collector(Box::new(StatsCollector(linker, blobs)));
+    r.register_collector(Box::new(StatsCollector(linker, blobs, auth_failures)));
     r
 }
 
@@ -163,9 +166,10 @@ pub async fn serve(
     listener: TcpListener,
     linker: Arc<Linker>,
     blobs: Arc<BlobStore>,
+    auth_failures: Arc<AtomicU64>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let registry = Arc::new(registry(linker, blobs));
+    let registry = Arc::new(registry(linker, blobs, auth_failures));
     if let Ok(a) = listener.local_addr() {
         info!(metrics = %a, "serving Prometheus metrics at /metrics");
     }

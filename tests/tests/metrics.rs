@@ -86,6 +86,7 @@ fn metrics_are_prometheus_text_and_move_with_links() {
         ("nvlinkd_cache_hits", "counter"),
         ("nvlinkd_cache_misses", "counter"),
         ("nvlinkd_requests", "counter"),
+        ("nvlinkd_auth_failures", "counter"),
         ("nvlinkd_in_flight", "gauge"),
         ("nvlinkd_workers", "gauge"),
         ("nvlinkd_cache_mem_bytes", "gauge"),

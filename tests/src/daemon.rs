@@ -30,6 +30,11 @@ impl Daemon {
 
     /// A second daemon on its own socket over `other`'s cache directory.
     pub fn start_sharing(other: &Daemon) -> Daemon {
+        Self::start_sharing_with(other, &[])
+    }
+
+    /// [`Daemon::start_sharing`] with more `serve` options.
+    pub fn start_sharing_with(other: &Daemon, extra: &[&str]) -> Daemon {
         let mut d = Daemon {
             dir: TempDir::new("d"),
             child: None,
@@ -37,7 +42,7 @@ impl Daemon {
             shared_cache: Some(other.cache_dir()),
             memory_limit: None,
         };
-        d.spawn(&[]);
+        d.spawn(extra);
         d
     }
 

@@ -487,14 +487,10 @@ fn secure_daemon_sharing(pki: &Pki, other: &Daemon) -> (Daemon, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
-    let mut d = Daemon {
-        dir: TempDir::new("d"),
-        child: None,
-        env: Vec::new(),
-        shared_cache: Some(other.cache_dir()),
-        memory_limit: None,
-    };
-    d.spawn(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+    let d = Daemon::start_sharing_with(
+        other,
+        &["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens],
+    );
     (d, port)
 }
 

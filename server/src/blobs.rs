@@ -8,10 +8,20 @@
 //! bounded disk tier at `<cache dir>/blobs` (the cache store's format, written
 //! atomically; a disk entry whose payload does not hash to its name is dropped
 //! and counted as a miss). Two daemons may share the directory.
+//!
+//! A blob is fetched once however many links lack it at once (a build starts
+//! many links of the same objects together): the first link whose shim
+//! announced it *owns* its flight and asks its shim for it; the bytes are
+//! verified and stored as soon as they arrive, whether that link reads them
+//! or not; other links wait for the flight (at most the reply timeout) and
+//! then read the store, or, if the flight failed (the owner's stream ended,
+//! its bytes were refused), ask their own shims.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use nvlinkd_core::cache::Store;
 use tracing::warn;
@@ -20,6 +30,8 @@ pub type Digest = [u8; 32];
 
 pub struct BlobStore {
     store: Store,
+    /// Blobs on their way from a shim, by digest.
+    flights: Mutex<HashMap<Digest, Arc<Flight>>>,
     /// Announced files read from the store.
     pub hits: AtomicU64,
     /// Announced files the store lacked (asked of the shim).
@@ -45,6 +57,7 @@ impl BlobStore {
         });
         BlobStore {
             store: Store::open(dir.as_deref(), mem, disk).content_addressed(),
+            flights: Mutex::new(HashMap::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -74,6 +87,37 @@ impl BlobStore {
         true
     }
 
+    /// Who fetches a blob the store lacks: this link (it must ask its shim,
+    /// then [`BlobStore::land`] the bytes), or another link already (wait for
+    /// its flight).
+    pub fn claim(&self, digest: &Digest) -> Claim {
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = flights.get(digest) {
+            return Claim::Wait(f.clone());
+        }
+        let f = Arc::new(Flight::default());
+        flights.insert(*digest, f.clone());
+        Claim::Own(f)
+    }
+
+    /// The end of an owned flight: `data` (the shim's reply, if any) is kept
+    /// when it is `size` bytes that hash to `digest`; waiters are woken.
+    pub fn land(&self, digest: &Digest, size: u64, data: Option<Vec<u8>>, flight: &Flight) {
+        let landed = match data {
+            None => Landed::Failed,
+            Some(d) if d.len() as u64 != size => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                Landed::Rejected
+            }
+            Some(d) => match self.verify_and_put(digest, &Arc::from(d)) {
+                true => Landed::Stored,
+                false => Landed::Rejected,
+            },
+        };
+        self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(digest);
+        flight.finish(landed);
+    }
+
     /// Counters for `nvlinkd stats --json`.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         let (mem, disk) = self.store.sizes();
@@ -96,4 +140,48 @@ fn writable(dir: &Path) -> std::io::Result<()> {
     let written = std::fs::write(&probe, b"nvlinkd");
     let _ = std::fs::remove_file(&probe);
     written
+}
+
+/// One blob on its way from a shim (see [`BlobStore::claim`]).
+#[derive(Default)]
+pub struct Flight {
+    landed: Mutex<Option<Landed>>,
+    done: Condvar,
+}
+
+/// How a flight ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landed {
+    /// Verified and in the store.
+    Stored,
+    /// The owner's shim sent other bytes than it announced.
+    Rejected,
+    /// No reply (the owner's stream ended or timed out).
+    Failed,
+}
+
+pub enum Claim {
+    Own(Arc<Flight>),
+    Wait(Arc<Flight>),
+}
+
+impl Flight {
+    fn finish(&self, landed: Landed) {
+        *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = Some(landed);
+        self.done.notify_all();
+    }
+
+    /// Wait at most `timeout` for the flight to end; None if it has not.
+    pub fn wait(&self, timeout: Duration) -> Option<Landed> {
+        let deadline = Instant::now() + timeout;
+        let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
+        while landed.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            landed = self.done.wait_timeout(landed, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *landed
+    }
 }

@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 use tracing::warn;
 
-use crate::blobs::{BlobStore, Digest};
+use crate::blobs::{BlobStore, Claim, Digest, Flight, Landed};
 
 pub type Outbound = mpsc::Sender<Result<ServerMessage, Status>>;
 
@@ -277,6 +277,9 @@ struct Stream {
     /// What the shim announced: stats answered here, contents by digest.
     announced: HashMap<PathBuf, Announced>,
     blobs: Option<Arc<BlobStore>>,
+    /// Blobs the store lacked at the start: on their way from this link's
+    /// shim (owned: true) or another link's (see `blobs.rs`).
+    flights: HashMap<Digest, (Arc<Flight>, bool)>,
 }
 
 /// What a link reads through (see the module documentation).
@@ -294,7 +297,12 @@ impl LinkFs {
         let source = if shared_fs {
             Source::Local
         } else {
-            Source::Stream(Stream { prefetched: Mutex::new(HashMap::new()), announced: HashMap::new(), blobs: None })
+            Source::Stream(Stream {
+                prefetched: Mutex::new(HashMap::new()),
+                announced: HashMap::new(),
+                blobs: None,
+                flights: HashMap::new(),
+            })
         };
         LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
     }
@@ -302,8 +310,10 @@ impl LinkFs {
     /// The files the shim announced, read by digest from `blobs` (a link over
     /// the stream only; a local link reads its files itself). The blobs the
     /// store lacks are asked of the shim at once, all together (when they fit
-    /// the link's budget); the others are read (and verified) only if the link
-    /// reads them — a whole-link hit whose key digests are remembered reads none.
+    /// the link's budget), unless another link is fetching them already
+    /// (`BlobStore::claim`); each is verified and stored as it arrives. The
+    /// others are read (and verified) only if the link reads them — a
+    /// whole-link hit whose key digests are remembered reads none.
     pub fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
         let Source::Stream(st) = &mut self.source else { return self };
         let mut seen = std::collections::HashSet::new();
@@ -311,19 +321,37 @@ impl LinkFs {
         for (path, a) in &files {
             let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir) else { continue };
             if seen.insert(d) && !blobs.has(&d) {
-                missing.push((path.clone(), a.size));
+                missing.push((path.clone(), a.size, d));
             }
         }
         st.announced = files;
-        st.blobs = Some(blobs);
-        let wanted = missing.iter().fold(0u64, |n, (_, size)| n.saturating_add(*size));
+        st.blobs = Some(blobs.clone());
+        let wanted = missing.iter().fold(0u64, |n, (_, size, _)| n.saturating_add(*size));
         if wanted <= self.budget {
-            let mut prefetched = st.prefetched.lock().unwrap_or_else(|p| p.into_inner());
-            for (path, size) in missing {
-                // A closed stream refuses the request: the read itself then fails.
-                if let Ok(rx) = self.channel.request(&path, file_request::Op::Read, size) {
-                    prefetched.insert(path, rx);
-                }
+            for (path, size, digest) in missing {
+                let flight = match blobs.claim(&digest) {
+                    Claim::Wait(f) => {
+                        st.flights.insert(digest, (f, false));
+                        continue;
+                    }
+                    Claim::Own(f) => f,
+                };
+                st.flights.insert(digest, (flight.clone(), true));
+                // A closed stream refuses the request: the flight fails, and
+                // so does the read itself.
+                let rx = self.channel.request(&path, file_request::Op::Read, size).ok();
+                let blobs = blobs.clone();
+                self.channel.rt.spawn(async move {
+                    let data = match rx {
+                        Some(rx) => match rx.await {
+                            Ok(FileReply { result: Some(file_reply::Result::Data(d)), .. }) => Some(d),
+                            _ => None,
+                        },
+                        None => None,
+                    };
+                    // Hashing and the disk write are blocking work.
+                    let _ = tokio::task::spawn_blocking(move || blobs.land(&digest, size, data, &flight)).await;
+                });
             }
         }
         self
@@ -379,15 +407,27 @@ impl LinkFs {
         }
     }
 
-    /// An announced regular file: from the blob store, else from the shim,
-    /// kept (and used) only if its bytes are the ones announced.
+    /// An announced regular file: from the blob store (once its flight, if
+    /// any, has landed), else from the shim, kept (and used) only if its bytes
+    /// are the ones announced.
     fn blob(&self, st: &Stream, path: &Path, a: &Announced, digest: &Digest) -> io::Result<Arc<[u8]>> {
         let Some(blobs) = st.blobs.as_ref() else { return self.fetch(st, path, a.size).map(Arc::from) };
-        // A blob evicted (or found damaged) since the link started is asked for now.
+        let flight = st.flights.get(digest);
+        let landed = flight.and_then(|(f, _)| f.wait(self.channel.reply_timeout));
+        let owned = flight.is_some_and(|(_, owned)| *owned);
         if let Some(b) = blobs.get(digest, a.size) {
-            blobs.hits.fetch_add(1, Ordering::Relaxed);
+            // Sent by this link's shim, or by nobody for this link.
+            let counter = if owned { &blobs.misses } else { &blobs.hits };
+            counter.fetch_add(1, Ordering::Relaxed);
             return Ok(b);
         }
+        if owned && landed == Some(Landed::Rejected) {
+            warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
+            self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"));
+        }
+        // A blob evicted (or found damaged) since the link started, or whose
+        // flight from another link failed, is asked for now.
         blobs.misses.fetch_add(1, Ordering::Relaxed);
         let data: Arc<[u8]> = match self.fetch(st, path, a.size) {
             Ok(d) => d.into(),

@@ -707,3 +707,41 @@ fn remote_answers_travel_compressed() {
     assert!(up > 0, "nothing went through the emulated link");
     assert!(down * 3 < output, "{down} bytes came back for a {output}-byte output: not compressed");
 }
+
+/// Links that start together on a daemon lacking their inputs share each
+/// input's upload (`blobs.rs`, flights): the first link's shim sends a blob,
+/// the other links wait for it and read it from the store. Four shims start
+/// nvcc's link of the same objects at once over a slow emulated network; the
+/// daemon receives each input once, and every output is nvlink's.
+#[test]
+fn links_started_together_upload_each_input_once() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let wan = nvlinkd_tests::wan::Wan::emulated(Duration::ZERO, 8);
+    let env = remote_env(&pki, &format!("https://{}", wan.expose(port)));
+    let inputs = nvcc_link_inputs("sec-flight-in");
+    let outs: Vec<TempDir> = (0..4).map(|i| TempDir::new(&format!("sec-flight-{i}"))).collect();
+    let expected = run(&real_nvlink(), &inv(NVCC_LINK, inputs.path(), &outs[0]), &[]);
+    assert_eq!(expected.code, 0);
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = outs
+            .iter()
+            .map(|out| {
+                let (link, env) = (inv(NVCC_LINK, inputs.path(), out), env.clone());
+                s.spawn(move || run(&shim(), &link, &env))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("shim thread")).collect()
+    });
+    for (i, r) in runs.iter().enumerate() {
+        assert_same(&expected, r, &format!("link {i} of four started together"));
+    }
+    let devrt = std::fs::metadata(cuda_home().join("lib/libcudadevrt.a")).unwrap().len();
+    assert_eq!(d.stat("requests"), 4);
+    assert_eq!(d.stat("fallbacks"), 0);
+    assert_eq!(
+        d.stat("input_bytes_received"),
+        objects_now(&inputs) + devrt,
+        "the inputs of four links started together crossed the network more than once"
+    );
+}

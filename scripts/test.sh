@@ -37,7 +37,8 @@ step "cargo test --workspace (unit tests, then integration tests against the rea
 mkdir -p target
 log=target/test.log
 set +e
-cargo test --workspace --locked -- --nocapture "$@" 2>&1 | tee "$log"
+# --no-fail-fast: one failing test binary does not hide the others' results.
+cargo test --workspace --locked --no-fail-fast -- --nocapture "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 

@@ -76,10 +76,11 @@ impl BlobStore {
         self.store.contains(digest)
     }
 
-    /// Keep `data` as the blob of `digest`, if it is: true when it hashes to
-    /// the digest (else nothing is kept).
-    pub fn verify_and_put(&self, digest: &Digest, data: &Arc<[u8]>) -> bool {
-        if blake3::hash(data).as_bytes() != digest {
+    /// Keep `data` as the blob of `digest`, if it is: true when it is the
+    /// announced `size` and hashes to the digest (else nothing is kept, and
+    /// the blob counts as refused).
+    pub fn keep(&self, digest: &Digest, size: u64, data: &Arc<[u8]>) -> bool {
+        if data.len() as u64 != size || blake3::hash(data).as_bytes() != digest {
             self.rejected.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -103,16 +104,10 @@ impl BlobStore {
     /// The end of an owned flight: `data` (the shim's reply, if any) is kept
     /// when it is `size` bytes that hash to `digest`; waiters are woken.
     pub fn land(&self, digest: &Digest, size: u64, data: Option<Vec<u8>>, flight: &Flight) {
-        let landed = match data {
+        let landed = match data.map(Arc::<[u8]>::from) {
             None => Landed::Failed,
-            Some(d) if d.len() as u64 != size => {
-                self.rejected.fetch_add(1, Ordering::Relaxed);
-                Landed::Rejected
-            }
-            Some(d) => match self.verify_and_put(digest, &Arc::from(d)) {
-                true => Landed::Stored,
-                false => Landed::Rejected,
-            },
+            Some(d) if self.keep(digest, size, &d) => Landed::Stored,
+            Some(_) => Landed::Rejected,
         };
         self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(digest);
         flight.finish(landed);

@@ -421,10 +421,13 @@ impl LinkFs {
             counter.fetch_add(1, Ordering::Relaxed);
             return Ok(b);
         }
-        if owned && landed == Some(Landed::Rejected) {
+        let refused = || {
             warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
             self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"));
+            Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"))
+        };
+        if owned && landed == Some(Landed::Rejected) {
+            return refused();
         }
         // A blob evicted (or found damaged) since the link started, or whose
         // flight from another link failed, is asked for now.
@@ -438,13 +441,8 @@ impl LinkFs {
                 return Err(e);
             }
         };
-        if data.len() as u64 != a.size || !blobs.verify_and_put(digest, &data) {
-            if data.len() as u64 != a.size {
-                blobs.rejected.fetch_add(1, Ordering::Relaxed);
-            }
-            warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
-            self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"));
+        if !blobs.keep(digest, a.size, &data) {
+            return refused();
         }
         Ok(data)
     }

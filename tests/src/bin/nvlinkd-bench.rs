@@ -400,20 +400,7 @@ fn main() {
 
     // (g) a burst on a fresh daemon: 16 distinct cold links, all at once, on a
     // daemon that has linked nothing yet (toolkit not opened, nothing loaded).
-    let mut burst: Vec<String> = Vec::new();
-    for a in 1..=5 {
-        for b in a + 1..=5 {
-            burst.push(format!("tu{a}.o tu{b}.o"));
-            for c in b + 1..=5 {
-                burst.push(format!("tu{a}.o tu{b}.o tu{c}.o"));
-            }
-        }
-    }
-    let burst: Vec<String> = burst
-        .into_iter()
-        .take(16)
-        .map(|tus| format!("--arch=sm_90 -L{{L}} {tus} transforms.o -lcudadevrt -o {{OUT}}"))
-        .collect();
+    let burst = burst_links(16);
     let (mut p50_nv, mut p50_d, mut tot_nv, mut tot_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut identical = true;
     for _ in 0..reps {

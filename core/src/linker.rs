@@ -727,7 +727,7 @@ impl Linker {
             Ok(bytes) => bytes,
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
             Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, cancel, why),
-            Err(NotLinked::Errors(_)) if spec.register_link_binaries.is_some() => {
+            Err(NotLinked::Errors(e)) if spec.register_link_binaries.is_some() && e.written.is_none() => {
                 // Whether nvlink writes its registration file before failing
                 // is not reproduced.
                 let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
@@ -736,7 +736,7 @@ impl Linker {
             Err(NotLinked::Errors(errors)) => {
                 bump(&self.stats.in_process);
                 debug!("link errors answered in process");
-                return self.link_errors_outcome(spec, &plan, errors);
+                return self.link_errors_outcome(req, spec, &plan, errors);
             }
         };
         bump(&self.stats.in_process);
@@ -848,8 +848,15 @@ impl Linker {
     }
 
     /// nvlink's answer to a link its link stage rejects: the plan's messages,
-    /// then the link errors; no output file (nvlink writes none).
-    fn link_errors_outcome(&self, spec: &Spec, plan: &plan::Plan, errors: inprocess::LinkErrors) -> Outcome {
+    /// then the link errors; no output file, unless nvlink wrote one before
+    /// failing (and then no registration file).
+    fn link_errors_outcome(
+        &self,
+        req: &Request,
+        spec: &Spec,
+        plan: &plan::Plan,
+        errors: inprocess::LinkErrors,
+    ) -> Outcome {
         let mut report = Report::new(Filters {
             no_warnings: spec.disable_warnings,
             warnings_as_errors: spec.warning_as_error,
@@ -858,7 +865,11 @@ impl Linker {
         for d in plan.warnings.iter().chain(&plan.notes).chain(&errors.messages) {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
-        Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, Vec::new())
+        let outputs = match (errors.written, &spec.output) {
+            (Some(data), Some(o)) => vec![OutputFile { path: absolute(&req.cwd, o), data, append: false }],
+            _ => Vec::new(),
+        };
+        Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, outputs)
     }
 
     /// The answer of a link made in process: the plan's messages as nvlink

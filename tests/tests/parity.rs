@@ -46,6 +46,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("relocatable-cdp", "--arch=sm_90 -r cdp.o -o {OUT}/out.o", ""),
     ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Partial LTO for libcudadevrt alone without host information: NVVM gets --device-c alone.
+    ("lto-cdp-ignore-host-info", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --ignore-host-info --register-link-binaries={OUT}/reg.c cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // -dlto -r beside non-LTO code, and of LTO IR without a PTX copy.
+    ("lto-relocatable-mixed", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale.o -o {OUT}/out.o", ""),
+    ("lto-relocatable-ir-only", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -o {OUT}/out.o", ""),
+    ("lto-relocatable-no-lto", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
     ("lto-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // Partial LTO: one LTO module beside non-LTO code (an archive, dynamic
     // parallelism in a non-LTO unit, nvcc's command line, an undefined
@@ -59,6 +65,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
     ("lto-registered", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c saxpy_lto.o accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-no-devrt", "--arch=sm_90 -dlto -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
+    // Without libcudadevrt nvlink writes the output, then fails, and writes no registration file.
+    ("lto-no-devrt-registered", "--arch=sm_90 -dlto -nvvmpath={NVVM} --register-link-binaries={OUT}/reg.c -report-arch accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("lto-ignore-host-info", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --ignore-host-info accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("emit-ptx-single", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} saxpy_lto.o -o {OUT}/out.ptx", ""),
     ("cubin-input", "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin", ""),
@@ -351,12 +359,8 @@ const ROUTED: &[(&str, &str)] = &[
     ("cmake-dlto-sm90", "lto_ir_only"),
     ("lto-cross-unit-archive", "lto_ir_only"),
     ("lto-cdp", "partial_lto"),
+    ("lto-relocatable-no-lto", "partial_lto"),
     ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
-    ("lto-partial-two-modules", "partial_lto"),
-    ("lto-relocatable", "partial_lto"),
-    ("lto-no-devrt", "partial_lto"),
-    ("opt-lto-force-partial", "partial_lto"),
-    ("keep-system-libraries-lto", "lto_options"),
     ("opt-lto-nvvm-latest", "lto_options"),
     ("opt-lto-debug", "lto_options"),
     ("opt-verbose", "options"),

@@ -75,6 +75,9 @@ pub struct Context<'a> {
 pub struct LinkErrors {
     pub messages: Vec<Diagnostic>,
     pub exit_code: i32,
+    /// The output file nvlink writes before it fails (`-dlto` without
+    /// libcudadevrt); it then writes no `--register-link-binaries` file.
+    pub written: Option<Vec<u8>>,
 }
 
 /// nvJitLink's error log when it says exactly what nvlink says: undefined
@@ -121,7 +124,7 @@ impl Context<'_> {
         if let crate::jitlink::JitLinkError::Call { call: "complete", log, .. } = e {
             if let Some(messages) = undefined_references(log) {
                 let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-                *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_LINK_ERROR });
+                *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_LINK_ERROR, written: None });
                 return Declined::new(Reason::Diagnostics, "undefined references");
             }
         }
@@ -156,16 +159,16 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     }
     match mode {
         Mode::Executable | Mode::Relocatable => {}
-        Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, plan)?,
-        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
-        Mode::LtoPartial => {
-            return no(
-                Reason::PartialLto,
-                "relocatable LTO output (-dlto -r, --force-partial-lto): nvlink's partial-LTO merge",
-            )
-        }
+        Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx => {}
         _ => return no(Reason::Options, format!("{mode:?} links")),
     }
+    // After partial LTO the link goes on in the mode it returns.
+    let mode = match mode {
+        Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, mode, plan)?,
+        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
+        Mode::LtoPartial => partial_lto_to_cubin(cx, spec, mode, plan)?,
+        m => m,
+    };
     check_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
     if !arch.starts_with("sm_") {
@@ -296,7 +299,9 @@ fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(
 /// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside
 /// non-LTO device code.
 fn is_partial(plan: &Plan) -> bool {
-    let modules = || plan.units.iter().flat_map(|u| &u.modules);
+    // libcudadevrt's members are there because the LTO modules need them, or
+    // all of them (`--keep-system-libraries`): they decide nothing here.
+    let modules = || plan.units.iter().filter(|u| !u.is_cudadevrt).flat_map(|u| &u.modules);
     if !modules().any(|m| matches!(m.code, Code::LtoObject(_))) {
         return false;
     }
@@ -305,14 +310,23 @@ fn is_partial(plan: &Plan) -> bool {
     }
     // LTO modules needing what only libcudadevrt defines (dynamic parallelism).
     let symbols: Option<Vec<&PtxSymbols>> = modules().map(|m| m.lto.as_ref()).collect();
-    symbols.is_some_and(|s| plan.system_library.is_some() && open_extern(&s).is_some())
+    symbols.is_some_and(|s| plan.system_library_found && open_extern(&s).is_some())
 }
 
 /// Partial LTO as nvlink does it: NVVM compiles the LTO modules relocatable
 /// (`--device-c`), ptxas `-c` makes one cubin of them, which goes first into
-/// an ordinary link with the rest.
-fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
+/// an ordinary link with the rest. Beside non-LTO code, and for `-dlto -r` and
+/// `--force-partial-lto`, NVVM gets `--force-device-c` and no host
+/// references; for libcudadevrt alone (dynamic parallelism in LTO code)
+/// without host information, `--device-c` alone.
+///
+/// Returns the mode the link goes on in: `Relocatable` (`-dlto -r`) or
+/// `LtoWhole` (an executable link without host-reference pruning).
+fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Mode, Declined> {
     check_lto_options(spec)?;
+    if spec.keep_system_libraries {
+        return no(Reason::LtoOptions, "--keep-system-libraries with partial LTO");
+    }
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
     }
@@ -325,33 +339,39 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Resul
             }
         }
     }
-    if objects.len() > 1 {
-        // Same code, but nvlink's merged debug frames and strings differ.
-        return no(Reason::PartialLto, "partial LTO of several LTO modules");
+    if objects.is_empty() {
+        // nvlink warns that it ignores -dlto.
+        return no(Reason::PartialLto, "-dlto -r or --force-partial-lto without LTO modules");
     }
-    // Partial only for the device runtime (dynamic parallelism): nvlink's NVVM
-    // then removes the kernels host code does not reference, which nvJitLink's
-    // options do not do under `--device-c`.
-    let only_runtime = plan
-        .units
-        .iter()
-        .filter(|u| !u.is_cudadevrt)
-        .flat_map(|u| &u.modules)
-        .all(|m| matches!(m.code, Code::LtoObject(_)));
-    if only_runtime {
-        return no(
-            Reason::PartialLto,
-            "partial LTO for libcudadevrt alone (NVVM host-reference removal under --device-c)",
-        );
-    }
+    // Partial only for the device runtime (dynamic parallelism).
+    let only_runtime = mode == Mode::LtoWhole
+        && plan
+            .units
+            .iter()
+            .filter(|u| !u.is_cudadevrt)
+            .flat_map(|u| &u.modules)
+            .all(|m| matches!(m.code, Code::LtoObject(_)));
     if !plan.warnings.is_empty() || !plan.notes.is_empty() {
         return no(Reason::PartialLto, "partial LTO with input messages (their order is not reproduced)");
     }
-    // Beside other non-LTO code NVVM gets no host references, and nothing is
-    // pruned afterwards: the link goes on as a plain executable link without
-    // host information.
+    // Nothing is pruned afterwards: the link goes on as a plain executable
+    // (or `-r`) link without host information.
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
+    let next = if spec.relocatable { Mode::Relocatable } else { Mode::LtoWhole };
+    if !only_runtime {
+        options.push("-Xnvvm=--force-device-c".to_owned());
+    } else if plan.uses_host_info(spec) {
+        // NVVM gets the host references (`-host-ref-*`, given as `-Xnvvm=`
+        // its PTX is nvlink's) and keeps the kernels the host does not
+        // reference; nvlink then removes them from the LTO cubin leaving no
+        // `.nv.shared` ghost names and with the `.nv.info` sections in
+        // another order than a link with `-kernels-used` gives.
+        return no(
+            Reason::PartialLto,
+            "partial LTO for libcudadevrt alone with host references (nvlink's removal of unreferenced LTO kernels)",
+        );
+    }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
     let ptx = nvvm(cx, &objects, &options)?;
@@ -386,7 +406,7 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Resul
     // The LTO cubin may need the device runtime (dynamic parallelism).
     plan.reselect_system_library(1);
     plan.partial_lto = true;
-    Ok(())
+    Ok(next)
 }
 
 /// Compile every PTX module of the plan to a relocatable cubin, as nvlink's
@@ -450,7 +470,7 @@ fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
                 Diagnostic::fatal("merge_elf failed"),
             ];
             let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
-            *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL });
+            *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL, written: None });
             no(Reason::Diagnostics, format!("{name} is defined more than once"))
         }
         _ => no(Reason::Diagnostics, "several symbols are defined more than once"),
@@ -501,7 +521,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     }
     check_lto_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
-    let (objects, symbols) = lto_program(mode, plan)?;
+    let (objects, symbols) = lto_program(plan)?;
     let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
     // Host information as nvlink uses it: an object without device code (a
     // host-only object, libcudart_static's members) turns it off, as in a
@@ -520,10 +540,21 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
     args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
-    let cubin = cx
-        .artifacts
-        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
+    let cubin = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).in_scope(|| {
+        cx.artifacts
+            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))
+    })?;
+    if !plan.system_library_found {
+        // nvlink writes the whole program, then misses the device runtime it
+        // looks for afterwards (no registration file is written).
+        let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *errors = Some(LinkErrors {
+            messages: vec![Diagnostic::fatal("expected libcudadevrt object")],
+            exit_code: crate::diag::EXIT_FATAL,
+            written: Some(cubin.to_vec()),
+        });
+        return no(Reason::Diagnostics, "-dlto without libcudadevrt: nvlink's output, then its fatal");
+    }
     Ok(cubin.to_vec())
 }
 
@@ -575,10 +606,8 @@ fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
 fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
         (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
-        (spec.force_partial_lto, "--force-partial-lto"),
         (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
         (spec.debug, "-g"),
-        (spec.keep_system_libraries, "--keep-system-libraries"),
     ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),
@@ -587,13 +616,15 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
 }
 
 /// The LTO modules of a whole program and their symbols: every linked unit is
-/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
-/// over each other (anything else is nvlink's partial LTO).
+/// LTO IR and the modules close over each other (anything else is nvlink's
+/// partial LTO).
 type LtoProgram<'a> = (Vec<JitInput<'a>>, Vec<&'a PtxSymbols>);
-fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
+fn lto_program(plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     let mut objects = Vec::new();
     let mut symbols = Vec::new();
-    for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
+    // libcudadevrt kept whole (`--keep-system-libraries`) is left out, as
+    // nvlink leaves it out of a whole program (its output is the same).
+    for unit in plan.units.iter().filter(|u| !u.modules.is_empty() && !u.is_cudadevrt) {
         for m in &unit.modules {
             let Code::LtoObject(data) = &m.code else {
                 return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
@@ -607,9 +638,6 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     }
     if objects.is_empty() {
         return no(Reason::PartialLto, "-dlto without LTO objects");
-    }
-    if mode == Mode::LtoWhole && !plan.system_library_found {
-        return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
     // A closed program: every extern is defined by an LTO module.
     if let Some(open) = open_extern(&symbols) {
@@ -635,7 +663,8 @@ fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
 
 /// Host-referenced device variables under `-dlto` are left to nvlink.
 fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
-    let refs = plan.units.iter().filter_map(|u| u.host_refs.as_ref());
+    // libcudadevrt's own (its error tables) name no variable of the LTO modules.
+    let refs = plan.units.iter().filter(|u| !u.is_cudadevrt).filter_map(|u| u.host_refs.as_ref());
     let mut refs = refs.filter(|r| {
         !(r.variables_external.is_empty()
             && r.variables_internal.is_empty()

@@ -862,7 +862,11 @@ impl Linker {
             warnings_as_errors: spec.warning_as_error,
             no_infos: spec.disable_infos,
         });
-        for d in plan.warnings.iter().chain(&plan.notes).chain(&errors.messages) {
+        for d in plan.warnings.iter().chain(&plan.notes) {
+            report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
+        }
+        emit_tool_warnings(&mut report, spec, plan);
+        for d in &errors.messages {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
         let outputs = match (errors.written, &spec.output) {
@@ -891,6 +895,7 @@ impl Linker {
         for d in plan.warnings.iter().chain(&plan.notes) {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
+        emit_tool_warnings(&mut report, spec, plan);
         let mut outputs = Vec::new();
         if let Some(o) = &spec.output {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
@@ -1040,6 +1045,17 @@ fn args_summary(args: &[String]) -> String {
 /// `-report-arch`: every message nvlink prints once its options are read (not
 /// the option parser's own) ends with ` (target: <--arch as given>)`, so that
 /// the messages of nvcc's one-call-per-arch device links can be told apart.
+/// The tools' own lines (ptxas's warnings under `-dlto -g`): printed whatever
+/// `-w`, `-Werror` or `--disable-infos` say, tagged by `-report-arch`.
+fn emit_tool_warnings(report: &mut Report, spec: &Spec, plan: &plan::Plan) {
+    for line in &plan.tool_warnings {
+        match (spec.report_arch, spec.arch.as_deref()) {
+            (true, Some(arch)) => report.emit_raw(&format!("{line} (target: {arch})\n")),
+            _ => report.emit_raw(&format!("{line}\n")),
+        }
+    }
+}
+
 fn report_arch(spec: &Spec, mut d: Diagnostic) -> Diagnostic {
     if let (true, Some(arch)) = (spec.report_arch, spec.arch.as_deref()) {
         d.message = format!("{} (target: {arch})", d.message);

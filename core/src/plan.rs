@@ -48,6 +48,9 @@ pub struct Plan {
     /// The LTO modules were compiled into one relocatable cubin (nvlink's
     /// partial LTO): registration follows load order, as in a non-LTO link.
     pub partial_lto: bool,
+    /// Lines the link's tools print after the plan's messages, as nvlink's
+    /// embedded ptxas prints them (its warnings under `-dlto -g`).
+    pub tool_warnings: Vec<String>,
 }
 
 impl Plan {
@@ -132,6 +135,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
         codeless_archive_members: skipped_host_objects,
         system_library,
         partial_lto: false,
+        tool_warnings: Vec::new(),
     })
 }
 
@@ -142,8 +146,13 @@ impl Plan {
     /// code-less host objects included, named or in an archive.
     pub(crate) fn uses_host_info(&self, spec: &Spec) -> bool {
         // A debug link (-g) keeps every kernel, as nvlink does.
-        !spec.debug
-            && !spec.ignore_host_info
+        !spec.debug && self.has_host_info(spec)
+    }
+
+    /// Whether the host references are there to use: [`Self::uses_host_info`]
+    /// but for `-g`, which under `-dlto` still hands them to NVVM.
+    pub(crate) fn has_host_info(&self, spec: &Spec) -> bool {
+        !spec.ignore_host_info
             && !self.codeless_archive_members
             && self.units.iter().filter(|u| !u.is_cudadevrt).all(|u| u.host_refs.is_some())
     }
@@ -442,6 +451,7 @@ mod tests {
                 codeless_archive_members: *codeless,
                 system_library: None,
                 partial_lto: false,
+                tool_warnings: Vec::new(),
             };
             plan.prune(&spec, mode);
             assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");

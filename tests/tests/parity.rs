@@ -196,6 +196,9 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-force-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-partial-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-force-whole", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-whole-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-debug", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // ptxas's warnings under -dlto -g: after the link's messages, tagged by -report-arch, whatever -w says.
+    ("opt-lto-debug-report-arch", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g -w -report-arch --register-link-binaries={OUT}/reg.c xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-debug-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -g livedead_lto.o -o {OUT}/out.ptx", ""),
     ("opt-uidx-file", "--arch=sm_90 --uidx-file=link.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-host-ccbin", "-ghls=lcs-abs --host-ccbin g++ -o {OUT}/script.ld", ""),
     ("opt-time-file", "--arch=sm_90 -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -362,7 +365,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("lto-relocatable-no-lto", "partial_lto"),
     ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
     ("opt-lto-nvvm-latest", "lto_options"),
-    ("opt-lto-debug", "lto_options"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),

@@ -327,6 +327,9 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     if spec.keep_system_libraries {
         return no(Reason::LtoOptions, "--keep-system-libraries with partial LTO");
     }
+    if spec.debug {
+        return no(Reason::LtoOptions, "-g with partial LTO");
+    }
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
     }
@@ -514,7 +517,7 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 ///
 /// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
 /// builds produce) gets its symbols from [`probe_lto_symbols`] first.
-fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
+fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
@@ -526,9 +529,14 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     // Host information as nvlink uses it: an object without device code (a
     // host-only object, libcudart_static's members) turns it off, as in a
     // non-LTO link, and NVVM then keeps every kernel and variable.
-    if plan.uses_host_info(spec) {
+    // (Under -g too: nvlink then still hands NVVM the host references.)
+    if plan.has_host_info(spec) {
         check_host_variables(plan)?;
         options.extend(host_ref_options(plan, &symbols)?);
+    }
+    // -g: nvJitLink's `-g` is nvlink's NVVM `-g -opt=0` (the same PTX).
+    if spec.debug {
+        options.push("-g".to_owned());
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -538,12 +546,19 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     }
     // ptxas: the whole program to the final cubin.
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
-    args.extend(ptxas_extra);
-    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let cubin = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).in_scope(|| {
-        cx.artifacts
-            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))
-    })?;
+    let cubin: Vec<u8> = if spec.debug {
+        debug_ptxas(cx, plan, &ptx, args, &ptxas_extra)?
+    } else {
+        args.extend(ptxas_extra);
+        let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+        tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false)
+            .in_scope(|| {
+                cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+                    ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
+                })
+            })?
+            .to_vec()
+    };
     if !plan.system_library_found {
         // nvlink writes the whole program, then misses the device runtime it
         // looks for afterwards (no registration file is written).
@@ -551,11 +566,61 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         *errors = Some(LinkErrors {
             messages: vec![Diagnostic::fatal("expected libcudadevrt object")],
             exit_code: crate::diag::EXIT_FATAL,
-            written: Some(cubin.to_vec()),
+            written: Some(cubin),
         });
         return no(Reason::Diagnostics, "-dlto without libcudadevrt: nvlink's output, then its fatal");
     }
-    Ok(cubin.to_vec())
+    Ok(cubin)
+}
+
+/// The options nvlink's embedded ptxas adds under `-dlto -g`.
+const DEBUG_PTXAS: [&str; 3] = ["-no-bb-merge", "-ret-end", "-g"];
+
+/// ptxas for `-dlto -g`, as nvlink's embedded ptxas runs it: with
+/// `-no-bb-merge -ret-end -g`, its warnings printed after the link's messages
+/// (not cached as an artifact: they are part of the answer), and its tool
+/// entry as nvlink's ptxas records it (object `elf.o`, no input or output
+/// file among the options).
+fn debug_ptxas(
+    cx: &Context<'_>,
+    plan: &mut Plan,
+    ptx: &[u8],
+    mut args: Vec<String>,
+    extra: &[String],
+) -> Result<Vec<u8>, Declined> {
+    if !extra.is_empty() {
+        return no(Reason::LtoOptions, "ptxas options with -dlto -g (how nvlink's tool note records them)");
+    }
+    args.extend(DEBUG_PTXAS.iter().map(|s| s.to_string()));
+    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
+    let (cubin, warnings) = ptxas::compile_with_warnings(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit)?;
+    let fail = |why: String| Declined::new(Reason::Tool, format!("-dlto -g tool note: {why}"));
+    // The ptxas program records `<input> -no-bb-merge  -ret-end  -g  -o <output> -arch sm_XY -m 64 `;
+    // nvlink's ptxas `-no-bb-merge  -ret-end  -g  -arch sm_XY -m 64 `.
+    let recorded = finalize::tkinfo::parse(
+        &crate::finalize::image::CubinImage::parse(&cubin)
+            .map_err(|e| fail(e.to_string()))?
+            .sections
+            .iter()
+            .find(|s| s.name == ".note.nv.tkinfo")
+            .ok_or_else(|| fail("no tool note".into()))?
+            .data,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let [entry] = recorded.as_slice() else { return Err(fail("not one tool entry".into())) };
+    let own = DEBUG_PTXAS.iter().map(|o| format!("{o}  ")).collect::<String>();
+    let tail = entry
+        .options
+        .split_once(" -o ")
+        .filter(|(head, _)| head.trim_end().ends_with(&format!(" {}", own.trim_end())))
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(_, tail)| tail)
+        .filter(|t| t.starts_with("-arch "))
+        .ok_or_else(|| fail(format!("unexpected options {:?}", entry.options)))?;
+    let cubin =
+        finalize::rename_ptxas_entry(&cubin, "elf.o", &format!("{own}{tail}")).map_err(|e| fail(e.to_string()))?;
+    plan.tool_warnings.extend(warnings);
+    Ok(cubin)
 }
 
 /// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink
@@ -607,7 +672,6 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     let lto_options: &[(bool, &str)] = &[
         (spec.nvvm_latest, "--nvvm-latest (nvJitLink's -nvvm-version gives other code)"),
         (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
-        (spec.debug, "-g"),
     ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),

@@ -35,6 +35,25 @@ pub fn compile(
     cancel: &Cancel,
     limit: Duration,
 ) -> Result<Vec<u8>, Declined> {
+    let (cubin, warnings) = compile_with_warnings(tk, ptx, args, scratch_parent, cancel, limit)?;
+    if !warnings.is_empty() {
+        // Messages would have to be nvlink's; let nvlink speak.
+        return Err(Declined::new(Reason::Tool, "ptxas printed messages"));
+    }
+    Ok(cubin)
+}
+
+/// [`compile`], also answering ptxas's warnings (`ptxas warning : …` lines on
+/// stderr, which nvlink's embedded ptxas prints the same); any other message
+/// declines.
+pub fn compile_with_warnings(
+    tk: &Toolkit,
+    ptx: &[u8],
+    args: &[String],
+    scratch_parent: &Path,
+    cancel: &Cancel,
+    limit: Duration,
+) -> Result<(Vec<u8>, Vec<String>), Declined> {
     let parents = process::scratch_parents(scratch_parent);
     let compiled = process::retry_in_scratch("ptxas", &parents, |parent| {
         if cancel.is_cancelled() {
@@ -72,7 +91,7 @@ fn compile_in(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
-) -> Result<Vec<u8>, Failure> {
+) -> Result<(Vec<u8>, Vec<String>), Failure> {
     let env = |what: &str, e: std::io::Error| Failure::Environment(format!("{what}: {e}"));
     let _ = std::fs::create_dir_all(scratch_parent);
     let scratch = Scratch::new(scratch_parent).map_err(|e| env("scratch", e))?;
@@ -111,12 +130,17 @@ fn compile_in(
             format!("ptxas failed: {}", err.lines().next().unwrap_or("")),
         )));
     }
-    if !out.stderr.is_empty() || !out.stdout.is_empty() {
-        // Messages would have to be nvlink's; let nvlink speak.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<String> = stderr.lines().map(str::to_owned).collect();
+    if !out.stdout.is_empty() || !stderr.ends_with('\n') && !stderr.is_empty() {
         return Err(Failure::Tool(Declined::new(Reason::Tool, "ptxas printed messages")));
     }
+    if warnings.iter().any(|w| !w.starts_with("ptxas warning : ")) {
+        // Messages would have to be nvlink's; let nvlink speak.
+        return Err(Failure::Tool(Declined::new(Reason::Tool, "ptxas printed messages other than warnings")));
+    }
     match std::fs::read(&output) {
-        Ok(cubin) if !cubin.is_empty() => Ok(cubin),
+        Ok(cubin) if !cubin.is_empty() => Ok((cubin, warnings)),
         Ok(_) => Err(Failure::Environment("ptxas exited 0 and its output is empty".into())),
         Err(e) => Err(env("ptxas output", e)),
     }

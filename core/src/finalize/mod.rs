@@ -57,6 +57,25 @@ pub fn finalize(jit_cubin: &[u8], fix: &Fixups) -> Result<Vec<u8>, FinalizeError
     Ok(img.serialize())
 }
 
+/// Give the one tool entry of a cubin the toolkit's ptxas made the object
+/// name and options nvlink's embedded ptxas records, and lay the file out
+/// again (`-dlto -g`: nvlink's ptxas names its output `elf.o` and records no
+/// input or output file).
+pub fn rename_ptxas_entry(cubin: &[u8], object: &str, options: &str) -> Result<Vec<u8>, FinalizeError> {
+    let mut img = CubinImage::parse(cubin)?;
+    let idx = img.section_index(".note.nv.tkinfo").ok_or(FinalizeError::Missing(".note.nv.tkinfo"))?;
+    let mut entries = tkinfo::parse(&img.sections[idx].data)?;
+    match entries.as_mut_slice() {
+        [e] if e.tool == "ptxas" => {
+            e.object = object.to_owned();
+            e.options = options.to_owned();
+        }
+        _ => return Err(FinalizeError::UnexpectedEntries("not one ptxas entry".into())),
+    }
+    img.sections[idx].data = tkinfo::serialize(&entries);
+    Ok(img.serialize())
+}
+
 fn rewrite_tkinfo(img: &mut CubinImage, fix: &Fixups) -> Result<(), FinalizeError> {
     let idx = img.section_index(".note.nv.tkinfo").ok_or(FinalizeError::Missing(".note.nv.tkinfo"))?;
     let mut entries = tkinfo::parse(&img.sections[idx].data)?;

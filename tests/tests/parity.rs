@@ -52,6 +52,9 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-relocatable-mixed", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale.o -o {OUT}/out.o", ""),
     ("lto-relocatable-ir-only", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -o {OUT}/out.o", ""),
     ("lto-relocatable-no-lto", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
+    // nvlink's warning there: --disable-infos silences it, -w does not.
+    ("lto-relocatable-no-lto-w", "--arch=sm_90 -dlto -r -w -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
+    ("lto-relocatable-no-lto-disable-infos", "--arch=sm_90 -dlto -r --disable-infos -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
     ("lto-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // Partial LTO: one LTO module beside non-LTO code (an archive, dynamic
     // parallelism in a non-LTO unit, nvcc's command line, an undefined
@@ -364,7 +367,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("cmake-dlto-sm90", "lto_ir_only"),
     ("lto-cross-unit-archive", "lto_ir_only"),
     ("lto-cdp", "partial_lto"),
-    ("lto-relocatable-no-lto", "partial_lto"),
     ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),

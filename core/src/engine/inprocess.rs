@@ -346,8 +346,20 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         }
     }
     if objects.is_empty() {
-        // nvlink warns that it ignores -dlto.
-        return no(Reason::PartialLto, "-dlto -r or --force-partial-lto without LTO modules");
+        // `-dlto -r` of non-LTO code: nvlink's infos, then its warning, then
+        // an ordinary `-r` link.
+        if !spec.relocatable || spec.warning_as_error || !plan.warnings.is_empty() || !plan.notes.is_empty() {
+            return no(
+                Reason::PartialLto,
+                "-dlto without LTO modules: --force-partial-lto, -Werror (nvlink's 'Ignoring -dlto' warning)",
+            );
+        }
+        push_partial_infos(plan);
+        // --disable-infos silences this warning (and not the infos); -w does not.
+        if !spec.disable_infos {
+            plan.notes.push(Diagnostic::warning("Ignoring -dlto option because no LTO objects found"));
+        }
+        return Ok(Mode::Relocatable);
     }
     // Partial only for the device runtime (dynamic parallelism).
     let only_runtime = mode == Mode::LtoWhole
@@ -398,14 +410,7 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         info: Some(std::sync::Arc::new(info)),
         lto: None,
     };
-    // nvlink's info for each non-LTO unit (libcudadevrt's aside), which
-    // --disable-infos does not silence.
-    for u in
-        plan.units.iter().filter(|u| !u.is_cudadevrt && u.modules.iter().any(|m| !matches!(m.code, Code::LtoObject(_))))
-    {
-        plan.notes
-            .push(Diagnostic::info(format!("requested LTO but '{}' not built for LTO so doing partial LTO", u.name)));
-    }
+    push_partial_infos(plan);
     // nvlink names it so in messages (`Undefined reference to 'f' in 'lto.cubin'`).
     let unit = crate::input::load::Unit { name: "lto.cubin".to_owned(), modules: vec![module], ..Default::default() };
     plan.units.insert(0, unit);
@@ -413,6 +418,20 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     plan.reselect_system_library(1);
     plan.partial_lto = true;
     Ok(next)
+}
+
+/// nvlink's info for each non-LTO unit (libcudadevrt's aside), which
+/// --disable-infos does not silence.
+fn push_partial_infos(plan: &mut Plan) {
+    let names: Vec<String> = plan
+        .units
+        .iter()
+        .filter(|u| !u.is_cudadevrt && u.modules.iter().any(|m| !matches!(m.code, Code::LtoObject(_))))
+        .map(|u| u.name.clone())
+        .collect();
+    for name in names {
+        plan.notes.push(Diagnostic::info(format!("requested LTO but '{name}' not built for LTO so doing partial LTO")));
+    }
 }
 
 /// Compile every PTX module of the plan to a relocatable cubin, as nvlink's

@@ -169,7 +169,7 @@ impl Plan {
         self.pruning = self.prunes(spec, mode).then(|| {
             let patterns: Vec<&str> =
                 self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
-            liveness(&self.units, &patterns)
+            liveness(&self.units, &patterns, self.partial_lto)
         });
     }
 }
@@ -194,7 +194,11 @@ impl Pruning {
 /// Which functions survive: the kernels host code references, everything data
 /// refers to, and everything their code reaches through relocations (calls,
 /// device-side launches). Static functions resolve within their own cubin.
-fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
+///
+/// After partial LTO (`referenced_kernels`) nvlink removes only the kernels
+/// nothing names: a kernel a relocation names, even in removed code (a
+/// launch in an unlaunched kernel), stays, with what it reaches.
+fn liveness(units: &[Unit], patterns: &[&str], referenced_kernels: bool) -> Pruning {
     type Key<'a> = (Option<usize>, &'a str);
     let modules: Vec<&CubinInfo> = units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()).collect();
     let locals: Vec<HashSet<&str>> =
@@ -205,6 +209,7 @@ fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
     let key = |mi: usize, name| key_of(&locals, mi, name);
     let mut edges: HashMap<Key<'_>, Vec<Key<'_>>> = HashMap::new();
     let mut work: Vec<Key<'_>> = Vec::new();
+    let all_kernels: HashSet<&str> = modules.iter().flat_map(|i| i.kernels.iter().map(String::as_str)).collect();
     for (mi, info) in modules.iter().enumerate() {
         for r in &info.refs {
             let to = key(mi, &r.to);
@@ -217,6 +222,9 @@ fn liveness(units: &[Unit], patterns: &[&str]) -> Pruning {
             if patterns.iter().any(|p| glob_match(p, k)) {
                 work.push(key(mi, k));
             }
+        }
+        if referenced_kernels {
+            work.extend(info.refs.iter().filter(|r| all_kernels.contains(r.to.as_str())).map(|r| key(mi, &r.to)));
         }
     }
     let mut live: HashSet<Key<'_>> = HashSet::new();
@@ -275,6 +283,13 @@ pub struct SystemLibrary {
     name: String,
     path: std::path::PathBuf,
     members: Vec<Unit>,
+}
+
+impl SystemLibrary {
+    /// All its members, chosen or not.
+    pub(crate) fn members(&self) -> &[Unit] {
+        &self.members
+    }
 }
 
 impl Plan {
@@ -395,7 +410,7 @@ mod tests {
         ];
         for (patterns, modules, live_kernels, live_functions, dead) in rows {
             let units: Vec<Unit> = modules.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
-            let p = liveness(&units, patterns);
+            let p = liveness(&units, patterns, false);
             let row = format!("{patterns:?} {modules:?}");
             assert_eq!(p.live_kernels, set(live_kernels), "live kernels of {row}");
             assert_eq!(p.live_functions, set(live_functions), "live functions of {row}");
@@ -404,6 +419,32 @@ mod tests {
                 modules.iter().flat_map(|m| module(m).info.unwrap().kernels.clone()).collect();
             let dead_kernels: BTreeSet<String> = all_kernels.difference(&p.live_kernels).cloned().collect();
             assert_eq!(p.dead_kernels, dead_kernels, "dead kernels of {row}");
+        }
+    }
+
+    /// After partial LTO a kernel any relocation names stays, even one named
+    /// only by removed code, with what it reaches; unnamed kernels go.
+    #[test]
+    fn liveness_after_partial_lto_keeps_named_kernels() {
+        // (modules, live kernels, live functions)
+        type Row = (&'static [&'static str], &'static [&'static str], &'static [&'static str]);
+        let rows: &[Row] = &[
+            // lto-cdp: a launched child stays, an unnamed dead kernel goes
+            // (as without the rule).
+            (&["k:p k:child k:dead p>child"], &["child", "p"], &["child", "p"]),
+            // A kernel launched only by a removed kernel stays, with its callee.
+            (&["k:p k:unused k:fill f:g unused>fill fill>g"], &["fill", "p"], &["fill", "g", "p"]),
+            // Across modules too.
+            (&["k:p k:unused u:fill unused>fill", "k:fill"], &["fill", "p"], &["fill", "p"]),
+        ];
+        for (i, (modules, live_kernels, live_functions)) in rows.iter().enumerate() {
+            let units: Vec<Unit> = modules.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
+            let p = liveness(&units, &["p*"], true);
+            assert_eq!(p.live_kernels, set(live_kernels), "{modules:?}");
+            assert_eq!(p.live_functions, set(live_functions), "{modules:?}");
+            // Without the rule only what the host reaches stays.
+            let plain = liveness(&units, &["p*"], false);
+            assert_eq!(plain.live_kernels.len() < p.live_kernels.len(), i > 0, "{modules:?}");
         }
     }
 

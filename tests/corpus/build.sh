@@ -29,7 +29,7 @@ mkdir -p lib && ar rcs lib/libdevmath.a mathlib_1.o mathlib_2.o
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc saxpy.cu -o saxpy_2arch.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc scale.cu -o scale_2arch.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc accumulate.cu -o accumulate_2arch.o &
-for f in accumulate scale cdp saxpy; do
+for f in accumulate scale cdp saxpy cdp_dead cdp_multi; do
   "$nvcc" -arch=sm_90 -dc -dlto "$f.cu" -o "${f}_lto.o" &
 done
 wait

@@ -47,6 +47,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // Partial LTO for libcudadevrt alone without host information: NVVM gets --device-c alone.
+    // Partial LTO for libcudadevrt alone in other styles: templated children,
+    // an internal host reference, an unlaunched launcher; a launcher only in
+    // an unlaunched kernel; two such modules.
+    ("lto-cdp-multi", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c cdp_multi_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-two-modules", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -report-arch cdp_lto.o cdp_multi_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-multi-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} cdp_multi_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
     ("lto-cdp-ignore-host-info", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --ignore-host-info --register-link-binaries={OUT}/reg.c cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // -dlto -r beside non-LTO code, and of LTO IR without a PTX copy.
     ("lto-relocatable-mixed", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale.o -o {OUT}/out.o", ""),
@@ -371,7 +378,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("nvcc-dlto-sm100", "lto_ir_only"),
     ("cmake-dlto-sm90", "lto_ir_only"),
     ("lto-cross-unit-archive", "lto_ir_only"),
-    ("lto-cdp", "partial_lto"),
     ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),

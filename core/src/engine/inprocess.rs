@@ -165,6 +165,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     // After partial LTO the link goes on in the mode it returns.
     let mode = match mode {
         Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, mode, plan)?,
+        Mode::LtoEmitPtx if is_partial(plan) => return partial_lto_ptx(cx, spec, plan),
         Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
         Mode::LtoPartial => partial_lto_to_cubin(cx, spec, mode, plan)?,
         m => m,
@@ -226,24 +227,49 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             if p.live_kernels.is_empty() {
                 return no(Reason::KernelsUsed, "host references keep no kernel");
             }
-            let cover = kernels_used_cover(&p.live_kernels, &p.dead_kernels)?;
+            // After partial LTO nvlink keeps the host-referenced kernels and
+            // what they reach: a cover of those alone gives its section
+            // order (a cover of every live kernel does not).
+            let wanted = match plan.partial_lto {
+                true => host_referenced(plan, &p.live_kernels),
+                false => p.live_kernels.clone(),
+            };
+            if wanted.is_empty() {
+                return no(Reason::KernelsUsed, "host references keep no kernel");
+            }
+            let cover = kernels_used_cover(&wanted, &p.dead_kernels)?;
             let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
             // nvlink and nvJitLink must agree on what survives.
             let kept =
                 cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("nvJitLink output: {e}")))?;
             let kept: BTreeSet<String> = kept.functions.into_iter().map(|f| f.name).collect();
             if kept != p.live_functions {
-                return no(Reason::SafetyNet, "nvJitLink kept different device code than host-reference pruning");
+                let only_kept: Vec<&String> = kept.difference(&p.live_functions).take(3).collect();
+                let only_planned: Vec<&String> = p.live_functions.difference(&kept).take(3).collect();
+                return no(
+                    Reason::SafetyNet,
+                    format!(
+                        "nvJitLink kept different device code than host-reference pruning \
+                         (only kept: {only_kept:?}; only planned: {only_planned:?})"
+                    ),
+                );
             }
             cubin
         }
     };
     let fix = Fixups {
         linker_entry: Some(render::linker_entry(&spec.parsed, &cx.tk.release)),
-        inputs: if pruning.is_some() { functions } else { Vec::new() },
+        // nvlink's removal after partial LTO leaves no `.nv.shared` names.
+        inputs: if pruning.is_some() && !plan.partial_lto { functions } else { Vec::new() },
     };
     let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
+}
+
+/// The kernels among `live` that a unit's host references name.
+fn host_referenced(plan: &Plan, live: &BTreeSet<String>) -> BTreeSet<String> {
+    let patterns = host_patterns(plan);
+    live.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect()
 }
 
 /// Whether LTO modules without a PTX twin are linked in process from their
@@ -318,10 +344,12 @@ fn is_partial(plan: &Plan) -> bool {
 /// an ordinary link with the rest. Beside non-LTO code, and for `-dlto -r` and
 /// `--force-partial-lto`, NVVM gets `--force-device-c` and no host
 /// references; for libcudadevrt alone (dynamic parallelism in LTO code)
-/// without host information, `--device-c` alone.
+/// `--device-c` and the host references (`-host-ref-*`), and the link then
+/// prunes (without host information, `--device-c` alone and no pruning).
 ///
-/// Returns the mode the link goes on in: `Relocatable` (`-dlto -r`) or
-/// `LtoWhole` (an executable link without host-reference pruning).
+/// Returns the mode the link goes on in: `Relocatable` (`-dlto -r`),
+/// `Executable` (pruned by the host references) or `LtoWhole` (an executable
+/// link without host-reference pruning).
 fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Mode, Declined> {
     check_lto_options(spec)?;
     if spec.keep_system_libraries {
@@ -376,19 +404,16 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     // (or `-r`) link without host information.
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
-    let next = if spec.relocatable { Mode::Relocatable } else { Mode::LtoWhole };
+    let mut next = if spec.relocatable { Mode::Relocatable } else { Mode::LtoWhole };
     if !only_runtime {
         options.push("-Xnvvm=--force-device-c".to_owned());
     } else if plan.uses_host_info(spec) {
-        // NVVM gets the host references (`-host-ref-*`, given as `-Xnvvm=`
-        // its PTX is nvlink's) and keeps the kernels the host does not
-        // reference; nvlink then removes them from the LTO cubin leaving no
-        // `.nv.shared` ghost names and with the `.nv.info` sections in
-        // another order than a link with `-kernels-used` gives.
-        return no(
-            Reason::PartialLto,
-            "partial LTO for libcudadevrt alone with host references (nvlink's removal of unreferenced LTO kernels)",
-        );
+        // NVVM gets the host references (`-host-ref-*`; as `-Xnvvm=` its PTX
+        // is nvlink's) and still keeps every kernel; the link prunes.
+        // (Host-referenced variables: the link prunes kernels only.)
+        check_host_variables(plan)?;
+        options.extend(nvvm_host_refs(plan)?);
+        next = Mode::Executable;
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -412,12 +437,55 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     };
     push_partial_infos(plan);
     // nvlink names it so in messages (`Undefined reference to 'f' in 'lto.cubin'`).
-    let unit = crate::input::load::Unit { name: "lto.cubin".to_owned(), modules: vec![module], ..Default::default() };
+    // Its kernels' host references stay with the LTO units.
+    let host_refs = Some(crate::input::host::HostRefs::default());
+    let unit = crate::input::load::Unit {
+        name: "lto.cubin".to_owned(),
+        modules: vec![module],
+        host_refs,
+        ..Default::default()
+    };
     plan.units.insert(0, unit);
     // The LTO cubin may need the device runtime (dynamic parallelism).
     plan.reselect_system_library(1);
     plan.partial_lto = true;
     Ok(next)
+}
+
+/// `--emit-ptx` of LTO modules that need libcudadevrt: NVVM's relocatable
+/// PTX (`--device-c` and the host references), as nvlink writes it.
+fn partial_lto_ptx(cx: &Context<'_>, spec: &Spec, plan: &Plan) -> Result<Vec<u8>, Declined> {
+    check_options(spec)?;
+    check_lto_options(spec)?;
+    let non_lto = plan.units.iter().filter(|u| !u.is_cudadevrt).flat_map(|u| &u.modules);
+    if non_lto.clone().any(|m| !matches!(m.code, Code::LtoObject(_))) {
+        return no(Reason::PartialLto, "--emit-ptx beside non-LTO device code");
+    }
+    if spec.debug || spec.nvvm_latest || !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
+        return no(Reason::LtoOptions, "--emit-ptx of partial LTO with -g, --nvvm-latest or --kernels-used");
+    }
+    if !plan.warnings.is_empty() || !plan.notes.is_empty() {
+        return no(Reason::PartialLto, "partial LTO with input messages (their order is not reproduced)");
+    }
+    let arch = spec.arch.as_deref().unwrap_or_default();
+    let mut options =
+        vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
+    if plan.uses_host_info(spec) {
+        check_host_variables(plan)?;
+        options.extend(nvvm_host_refs(plan)?);
+    }
+    let (nvvm_extra, _) = lto_forwarding(spec)?;
+    options.extend(nvvm_extra);
+    let objects: Vec<JitInput<'_>> = plan
+        .units
+        .iter()
+        .flat_map(|u| u.modules.iter().map(move |m| (u, m)))
+        .filter_map(|(u, m)| match &m.code {
+            Code::LtoObject(data) => Some(JitInput { kind: InputType::Object, data, name: &u.name }),
+            _ => None,
+        })
+        .collect();
+    Ok(nvvm(cx, &objects, &options)?.to_vec())
 }
 
 /// nvlink's info for each non-LTO unit (libcudadevrt's aside), which
@@ -780,6 +848,44 @@ fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>,
     let mut options: Vec<String> =
         kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
     options.push("-optimize-unused-variables".to_owned());
+    Ok(options)
+}
+
+/// nvlink's host references as NVVM options (`-has-global-host-info`, then
+/// `-host-ref-ek/ik/ec/ic/eg/ig=` with the patterns of every unit in load
+/// order, libcudadevrt's members all counted whether linked or not).
+fn nvvm_host_refs(plan: &Plan) -> Result<Vec<String>, Declined> {
+    let mut refs: Vec<&crate::input::host::HostRefs> = Vec::new();
+    let user = |u: &&crate::input::load::Unit| !u.is_cudadevrt;
+    match &plan.system_library {
+        Some(sys) => {
+            let end = (sys.at + sys.chosen).min(plan.units.len());
+            refs.extend(plan.units[..sys.at.min(end)].iter().filter(user).filter_map(|u| u.host_refs.as_ref()));
+            refs.extend(sys.members().iter().filter_map(|u| u.host_refs.as_ref()));
+            refs.extend(plan.units[end..].iter().filter(user).filter_map(|u| u.host_refs.as_ref()));
+        }
+        None => return no(Reason::PartialLto, "partial LTO for libcudadevrt without its members"),
+    }
+    let lists: [(&str, fn(&crate::input::host::HostRefs) -> &Vec<String>); 6] = [
+        ("ek", |r| &r.kernels_external),
+        ("ik", |r| &r.kernels_internal),
+        ("ec", |r| &r.constants_external),
+        ("ic", |r| &r.constants_internal),
+        ("eg", |r| &r.variables_external),
+        ("ig", |r| &r.variables_internal),
+    ];
+    let mut options = vec!["-Xnvvm=-has-global-host-info".to_owned()];
+    for (tag, list) in lists {
+        let patterns: Vec<&str> = refs.iter().flat_map(|r| list(r)).map(String::as_str).collect();
+        if patterns.is_empty() {
+            continue;
+        }
+        // How nvlink joins a pattern named twice was not observed.
+        if patterns.iter().collect::<std::collections::HashSet<_>>().len() != patterns.len() {
+            return no(Reason::PartialLto, format!("a host reference named twice (-host-ref-{tag})"));
+        }
+        options.push(format!("-Xnvvm=-host-ref-{tag}={}", patterns.join(",")));
+    }
     Ok(options)
 }
 

@@ -866,7 +866,8 @@ fn nvvm_host_refs(plan: &Plan) -> Result<Vec<String>, Declined> {
         }
         None => return no(Reason::PartialLto, "partial LTO for libcudadevrt without its members"),
     }
-    let lists: [(&str, fn(&crate::input::host::HostRefs) -> &Vec<String>); 6] = [
+    type List = fn(&crate::input::host::HostRefs) -> &Vec<String>;
+    let lists: [(&str, List); 6] = [
         ("ek", |r| &r.kernels_external),
         ("ik", |r| &r.kernels_internal),
         ("ec", |r| &r.constants_external),

@@ -99,8 +99,8 @@ fn in_place_install_builds_the_plain_build_bytes() {
     let original = std::fs::read(root.join("bin/nvlink")).unwrap();
     // nvcc's device links of a two-arch build with CMake's -lcudart_static and
     // a host-only object, of an LTO build, and of a partial LTO build of two
-    // LTO modules (which the daemon hands to the real nvlink: it must find the
-    // one kept aside).
+    // LTO modules with --keep-system-libraries (which the daemon hands to the
+    // real nvlink: it must find the one kept aside).
     let builds: [&[&str]; 3] = [
         &[
             "-gencode",
@@ -115,7 +115,16 @@ fn in_place_install_builds_the_plain_build_bytes() {
             "-lcudart_static",
         ],
         &["-arch=sm_90", "-dlto", "-dlink", "xcall_main_lto.o", "xcall_loop_lto.o", "host_main.cpp.o"],
-        &["-arch=sm_90", "-dlto", "-dlink", "accumulate_lto.o", "scale_lto.o", "saxpy.o"],
+        &[
+            "-arch=sm_90",
+            "-dlto",
+            "-Xnvlink",
+            "--keep-system-libraries",
+            "-dlink",
+            "accumulate_lto.o",
+            "scale_lto.o",
+            "saxpy.o",
+        ],
     ];
     let build = |tag: &str, env: &[(String, String)]| -> Vec<Vec<u8>> {
         builds

@@ -57,6 +57,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-cdp-ignore-host-info", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --ignore-host-info --register-link-binaries={OUT}/reg.c cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // -dlto -r beside non-LTO code, and of LTO IR without a PTX copy.
     ("lto-relocatable-mixed", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate_lto.o scale.o -o {OUT}/out.o", ""),
+    ("lto-relocatable-registered", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} --register-link-binaries={OUT}/reg.c accumulate_lto.o scale.o saxpy_lto.o -o {OUT}/out.o", ""),
     ("lto-relocatable-ir-only", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -o {OUT}/out.o", ""),
     ("lto-relocatable-no-lto", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
     // nvlink's warning there: --disable-infos silences it, -w does not.

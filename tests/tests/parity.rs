@@ -205,6 +205,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-split-compile-extended-xcall", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --split-compile-extended=2 xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-nvvm-latest", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --nvvm-latest accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-nvvm-latest-xcall-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} --nvvm-latest xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("opt-lto-nvvm-latest-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --nvvm-latest accumulate_lto.o scale_lto.o saxpy.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-nvvm-latest-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --nvvm-latest cdp_multi_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-nvvm-latest-cub", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --nvvm-latest warp_cub_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-force-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-partial-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-force-whole", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-whole-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),

@@ -358,9 +358,7 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     if spec.debug {
         return no(Reason::LtoOptions, "-g with partial LTO");
     }
-    if spec.nvvm_latest {
-        return no(Reason::LtoOptions, "--nvvm-latest with partial LTO");
-    }
+
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
     }
@@ -404,6 +402,10 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     // (or `-r`) link without host information.
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
+    // As under whole-program LTO (see `link_lto`).
+    if spec.nvvm_latest {
+        options.push("-nvvm-latest".to_owned());
+    }
     let mut next = if spec.relocatable { Mode::Relocatable } else { Mode::LtoWhole };
     if !only_runtime {
         options.push("-Xnvvm=--force-device-c".to_owned());

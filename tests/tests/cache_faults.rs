@@ -36,14 +36,14 @@ fn same(what: &str, expected: &Run, actual: &Run) {
 }
 
 /// Links of every engine: in process, PTX compiled by ptxas at link time,
-/// whole-program LTO (NVVM + ptxas), the real nvlink (partial LTO with -g), and one
-/// nvlink fails (an undefined symbol).
+/// whole-program LTO (NVVM + ptxas), the real nvlink (partial LTO with
+/// --keep-system-libraries), and one nvlink fails (an undefined symbol).
 const LINKS: &[&str] = &[
     "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin",
     "--arch=sm_90 saxpy_ptx.o accumulate.o scale.o -o {OUT}/out.cubin",
     "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin",
-    // Partial LTO of two LTO modules with -g: the real nvlink's.
-    "--arch=sm_90 -dlto -g -nvvmpath={NVVM} accumulate_lto.o scale_lto.o saxpy.o -o {OUT}/out.cubin",
+    // Partial LTO of two LTO modules with --keep-system-libraries: the real nvlink's.
+    "--arch=sm_90 -dlto --keep-system-libraries -nvvmpath={NVVM} accumulate_lto.o scale_lto.o saxpy.o -o {OUT}/out.cubin",
     "--arch=sm_90 missing.o -o {OUT}/out.cubin",
 ];
 
@@ -248,10 +248,11 @@ fn swapped_truncated_and_flipped_entries_are_never_served() {
 fn an_input_changing_during_a_link_never_stores_under_the_wrong_key() {
     let d = Daemon::start_env(&[], &[("NVLINKD_TEST_PAUSE_AFTER_KEY_MS", "1500")]);
     let corpus = corpus::dir();
-    // In process, and by the real nvlink (partial LTO of two LTO modules, -g).
+    // In process, and by the real nvlink (partial LTO of two LTO modules,
+    // --keep-system-libraries).
     let cases = [
         ("inproc", "--arch=sm_90 accumulate.o x.o -o {OUT}/out.cubin"),
-        ("nvlink", "--arch=sm_90 -dlto -g -nvvmpath={NVVM} accumulate_lto.o saxpy_lto.o x.o -o {OUT}/out.cubin"),
+        ("nvlink", "--arch=sm_90 -dlto --keep-system-libraries -nvvmpath={NVVM} accumulate_lto.o saxpy_lto.o x.o -o {OUT}/out.cubin"),
     ];
     let v1 = std::fs::read(corpus.join("scale.o")).unwrap();
     let v2 = std::fs::read(corpus.join("dup/scale.o")).unwrap();

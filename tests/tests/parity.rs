@@ -213,6 +213,9 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-debug", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // ptxas's warnings under -dlto -g: after the link's messages, tagged by -report-arch, whatever -w says.
     ("opt-lto-debug-report-arch", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g -w -report-arch --register-link-binaries={OUT}/reg.c xcall_main_lto.o xcall_loop_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-debug-partial", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g accumulate_lto.o scale_lto.o saxpy.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-lto-debug-relocatable", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} -g --register-link-binaries={OUT}/reg.c accumulate_lto.o scale.o -o {OUT}/out.o", ""),
+    ("opt-lto-debug-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g cdp_multi_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-debug-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -g livedead_lto.o -o {OUT}/out.ptx", ""),
     ("opt-uidx-file", "--arch=sm_90 --uidx-file=link.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-host-ccbin", "-ghls=lcs-abs --host-ccbin g++ -o {OUT}/script.ld", ""),
@@ -369,7 +372,13 @@ const IN_PROCESS: &[&str] = &[
 /// Cases whose output must be nvlink's to the byte, tool note included (the
 /// comparison otherwise lets `.note.nv.tkinfo` differ): the in-process engine
 /// rewrites its ptxas's entry there as nvlink's embedded ptxas records it.
-const BYTE_IDENTICAL: &[&str] = &["opt-lto-debug", "opt-lto-debug-report-arch"];
+const BYTE_IDENTICAL: &[&str] = &[
+    "opt-lto-debug",
+    "opt-lto-debug-report-arch",
+    "opt-lto-debug-partial",
+    "opt-lto-debug-relocatable",
+    "opt-lto-debug-cdp",
+];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
 /// counts for them (`stats --json` `routed`); ARCHITECTURE.md ("Cases routed to

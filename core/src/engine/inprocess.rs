@@ -355,9 +355,6 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     if spec.keep_system_libraries {
         return no(Reason::LtoOptions, "--keep-system-libraries with partial LTO");
     }
-    if spec.debug {
-        return no(Reason::LtoOptions, "-g with partial LTO");
-    }
 
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
@@ -403,6 +400,9 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
     // As under whole-program LTO (see `link_lto`).
+    if spec.debug {
+        options.push("-g".to_owned());
+    }
     if spec.nvvm_latest {
         options.push("-nvvm-latest".to_owned());
     }
@@ -421,11 +421,15 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
     options.extend(nvvm_extra);
     let ptx = nvvm(cx, &objects, &options)?;
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
-    args.extend(ptxas_extra);
-    let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let cubin = cx
-        .artifacts
-        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
+    let cubin: std::sync::Arc<[u8]> = if spec.debug {
+        // As under whole-program LTO: nvlink's ptxas options, tool entry and warnings.
+        debug_ptxas(cx, plan, &ptx, args, &ptxas_extra)?.into()
+    } else {
+        args.extend(ptxas_extra);
+        let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
+        cx.artifacts
+            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?
+    };
     let info = cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
     for unit in &mut plan.units {
         unit.modules.retain(|m| !matches!(m.code, Code::LtoObject(_)));

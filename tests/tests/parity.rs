@@ -171,6 +171,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-disable-infos", "--arch=sm_90 --disable-infos -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-suppress-stack-size-warning", "--arch=sm_90 --suppress-stack-size-warning accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-cpu-arch", "--arch=sm_90 --cpu-arch=AARCH64 -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // -l takes an archive only if one of its leading ELF members is built for
+    // --cpu-arch (unknown: x86-64); named archives are not checked.
+    ("cpu-arch-library-skipped", "--arch=sm_90 --cpu-arch=PPC64LE -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
+    ("cpu-arch-named-archive", "--arch=sm_90 --cpu-arch=AARCH64 mathlib_main.o lib/libdevmath.a -o {OUT}/out.cubin", ""),
+    ("cpu-arch-unknown-library", "--arch=sm_90 --cpu-arch=unknown -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
+    ("cpu-arch-linked", "--arch=sm_90 --cpu-arch=RISCV64 accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-machine", "--arch=sm_90 --machine 64 accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector", "--arch=sm_90 --device-stack-protector=true accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-link-time-opt", "--arch=sm_90 --link-time-opt -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -193,6 +199,14 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-time-file", "--arch=sm_90 -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-time-stdout-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-time-ptx", "--arch=sm_90 -time {OUT}/time.csv saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    // -time rows: PTX in objects and .ptx files (input order, the target as
+    // given), NVVM and ptxas of partial LTO after the PTX rows, --emit-ptx,
+    // rows before link errors.
+    ("opt-time-ptx-file-stdout", "--arch=sm_90 -time - saxpy.ptx accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-time-sm120f", "--arch=sm_120f -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-time-partial-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - saxpy_ptx.o accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-time-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -time {OUT}/time.csv accumulate_lto.o scale_lto.o -o {OUT}/out.ptx", ""),
+    ("opt-time-undefined", "--arch=sm_90 -time {OUT}/time.csv saxpy_ptx.o missing.o -o {OUT}/out.cubin", ""),
     // Spellings and repeats.
     ("spellings", "--arch sm_90 --output-file={OUT}/out.cubin -L {L} --library=cudadevrt cdp.o", ""),
     ("redefined-options", "-arch=sm_80 -arch=sm_86 -arch=sm_90 -o {OUT}/x.cubin accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -338,6 +352,20 @@ const IN_PROCESS: &[&str] = &[
     "opt-device-stack-protector-partial-lto",
     "opt-verbose2",
     "opt-verbose2-cdp",
+    // -time tables; libraries skipped for --cpu-arch.
+    "opt-time-file",
+    "opt-time-stdout-lto",
+    "opt-time-ptx",
+    "opt-time-ptx-file-stdout",
+    "opt-time-sm120f",
+    "opt-time-partial-lto",
+    "opt-time-emit-ptx",
+    "opt-time-undefined",
+    "opt-cpu-arch",
+    "cpu-arch-library-skipped",
+    "cpu-arch-named-archive",
+    "cpu-arch-unknown-library",
+    "cpu-arch-linked",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -365,11 +393,7 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
     ("opt-link-as-tools-patch", "options"),
-    ("opt-cpu-arch", "options"),
     ("opt-uidx-file", "options"),
-    ("opt-time-file", "options"),
-    ("opt-time-stdout-lto", "options"),
-    ("opt-time-ptx", "options"),
     ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "input"),
 ];
@@ -820,4 +844,98 @@ fn recompiled_objects_hit_the_daemon_cache() {
         assert_eq!(daemon.stat("cache_hits"), hits + 1, "{name}: the recompiled link was not a cache hit");
         assert!(actual == expected, "{name}: the hit differs from nvlink's output for the recompiled objects");
     }
+}
+
+/// Archives as nvlink reads them, made here with `ar` from corpus objects:
+/// `-l` takes an archive only when one of its members up to the first non-ELF
+/// one has the `--cpu-arch`'s `e_machine` (else "Skipping incompatible"), and
+/// nvlink reads no member after a non-ELF one (a text file, an empty member),
+/// named or `-l`. Each link through the daemon must be nvlink's, in process.
+#[test]
+fn archive_members_and_cpu_arch_match_nvlink() {
+    let corpus = corpus::dir();
+    let dir = TempDir::new("archives");
+    let copy = |from: &str, to: &str, machine: Option<u16>| {
+        let mut b = std::fs::read(corpus.join(from)).expect("corpus object");
+        if let Some(m) = machine {
+            b[18..20].copy_from_slice(&m.to_le_bytes());
+        }
+        std::fs::write(dir.path().join(to), b).expect("member");
+    };
+    copy("mathlib_1.o", "m1.o", None);
+    copy("mathlib_2.o", "m2.o", None);
+    copy("mathlib_1.o", "arm1.o", Some(183));
+    copy("mathlib_2.o", "arm2.o", Some(183));
+    copy("scale.cubin", "k.cubin", None);
+    std::fs::write(dir.path().join("text.txt"), "not an object\n").unwrap();
+    std::fs::write(dir.path().join("empty.o"), "").unwrap();
+    // (directory, members in order)
+    let archives: &[(&str, &[&str])] = &[
+        ("arm", &["arm1.o", "arm2.o"]),
+        ("mixed", &["arm1.o", "m2.o"]),
+        ("text-first", &["text.txt", "m1.o", "m2.o"]),
+        ("text-middle", &["m1.o", "text.txt", "m2.o"]),
+        ("text-middle-arm", &["arm1.o", "text.txt", "m2.o"]),
+        ("empty-first", &["empty.o", "m1.o", "m2.o"]),
+        ("cubin-first", &["k.cubin", "m1.o", "m2.o"]),
+    ];
+    for (name, members) in archives {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let status = std::process::Command::new("ar")
+            .arg("rc")
+            .arg(format!("{name}/libm.a"))
+            .args(members.iter())
+            .current_dir(dir.path())
+            .status()
+            .expect("ar");
+        assert!(status.success(), "ar {name}");
+    }
+    std::fs::copy(corpus.join("mathlib_main.o"), dir.path().join("main.o")).unwrap();
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("archives-out");
+    let mut differing = Vec::new();
+    for (name, _) in archives {
+        for cpu in ["", "--cpu-arch=AARCH64", "--cpu-arch=X86_64", "--cpu-arch=X86"] {
+            for how in [format!("-L{name} main.o -lm"), format!("main.o {name}/libm.a")] {
+                let args = format!("--arch=sm_90 {cpu} {how} -o {{OUT}}/out.cubin");
+                let inv = Invocation::templated(&args, dir.path(), &out);
+                let expected = run(&real_nvlink(), &inv, &[]);
+                let actual = run(&shim(), &inv, &daemon.shim_env());
+                let cmp = compare::runs(&expected, &actual);
+                if !cmp.problems.is_empty() {
+                    differing.push(format!("== {args} ==\n{}", cmp.problems.join("\n")));
+                }
+            }
+        }
+    }
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+    // Only the 6 links that read the cubin member go to nvlink: named (4), and
+    // taken by -l for x86-64 (2; skipped for AARCH64 and X86).
+    assert_eq!(daemon.stat("nvlink_process"), 6, "links routed to nvlink");
+    assert!(daemon.stat("in_process") > 0, "no link was made in process");
+}
+
+/// `-time` into a file that is already there: nvlink appends its rows and no
+/// header; the shim's file must end up the same (times masked).
+#[test]
+fn time_rows_are_appended_to_an_existing_file() {
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("time-existing");
+    let mut results = Vec::new();
+    for (program, env) in [(real_nvlink(), Vec::new()), (shim(), daemon.shim_env())] {
+        let time = TempDir::new("time-file");
+        let csv = time.path().join("t.csv");
+        std::fs::write(&csv, "earlier rows").unwrap();
+        let args =
+            format!("--arch=sm_90 -time {} saxpy_ptx.o accumulate.o scale.o -o {{OUT}}/out.cubin", csv.display());
+        let inv = Invocation::templated(&args, corpus::dir(), &out);
+        let mut r = run(&program, &inv, &env);
+        r.files.insert("t.csv".into(), std::fs::read(&csv).unwrap());
+        mask_times(&mut r);
+        results.push(r);
+    }
+    let cmp = compare::runs(&results[0], &results[1]);
+    assert!(cmp.problems.is_empty(), "{}", cmp.problems.join("\n"));
+    assert!(String::from_utf8_lossy(&results[0].files["t.csv"]).starts_with("earlier rowsptx , ptxas"));
+    assert_eq!(daemon.stat("nvlink_process"), 0, "the link was routed to nvlink");
 }

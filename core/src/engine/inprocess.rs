@@ -67,6 +67,63 @@ pub struct Context<'a> {
     /// multiply defined symbols): the linker answers them, exit status and
     /// all, as nvlink does.
     pub errors: &'a std::sync::Mutex<Option<LinkErrors>>,
+    /// The rows of nvlink's `-time` table for the steps this link ran.
+    pub timings: &'a std::sync::Mutex<Vec<TimeRow>>,
+}
+
+/// One row of nvlink's `-time` table: a step nvlink's own tools run (its
+/// embedded ptxas on a PTX input, NVVM and ptxas under `-dlto`), timed here
+/// around the same step (a cached artifact takes the time of the lookup).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimeRow {
+    /// nvlink writes the rows in the order it runs the steps: the PTX inputs
+    /// as it reads them (in input order), then the LTO steps.
+    pub order: usize,
+    pub source: String,
+    pub phase: &'static str,
+    pub inputs: String,
+    pub output: String,
+    pub ms: f64,
+}
+
+/// The header nvlink writes when it creates the `-time` file (and always on stdout).
+pub const TIME_HEADER: &str =
+    "source file name , phase name , phase input files , phase output file , arch , tool, metric , unit\n";
+
+/// nvlink's `-time` table rows, in its order, for the target as given with `--arch`.
+pub fn time_rows(rows: &[TimeRow], arch: &str) -> String {
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|r| r.order);
+    rows.iter()
+        .map(|r| {
+            format!("{} , {} , {} , {} , {arch} , nvlink , {:.4} , ms\n", r.source, r.phase, r.inputs, r.output, r.ms)
+        })
+        .collect()
+}
+
+/// The order of the LTO steps' rows: after every PTX input's.
+const NVVM_ROW: usize = usize::MAX - 1;
+const PTXAS_ROW: usize = usize::MAX;
+
+impl Context<'_> {
+    /// Run `step`, recording its time as a `-time` row when the link asks for them.
+    fn timed<T>(&self, spec: &Spec, row: impl FnOnce() -> TimeRow, step: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let out = step();
+        if spec.time.is_some() {
+            let mut r = row();
+            r.ms = started.elapsed().as_secs_f64() * 1000.0;
+            self.timings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+        }
+        out
+    }
+}
+
+/// The `-time` rows of the LTO steps: NVVM (nvlink names it `cicc`), then ptxas.
+fn lto_row(phase: &'static str) -> TimeRow {
+    let (order, source, output) =
+        if phase == "cicc" { (NVVM_ROW, "lto.nvvm", "lto.ptx") } else { (PTXAS_ROW, "lto.ptx", "lto.cubin") };
+    TimeRow { order, source: source.into(), phase, inputs: String::new(), output: output.into(), ms: 0.0 }
 }
 
 /// nvlink's answer to a link that fails in its link stage: the messages, in
@@ -138,10 +195,8 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
         (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
         (spec.verbose, "-v (nvlink's resource report)"),
-        (spec.time.is_some(), "-time"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
-        (spec.cpu_arch.as_deref().is_some_and(|c| c != "X86_64"), "a --cpu-arch other than X86_64"),
     ];
     match checks.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::Options, format!("{what} is not reproduced in process")),
@@ -268,6 +323,9 @@ fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(
     if ir_only && !PROBE_LTO_IR_ONLY {
         return no(Reason::LtoIrOnly, "LTO IR without a PTX copy (code=lto_XY): linked by nvlink");
     }
+    if ir_only && spec.time.is_some() {
+        return no(Reason::Options, "-time with LTO IR probes (nvlink times no probe)");
+    }
     let arch = spec.arch.as_deref().unwrap_or_default();
     let options = vec![
         format!("-arch={arch}"),
@@ -354,13 +412,19 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Resul
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
-    let ptx = nvvm(cx, &objects, &options)?;
+    let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
     args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-    let cubin = cx
-        .artifacts
-        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
+    let cubin = cx.timed(
+        spec,
+        || lto_row("ptxas"),
+        || {
+            cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+                ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
+            })
+        },
+    )?;
     let info = cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
     for unit in &mut plan.units {
         unit.modules.retain(|m| !matches!(m.code, Code::LtoObject(_)));
@@ -408,17 +472,37 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if let Some(v) = &spec.device_stack_protector {
         args.insert(0, format!("-device-stack-protector={v}"));
     }
+    // nvlink's `-time` row of each PTX module, by the unit it came from.
+    let mut rows = Vec::new();
+    for u in &plan.units {
+        for m in &u.modules {
+            let row = match crate::input::load::extension(&u.name) {
+                _ if !matches!(m.code, Code::Ptx(_)) || spec.time.is_none() => None,
+                // Not measured: how nvlink names these in its table.
+                _ if u.from_archive => return no(Reason::Options, "-time with PTX in an archive member"),
+                Some("fatbin") => return no(Reason::Options, "-time with PTX in a fatbin file"),
+                Some("ptx") => Some((u.name.clone(), u.name.clone(), String::new())),
+                _ => Some(("ptx".to_owned(), u.name.clone(), "cubin".to_owned())),
+            };
+            rows.push(row);
+        }
+    }
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
     // Each module is compiled on the pool, inside the link's span.
     let link = tracing::Span::current();
-    modules.into_par_iter().enumerate().try_for_each(|(i, m)| {
+    modules.into_par_iter().zip(rows).enumerate().try_for_each(|(i, (m, row))| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
         let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i, cached = false)).entered();
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
-        let bytes = cx
-            .artifacts
-            .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))?;
+        let row = || {
+            let (source, inputs, output) = row.unwrap_or_default();
+            TimeRow { order: i, source, phase: "ptxas", inputs, output, ms: 0.0 }
+        };
+        let bytes = cx.timed(spec, row, || {
+            cx.artifacts
+                .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))
+        })?;
         let info = cubin::read(&bytes).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
         m.code = Code::Cubin(bytes);
         m.info = Some(std::sync::Arc::new(info));
@@ -512,7 +596,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
-    let ptx = nvvm(cx, &objects, &options)?;
+    let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
@@ -521,9 +605,15 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     args.extend(ptxas_extra);
     let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
     let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
-    let cubin = cx
-        .artifacts
-        .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?;
+    let cubin = cx.timed(
+        spec,
+        || lto_row("ptxas"),
+        || {
+            cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+                ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
+            })
+        },
+    )?;
     Ok(cubin.to_vec())
 }
 

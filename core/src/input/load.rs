@@ -107,6 +107,40 @@ pub struct LoadContext<'a> {
     pub suppress_arch_warning: bool,
     /// Decoded SASS members kept across requests (the daemon's), if any.
     pub memo: Option<&'a DecodeMemo>,
+    /// The host `e_machine` of `--cpu-arch` ([`cpu_machine`]): a `-l` archive
+    /// none of whose leading ELF members has it is skipped as incompatible.
+    pub cpu_machine: u16,
+}
+
+/// The `e_machine` nvlink expects of host objects for `--cpu-arch` (absent or
+/// `unknown`: this host's, x86-64). Measured with nvlink 13.5 on archives whose
+/// members' `e_machine` was set to each value.
+pub fn cpu_machine(cpu_arch: Option<&str>) -> u16 {
+    match cpu_arch {
+        Some("AARCH64") => 183,
+        Some("ARMv7") => 40,
+        Some("PPC64LE") => 21,
+        Some("RISCV64") => 243,
+        Some("X86") => 3,
+        _ => 62,
+    }
+}
+
+/// Whether nvlink's `-l` search takes this archive for `machine`: walking its
+/// members in order up to the first one that is not ELF (a text file, an empty
+/// member), one has `machine` as its `e_machine` (other ELF members, cubins
+/// included, are passed over). Otherwise nvlink says "Skipping incompatible".
+fn archive_compatible(members: &[archive::Member<'_>], machine: u16) -> bool {
+    for m in members {
+        let Some(bytes) = m.data else { return false };
+        if !is_elf(bytes) {
+            return false;
+        }
+        if header_machine(bytes) == Some(machine) {
+            return true;
+        }
+    }
+    false
 }
 
 /// A loaded archive: its members that carry device code, in order.
@@ -144,7 +178,7 @@ pub struct Loaded<T> {
 }
 
 /// The extension nvlink sees: after the last `.` of the basename; `None` without a dot.
-fn extension(path: &str) -> Option<&str> {
+pub(crate) fn extension(path: &str) -> Option<&str> {
     let file = path.rsplit('/').next().unwrap_or(path);
     file.rfind('.').map(|i| &file[i + 1..])
 }
@@ -256,6 +290,12 @@ impl LoadContext<'_> {
             if !data.starts_with(b"!<arch>\n") {
                 return unsupported(Reason::Input, format!("{shown} is not an archive"));
             }
+            let compatible = archive::members(&data).map(|(_, m)| archive_compatible(&m, self.cpu_machine));
+            if compatible == Ok(false) {
+                warnings
+                    .push(Diagnostic::warning(format!("Skipping incompatible '{shown}' when searching for -l{name}")));
+                continue;
+            }
             return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
         }
         Ok(Loaded { item: None, warnings })
@@ -273,10 +313,13 @@ impl LoadContext<'_> {
             CodeLess,
             Ignored,
         }
+        // nvlink reads members up to the first one that is not ELF (a text
+        // file, an empty member) and none after it.
+        let read = members.iter().position(|m| m.data.is_some_and(|b| !is_elf(b))).unwrap_or(members.len());
         // Members are decoded in parallel (decompressing and parsing device
         // code is the costly part); the first error in member order stands, as
         // if they had been decoded one after another.
-        let decoded: Vec<Result<Member, LoadError>> = members
+        let decoded: Vec<Result<Member, LoadError>> = members[..read]
             .par_iter()
             .map(|m| {
                 let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
@@ -285,6 +328,11 @@ impl LoadContext<'_> {
                 if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
                     if is_elf(bytes) && bytes.len() < 64 {
                         return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
+                    }
+                    // nvlink takes device code from a cubin member (its kernels
+                    // stay; measured on an archive of a cubin and host objects).
+                    if is_cuda_elf(bytes) {
+                        return unsupported(Reason::Input, format!("{member_name}: a cubin member"));
                     }
                     return Ok(Member::Ignored);
                 }

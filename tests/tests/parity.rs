@@ -164,6 +164,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-device-stack-protector-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-partial-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // The first function without the tools-patch attribute, in input and
+    // symbol-table order (PTX compiled first, -r too, after a multiple definition).
+    ("tools-patch-cdp", "--arch=sm_90 --link-as-tools-patch -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("tools-patch-ptx-first", "--arch=sm_90 --link-as-tools-patch vars_def.o saxpy.ptx accumulate.o -o {OUT}/out.cubin", ""),
+    ("tools-patch-relocatable", "--arch=sm_90 --link-as-tools-patch -r scale.o accumulate.o -o {OUT}/out.o", ""),
+    ("tools-patch-undefined", "--arch=sm_90 --link-as-tools-patch -report-arch missing.o -o {OUT}/out.cubin", ""),
+    ("tools-patch-multiple-definition", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o dup/scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error-library", "--arch=sm_90 -Werror -report-arch -Ltinylib -Llib accumulate.o scale.o -ltiny -o {OUT}/out.cubin", ""),
@@ -366,6 +373,13 @@ const IN_PROCESS: &[&str] = &[
     "cpu-arch-named-archive",
     "cpu-arch-unknown-library",
     "cpu-arch-linked",
+    // --link-as-tools-patch's check.
+    "opt-link-as-tools-patch",
+    "tools-patch-cdp",
+    "tools-patch-ptx-first",
+    "tools-patch-relocatable",
+    "tools-patch-multiple-definition",
+    "tools-patch-undefined",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -392,7 +406,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
-    ("opt-link-as-tools-patch", "options"),
     ("opt-uidx-file", "options"),
     ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "input"),

@@ -191,7 +191,6 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
         (spec.preserve_relocs, "--preserve-relocs"),
         (spec.suppress_debug_info, "--suppress-debug-info"),
-        (spec.link_as_tools_patch, "--link-as-tools-patch"),
         (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
         (spec.verbose, "-v (nvlink's resource report)"),
@@ -229,6 +228,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     compile_ptx_modules(cx, spec, plan)?;
     plan.prune(spec, mode);
     check_duplicates(cx, plan)?;
+    if spec.link_as_tools_patch {
+        return tools_patch_check(cx, plan);
+    }
 
     let mut options = vec![format!("-arch={arch}")];
     // -g: nvJitLink keeps the debug sections and, like nvlink, all of
@@ -541,6 +543,35 @@ fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
     }
 }
 
+/// `--link-as-tools-patch` (non-LTO): after merging the inputs (a multiple
+/// definition is reported first), nvlink requires `EIATTR_TOOLS_PATCH_FUNC` of
+/// every function and stops at the first, in input and symbol-table order,
+/// without it, dead kernels included, before resolving symbols. Only a
+/// tools-patch compile writes the attribute; nvlink's link of such code is
+/// not reproduced.
+fn tools_patch_check(cx: &Context<'_>, plan: &Plan) -> Result<Vec<u8>, Declined> {
+    for unit in &plan.units {
+        for info in unit.modules.iter().filter_map(|m| m.info.as_deref()) {
+            if info.tools_patch {
+                return no(Reason::Options, "--link-as-tools-patch with tools-patch code");
+            }
+            let Some(f) = info.functions.first() else { continue };
+            if unit.from_archive {
+                return no(Reason::Options, "--link-as-tools-patch: first function in an archive member");
+            }
+            let message = format!(
+                "Function '{}' in '{}' is missing EIATTR_TOOLS_PATCH_FUNC attribute required by -astoolspatch option",
+                f.name, unit.name
+            );
+            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            *errors =
+                Some(LinkErrors { messages: vec![Diagnostic::fatal(message)], exit_code: crate::diag::EXIT_FATAL });
+            return no(Reason::Diagnostics, "--link-as-tools-patch: a function without the tools-patch attribute");
+        }
+    }
+    no(Reason::Options, "--link-as-tools-patch without device functions")
+}
+
 /// A short list of `-kernels-used` strings selecting exactly `live`.
 ///
 /// nvJitLink keeps every kernel whose name contains one of the strings, and it
@@ -669,6 +700,7 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
         (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
         (spec.debug, "-g"),
         (spec.keep_system_libraries, "--keep-system-libraries"),
+        (spec.link_as_tools_patch, "--link-as-tools-patch"),
     ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),

@@ -719,6 +719,17 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
+        if let Some(u) = spec.uidx_file.as_deref() {
+            return match uidx_fatal(req, fs, spec, u) {
+                Ok(d) => self.fatal(report_arch(spec, d)),
+                // A FIFO or a device: only nvlink itself may read it.
+                Err(_) if fs.declined().is_some() => {
+                    let declined = fs.declined().unwrap_or_default();
+                    self.fall_back(Declined::new(Reason::InputDeclined, declined))
+                }
+                Err(why) => self.route(tk, req, fs, spec, cancel, why),
+            };
+        }
         // nvlink writes the header of a `-time` file it creates before it reads
         // any input.
         let time_file_is_new = match time_file_is_new(req, fs, spec) {
@@ -1035,6 +1046,26 @@ enum NotLinked {
 }
 
 /// The arguments of a link as its span shows them: joined, at most 160 bytes.
+/// What nvlink answers to a `--uidx-file`, which it reads before any input:
+/// a missing file, an empty one, or one without the uidx magic
+/// (`\x7fUFTINDX`) are fatal. A real uidx file (and a directory, which nvlink
+/// meets with "Memory allocation failure", and anything with `-time`) is left
+/// to nvlink.
+fn uidx_fatal(req: &Request, fs: &dyn InputFs, spec: &Spec, u: &str) -> Result<Diagnostic, Declined> {
+    if spec.time.is_some() {
+        return Err(Declined::new(Reason::Options, "--uidx-file with -time"));
+    }
+    match fs.read(&absolute(&req.cwd, u)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Diagnostic::fatal(format!("Could not open input file '{u}'")))
+        }
+        Err(e) => Err(Declined::new(Reason::Options, format!("--uidx-file {u}: {e}"))),
+        Ok(data) if data.is_empty() => Ok(Diagnostic::fatal(format!("Could not read file '{u}'"))),
+        Ok(data) if !data.starts_with(b"\x7fUFTINDX") => Ok(Diagnostic::fatal("Internal error: not uidx input")),
+        Ok(_) => Err(Declined::new(Reason::Options, format!("--uidx-file {u}: a uidx file (nvlink's use of it)"))),
+    }
+}
+
 /// Whether the link's `-time` file is still to be created (nvlink then writes
 /// the table's header first); `Ok(false)` without `-time` or with `-time -`.
 /// A name that is there but not a regular file is left to nvlink.

@@ -202,6 +202,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-force-whole", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --force-whole-lto accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-debug", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-uidx-file", "--arch=sm_90 --uidx-file=link.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // nvlink reads the uidx file first: missing, empty, not uidx (before a missing input, under -dlto).
+    ("uidx-file-missing", "--arch=sm_90 -report-arch --uidx-file=no_such.uidx accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("uidx-file-empty", "--arch=sm_90 --uidx-file=empty.o accumulate.o -o {OUT}/out.cubin", ""),
+    ("uidx-file-before-inputs", "--arch=sm_90 -dlto -nvvmpath={NVVM} --uidx-file=scale.cubin accumulate_lto.o no_such_file.o -o {OUT}/out.cubin", ""),
     ("opt-host-ccbin", "-ghls=lcs-abs --host-ccbin g++ -o {OUT}/script.ld", ""),
     ("opt-time-file", "--arch=sm_90 -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-time-stdout-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -406,7 +410,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
-    ("opt-uidx-file", "options"),
     ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "input"),
 ];

@@ -191,7 +191,6 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
         (spec.preserve_relocs, "--preserve-relocs"),
         (spec.suppress_debug_info, "--suppress-debug-info"),
-        (spec.uidx_file.is_some(), "--uidx-file"),
         (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
         (spec.verbose, "-v (nvlink's resource report)"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),

@@ -813,6 +813,10 @@ impl Linker {
                 return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
             }
         };
+        if spec.warning_as_error && plan.warnings.iter().any(|w| w.severity == crate::diag::Severity::Error) {
+            let why = Declined::new(Reason::Input, "-Werror with an input error (a member that does not decompress)");
+            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+        }
         if spec.warning_as_error && !plan.warnings.is_empty() && spec.time.is_some() {
             let why = Declined::new(Reason::Options, "-time with -Werror and input warnings");
             return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));

@@ -261,6 +261,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-sm100", "--arch=sm_100 accumulate_bw.o scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
+    // A SASS member that does not decompress: nvlink's error, then as if the
+    // object had no code for the target (its PTX unused); -w keeps both.
+    ("corrupted-fatbin-report-arch", "--arch=sm_90 -report-arch -w scale.o corrupt_fatbin.o tmpl_a.o -o {OUT}/out.cubin", ""),
+    ("corrupted-fatbin-suppressed", "--arch=sm_90 --suppress-arch-warning vars_use.o corrupt_fatbin.o vars_def.o -o {OUT}/out.cubin", ""),
     ("empty-input", "--arch=sm_90 accumulate.o scale.o empty.o -o {OUT}/out.cubin", ""),
     ("random-bytes-input", "--arch=sm_90 accumulate.o scale.o random.o -o {OUT}/out.cubin", ""),
     ("tiny-text-input", "--arch=sm_90 accumulate.o scale.o tiny.o -o {OUT}/out.cubin", ""),
@@ -384,6 +388,9 @@ const IN_PROCESS: &[&str] = &[
     "tools-patch-relocatable",
     "tools-patch-multiple-definition",
     "tools-patch-undefined",
+    // A member that does not decompress.
+    "corrupted-fatbin-report-arch",
+    "corrupted-fatbin-suppressed",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -411,7 +418,7 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
     ("ld-r-merged-object", "input"),
-    ("corrupted-fatbin", "input"),
+    ("corrupted-fatbin", "kernels_used"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

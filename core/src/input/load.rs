@@ -509,20 +509,31 @@ impl LoadContext<'_> {
             true => self.select_lto(name, members, object)?,
             false => None,
         };
+        let mut warnings = Vec::new();
         let chosen = match chosen {
             Some(m) => Some(m),
             None => match self.select_sass(name, members)? {
-                Some(m) => Some(m),
-                None => self.select_ptx(name, members)?,
+                Sass::Found(m) => Some(m),
+                Sass::None => self.select_ptx(name, members)?,
+                // nvlink says so and goes on as if the object had no code for
+                // the target (no PTX either); measured on a named host object.
+                Sass::Uncompress
+                    if !in_archive && object.is_some() && !members.iter().any(|m| m.kind == MemberKind::LtoIr) =>
+                {
+                    warnings.push(Diagnostic::error("Uncompress failed"));
+                    None
+                }
+                Sass::Uncompress => {
+                    return unsupported(Reason::Input, format!("{name}: a member that does not decompress"))
+                }
             },
         };
         if let Some(module) = chosen {
-            return Ok((vec![module], Vec::new()));
+            return Ok((vec![module], warnings));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
             return fatal("LTO objects found, use -dlto");
         }
-        let mut warnings = Vec::new();
         if !in_archive && !self.suppress_arch_warning {
             warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", self.target.name())));
         }
@@ -567,7 +578,7 @@ impl LoadContext<'_> {
 
     /// SASS for exactly this target first, then plain SASS of its SM number;
     /// other SASS of the same major is left to the real nvlink.
-    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Sass, LoadError> {
         let t = self.target;
         let same_major =
             || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
@@ -584,11 +595,14 @@ impl LoadContext<'_> {
                     Reason::Arch,
                     format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
                 ),
-                None => Ok(None),
+                None => Ok(Sass::None),
             };
         };
-        let Decoded { bytes, info } = self.decode_sass(name, m)?;
-        Ok(Some(Module {
+        let Decoded { bytes, info } = match self.decode_sass(name, m) {
+            Err(_) if m.contents().err() == Some(fatbin::FatbinError::Uncompress) => return Ok(Sass::Uncompress),
+            decoded => decoded?,
+        };
+        Ok(Sass::Found(Module {
             code: Code::Cubin(bytes),
             arch: m.arch,
             options: m.options.to_owned(),
@@ -632,6 +646,13 @@ impl LoadContext<'_> {
         memo.put(key, decoded.clone());
         Ok(decoded)
     }
+}
+
+/// The SASS member for the target: found, none, or one that does not decompress.
+enum Sass {
+    Found(Module),
+    None,
+    Uncompress,
 }
 
 /// libcudadevrt semantics: take the members that define a symbol still

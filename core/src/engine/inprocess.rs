@@ -189,10 +189,13 @@ impl Context<'_> {
 /// Options whose effect the in-process engine does not reproduce (yet).
 pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
-        (spec.preserve_relocs, "--preserve-relocs"),
-        (spec.suppress_debug_info, "--suppress-debug-info"),
-        (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
-        (spec.verbose, "-v (nvlink's resource report)"),
+        (spec.preserve_relocs, "--preserve-relocs (nvJitLink has no option to keep relocations)"),
+        (spec.suppress_debug_info, "--suppress-debug-info (nvlink's -g link without debug information)"),
+        (
+            spec.dump_callgraph || spec.dump_callgraph_no_demangle,
+            "--dump-callgraph (nvlink's EDG demangler and its merge's node numbers)",
+        ),
+        (spec.verbose, "-v (nvlink's report prints an uninitialized barrier count)"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
     ];

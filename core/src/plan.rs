@@ -52,8 +52,14 @@ pub struct Plan {
 
 impl Plan {
     /// Module ids for `--register-link-binaries`, in load order.
+    /// The ids nvlink registers, in its order: each unit's first id in load
+    /// order, then the other ids of `ld -r` merged objects, the last one
+    /// first (measured with two and three merged objects).
     pub(crate) fn module_ids(&self) -> Vec<String> {
-        self.units.iter().flat_map(|u| u.module_ids.iter().cloned()).collect()
+        let mut ids: Vec<String> = self.units.iter().filter_map(|u| u.module_ids.first().cloned()).collect();
+        let more: Vec<String> = self.units.iter().flat_map(|u| u.module_ids.iter().skip(1).cloned()).collect();
+        ids.extend(more.into_iter().rev());
+        ids
     }
 
     /// All kernels defined by the units.

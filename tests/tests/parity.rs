@@ -391,6 +391,7 @@ const IN_PROCESS: &[&str] = &[
     // A member that does not decompress.
     "corrupted-fatbin-report-arch",
     "corrupted-fatbin-suppressed",
+    "ld-r-merged-object",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -417,7 +418,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
-    ("ld-r-merged-object", "input"),
     ("corrupted-fatbin", "kernels_used"),
 ];
 
@@ -961,4 +961,51 @@ fn time_rows_are_appended_to_an_existing_file() {
     assert!(cmp.problems.is_empty(), "{}", cmp.problems.join("\n"));
     assert!(String::from_utf8_lossy(&results[0].files["t.csv"]).starts_with("earlier rowsptx , ptxas"));
     assert_eq!(daemon.stat("nvlink_process"), 0, "the link was routed to nvlink");
+}
+
+/// Objects merged by `ld -r` (made here from corpus objects): nvlink links the
+/// first fatbin of each and registers every module id, each object's first in
+/// load order, then the others, the last one first. Each link through the
+/// daemon must be nvlink's, in process.
+#[test]
+fn ld_r_merged_objects_match_nvlink() {
+    let corpus = corpus::dir();
+    let dir = TempDir::new("merged");
+    let merge = |out: &str, inputs: &[&str]| {
+        let status = std::process::Command::new("ld")
+            .arg("-r")
+            .args(inputs.iter().map(|i| corpus.join(i)))
+            .arg("-o")
+            .arg(dir.path().join(out))
+            .status()
+            .expect("ld");
+        assert!(status.success(), "ld -r {out}");
+    };
+    merge("acc_use.o", &["accumulate.o", "vars_use.o"]);
+    merge("scale_def.o", &["scale.o", "vars_def.o"]);
+    merge("tmpl_saxpy.o", &["tmpl_a.o", "tmpl_b.o", "saxpy.o"]);
+    for f in ["accumulate.o", "scale.o", "vars_def.o"] {
+        std::fs::copy(corpus.join(f), dir.path().join(f)).unwrap();
+    }
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("merged-out");
+    let mut differing = Vec::new();
+    for inputs in [
+        "acc_use.o scale_def.o",
+        "tmpl_saxpy.o acc_use.o scale.o vars_def.o",
+        "scale_def.o accumulate.o",
+        "tmpl_saxpy.o",
+    ] {
+        let args = format!("--arch=sm_90 --register-link-binaries={{OUT}}/reg.c {inputs} -o {{OUT}}/out.cubin");
+        let inv = Invocation::templated(&args, dir.path(), &out);
+        let expected = run(&real_nvlink(), &inv, &[]);
+        let actual = run(&shim(), &inv, &daemon.shim_env());
+        assert_eq!(expected.code, 0, "{inputs}: {}", String::from_utf8_lossy(&expected.stderr));
+        let cmp = compare::runs(&expected, &actual);
+        if !cmp.problems.is_empty() {
+            differing.push(format!("== {args} ==\n{}", cmp.problems.join("\n")));
+        }
+    }
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+    assert_eq!(daemon.stat("nvlink_process"), 0, "links were routed to nvlink");
 }

@@ -478,7 +478,10 @@ impl LoadContext<'_> {
         let (modules, warnings) = self.select(name, &members, in_archive, Some(data))?;
         let module_ids = match host.module_ids() {
             ids if ids.is_empty() => vec![self.synthetic_id(name)],
-            ids if ids.len() > 1 => {
+            // An `ld -r` merge of several objects: nvlink links the first
+            // fatbin only and registers every id (`Plan::module_ids`);
+            // measured on named objects without -dlto.
+            ids if ids.len() > 1 && (in_archive || self.lto) => {
                 return unsupported(Reason::Input, format!("{name}: several module ids (an ld -r object)"))
             }
             ids => ids,

@@ -265,6 +265,9 @@ const CASES: &[(&str, &str, &str)] = &[
     // object had no code for the target (its PTX unused); -w keeps both.
     ("corrupted-fatbin-report-arch", "--arch=sm_90 -report-arch -w scale.o corrupt_fatbin.o tmpl_a.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin-suppressed", "--arch=sm_90 --suppress-arch-warning vars_use.o corrupt_fatbin.o vars_def.o -o {OUT}/out.cubin", ""),
+    // Host references and no kernel at all: everything is removed.
+    ("no-kernel-functions-only", "--arch=sm_90 scale.o -o {OUT}/out.cubin", ""),
+    ("no-kernel-variables", "--arch=sm_90 vars_def.o scale.o -o {OUT}/out.cubin", ""),
     ("empty-input", "--arch=sm_90 accumulate.o scale.o empty.o -o {OUT}/out.cubin", ""),
     ("random-bytes-input", "--arch=sm_90 accumulate.o scale.o random.o -o {OUT}/out.cubin", ""),
     ("tiny-text-input", "--arch=sm_90 accumulate.o scale.o tiny.o -o {OUT}/out.cubin", ""),
@@ -392,6 +395,9 @@ const IN_PROCESS: &[&str] = &[
     "corrupted-fatbin-report-arch",
     "corrupted-fatbin-suppressed",
     "ld-r-merged-object",
+    "corrupted-fatbin",
+    "no-kernel-functions-only",
+    "no-kernel-variables",
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
@@ -418,7 +424,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
-    ("corrupted-fatbin", "kernels_used"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

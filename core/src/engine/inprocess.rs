@@ -279,10 +279,17 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let cubin = match pruning {
         None => run(&[])?,
         Some(p) => {
-            if p.live_kernels.is_empty() {
-                return no(Reason::KernelsUsed, "host references keep no kernel");
+            let mut cover = kernels_used_cover(&p.live_kernels, &p.dead_kernels)?;
+            if cover.is_empty() {
+                // No kernel at all, so nothing is kept (with no -kernels-used
+                // nvJitLink would keep everything): a string no name contains.
+                // Measured on device functions and variables alone; a program
+                // whose kernels are all dead is left to nvlink.
+                if !p.dead_kernels.is_empty() {
+                    return no(Reason::KernelsUsed, "host references keep none of the kernels");
+                }
+                cover.push("#".to_owned());
             }
-            let cover = kernels_used_cover(&p.live_kernels, &p.dead_kernels)?;
             let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
             // nvlink and nvJitLink must agree on what survives.
             let kept =

@@ -218,6 +218,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-time-partial-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - saxpy_ptx.o accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-time-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -time {OUT}/time.csv accumulate_lto.o scale_lto.o -o {OUT}/out.ptx", ""),
     ("opt-time-undefined", "--arch=sm_90 -time {OUT}/time.csv saxpy_ptx.o missing.o -o {OUT}/out.cubin", ""),
+    ("opt-time-relocatable", "--arch=sm_90 -r -time - accumulate.o saxpy_ptx.o -o {OUT}/out.o", ""),
     // Spellings and repeats.
     ("spellings", "--arch sm_90 --output-file={OUT}/out.cubin -L {L} --library=cudadevrt cdp.o", ""),
     ("redefined-options", "-arch=sm_80 -arch=sm_86 -arch=sm_90 -o {OUT}/x.cubin accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -379,6 +380,7 @@ const IN_PROCESS: &[&str] = &[
     "opt-time-partial-lto",
     "opt-time-emit-ptx",
     "opt-time-undefined",
+    "opt-time-relocatable",
     "opt-cpu-arch",
     "cpu-arch-library-skipped",
     "cpu-arch-named-archive",

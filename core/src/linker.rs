@@ -1049,7 +1049,6 @@ enum NotLinked {
     Errors(inprocess::LinkErrors),
 }
 
-/// The arguments of a link as its span shows them: joined, at most 160 bytes.
 /// What nvlink answers to a `--uidx-file`, which it reads before any input:
 /// a missing file, an empty one, or one without the uidx magic
 /// (`\x7fUFTINDX`) are fatal. A real uidx file (and a directory, which nvlink
@@ -1108,6 +1107,7 @@ fn with_time_table(
     o
 }
 
+/// The arguments of a link as its span shows them: joined, at most 160 bytes.
 fn args_summary(args: &[String]) -> String {
     let mut s = args.join(" ");
     if s.len() > 160 {

@@ -345,13 +345,8 @@ const IN_PROCESS: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
-    ("nvcc-dlto-sm80", "lto_ir_only"),
-    ("nvcc-dlto-sm90", "lto_ir_only"),
-    ("nvcc-dlto-sm100", "lto_ir_only"),
-    ("cmake-dlto-sm90", "lto_ir_only"),
-    ("lto-cross-unit-archive", "lto_ir_only"),
     ("lto-cdp", "partial_lto"),
-    ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
+    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),

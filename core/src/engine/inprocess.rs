@@ -37,6 +37,7 @@ use crate::declined::{declined, Declined, Reason};
 use crate::diag::Diagnostic;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
+use crate::input::host::HostRefs;
 use crate::input::load::Code;
 use crate::input::ptx::PtxSymbols;
 use crate::jitlink::{InputType, JitInput, JitOutput};
@@ -500,14 +501,14 @@ fn nvlink_nvvm_options(spec: &Spec, plan: &Plan) -> Vec<String> {
     o
 }
 
-/// `-host-ref-ek=...` and the five others: the linked units' host
-/// references, in link order, each list reversed as nvlink builds it; empty
-/// lists are left out. nvlink also passes libcudadevrt's own lists (its
-/// internal kernels and globals, `-host-ref-ik`/`-ig`); they name nothing in
-/// the NVVM program (libcudadevrt is no LTO IR, and nvlink adds no module of
-/// it), and the PTX is the same without them.
+/// `-host-ref-ek=...` and the five others, as nvlink builds them: the host
+/// references of the linked units and of every member of libcudadevrt (at
+/// its place on the command line, linked or not), in link order; each list
+/// reversed, a pattern kept once (its first place in the reversed list);
+/// empty lists left out. Compared with nvlink's own calls into libNVVM on the
+/// corpus (see [`nvlink_nvvm_options`]).
 fn host_ref_lists(plan: &Plan) -> Vec<String> {
-    type Pick = fn(&crate::input::host::HostRefs) -> &Vec<String>;
+    type Pick = fn(&HostRefs) -> &Vec<String>;
     let lists: [(&str, Pick); 6] = [
         ("ek", |r| &r.kernels_external),
         ("ik", |r| &r.kernels_internal),
@@ -516,12 +517,29 @@ fn host_ref_lists(plan: &Plan) -> Vec<String> {
         ("eg", |r| &r.variables_external),
         ("ig", |r| &r.variables_internal),
     ];
-    let refs: Vec<&crate::input::host::HostRefs> = plan.units.iter().filter_map(|u| u.host_refs.as_ref()).collect();
+    let mut refs: Vec<&HostRefs> = Vec::new();
+    let runtime = plan.system_library.as_ref().map(|l| l.host_refs());
+    let (at, mut runtime) = match runtime {
+        Some((at, r)) => (at, Some(r)),
+        None => (usize::MAX, None),
+    };
+    for (i, unit) in plan.units.iter().enumerate() {
+        if i == at {
+            refs.extend(runtime.take().into_iter().flatten());
+        }
+        refs.extend(unit.host_refs.as_ref());
+    }
+    refs.extend(runtime.into_iter().flatten());
     lists
         .iter()
         .filter_map(|(tag, pick)| {
-            let mut all: Vec<&str> = refs.iter().flat_map(|r| pick(r).iter().map(String::as_str)).collect();
-            all.reverse();
+            let mut seen = std::collections::HashSet::new();
+            let all: Vec<&str> = refs
+                .iter()
+                .rev()
+                .flat_map(|r| pick(r).iter().rev().map(String::as_str))
+                .filter(|p| seen.insert(*p))
+                .collect();
             (!all.is_empty()).then(|| format!("-host-ref-{tag}={}", all.join(",")))
         })
         .collect()

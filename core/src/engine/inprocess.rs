@@ -431,17 +431,16 @@ pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String
 const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 
 /// Whole-program LTO (`-dlto`) and `-dlto --emit-ptx`, when every linked unit is
-/// LTO IR and the LTO modules form a closed program (nothing left for
-/// libcudadevrt or non-LTO code: that is nvlink's partial LTO).
+/// LTO IR (anything else is nvlink's partial LTO).
 ///
-/// nvlink hands the host references to NVVM (`-host-ref-*`); nvJitLink's
-/// `-kernels-used` (the host-referenced kernels) and `-optimize-unused-variables`
-/// (no variable is host-referenced) tell it the same. NVVM's PTX is then
-/// compiled by ptxas as a whole program: that cubin, tool note included, is
-/// nvlink's output byte for byte.
-///
-/// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
-/// builds produce) gets its symbols from [`probe_lto_symbols`] first.
+/// nvJitLink's NVVM gets the options nvlink gives libNVVM of its own
+/// ([`nvlink_nvvm_options`], [`host_ref_lists`]) as `-Xnvvm=`: its PTX is then
+/// nvlink's, pruned by the host references as nvlink's is, and ptxas compiles
+/// it as a whole program: that cubin, tool note included, is nvlink's output
+/// byte for byte. No module's symbols are needed beforehand, so LTO IR
+/// without a PTX twin (nvcc's `code=lto_XY`, what `-dlto` builds produce)
+/// links the same way. A program NVVM leaves relocatable (open externs) is
+/// nvlink's partial LTO: declined.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {

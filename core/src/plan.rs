@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::cli::spec::{Mode, Spec};
 use crate::diag::Diagnostic;
 use crate::input::cubin::CubinInfo;
-use crate::input::host::glob_match;
+use crate::input::host::{glob_match, HostRefs};
 use crate::input::libsearch;
 use crate::input::load::{select_members, InputItem, Library, LoadContext, LoadError, Unit};
 
@@ -272,6 +272,15 @@ pub struct SystemLibrary {
     name: String,
     path: std::path::PathBuf,
     members: Vec<Unit>,
+}
+
+impl SystemLibrary {
+    /// Where the device runtime sits among the units, and the host
+    /// references of all its members (nvlink passes them to NVVM under
+    /// `-dlto` whether or not a member is linked).
+    pub(crate) fn host_refs(&self) -> (usize, impl Iterator<Item = &HostRefs>) {
+        (self.at, self.members.iter().filter_map(|u| u.host_refs.as_ref()))
+    }
 }
 
 impl Plan {

@@ -70,6 +70,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-cross-unit-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto3.o -lxcall_lto -lcudadevrt -o {OUT}/out.cubin", ""),
     // LTO IR alone whose only device-runtime call is in a kernel the host never
     // launches: nvlink's partial LTO (seen by probing the module).
+    // LTO IR alone in other styles: host-written device and constant variables,
+    // static and anonymous-namespace kernels, printf, device malloc, recursion.
+    ("lto-ir-only-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-ir-only-styles-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} lto_styles2_lto90.o lto_styles_lto90.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("lto-ir-only-styles-registered", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    // The same with PTX twins (nvcc -arch=sm_90 -dlto).
+    ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
     ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
@@ -281,6 +288,16 @@ const CASES: &[(&str, &str, &str)] = &[
 /// Cases the in-process engine must serve itself (a routing regression fails
 /// the test even when the real nvlink engine keeps the bytes right).
 const IN_PROCESS: &[&str] = &[
+    // nvcc's -dlto links of code=lto_XY objects (no PTX twin), in other styles too.
+    "nvcc-dlto-sm80",
+    "nvcc-dlto-sm90",
+    "nvcc-dlto-sm100",
+    "cmake-dlto-sm90",
+    "lto-cross-unit-archive",
+    "lto-ir-only-styles",
+    "lto-ir-only-styles-emit-ptx",
+    "lto-ir-only-styles-registered",
+    "lto-styles",
     "nvcc-dlink",
     "device-vars",
     "cdp",
@@ -407,13 +424,8 @@ const IN_PROCESS: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
-    ("nvcc-dlto-sm80", "lto_ir_only"),
-    ("nvcc-dlto-sm90", "lto_ir_only"),
-    ("nvcc-dlto-sm100", "lto_ir_only"),
-    ("cmake-dlto-sm90", "lto_ir_only"),
-    ("lto-cross-unit-archive", "lto_ir_only"),
     ("lto-cdp", "partial_lto"),
-    ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
+    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("lto-partial-two-modules", "partial_lto"),
     ("lto-relocatable", "partial_lto"),
     ("lto-no-devrt", "partial_lto"),

@@ -37,6 +37,7 @@ use crate::declined::{declined, Declined, Reason};
 use crate::diag::Diagnostic;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
+use crate::input::host::HostRefs;
 use crate::input::load::Code;
 use crate::input::ptx::PtxSymbols;
 use crate::jitlink::{InputType, JitInput, JitOutput};
@@ -207,9 +208,6 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
 
 /// Link `plan` in process; returns the output file.
 pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
-    if matches!(mode, Mode::LtoWhole | Mode::LtoEmitPtx) {
-        probe_lto_symbols(cx, spec, plan)?;
-    }
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, plan)?,
@@ -307,59 +305,6 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     };
     let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
-}
-
-/// Whether LTO modules without a PTX twin are linked in process from their
-/// NVVM probes (below). Off: see [`Reason::LtoIrOnly`]. The probes once gave
-/// other bytes than nvlink on the benchmark's CUB workload; the cause was not
-/// the probes' symbols but NVVM state a probe (`-opt=0`) left in the worker
-/// for the link's own compile, which workers no longer share (an NVVM compile
-/// runs in a fresh worker, `WorkerPool::link`). With that, the probe path
-/// gives nvlink's bytes on that workload, but the probes cost an NVVM run per
-/// module (5 × ~1 s on the CUB units, 9.5 s vs nvlink's 5.7 s cold): nvlink
-/// stays faster until the symbols come cheaper.
-const PROBE_LTO_IR_ONLY: bool = false;
-
-/// The symbols of LTO modules without a PTX twin (nvcc's `code=lto_XY`; the
-/// IR itself is encrypted): NVVM compiles each module alone, relocatable and
-/// unoptimized (`--device-c -opt=0`), which keeps every kernel, function,
-/// variable and extern of the module, as a twin would list them. Each probe
-/// is cached by the module's bytes, and they run in parallel. Without them a
-/// module's reference to libcudadevrt from code the host never reaches would
-/// go unseen (nvlink makes that partial LTO).
-fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
-    // Off (see PROBE_LTO_IR_ONLY): nvlink links them, no slower than itself.
-    let ir_only =
-        plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::LtoObject(_)) && m.lto.is_none());
-    if ir_only && !PROBE_LTO_IR_ONLY {
-        return no(Reason::LtoIrOnly, "LTO IR without a PTX copy (code=lto_XY): linked by nvlink");
-    }
-    if ir_only && spec.time.is_some() {
-        return no(Reason::Options, "-time with LTO IR probes (nvlink times no probe)");
-    }
-    let arch = spec.arch.as_deref().unwrap_or_default();
-    let options = vec![
-        format!("-arch={arch}"),
-        "-lto".to_owned(),
-        "-ptx".to_owned(),
-        "-Xnvvm=--device-c".to_owned(),
-        "-Xnvvm=-opt=0".to_owned(),
-    ];
-    let link = tracing::Span::current();
-    let names: Vec<String> = plan.units.iter().flat_map(|u| u.modules.iter().map(|_| u.name.clone())).collect();
-    let modules: Vec<(&String, &mut crate::input::load::Module)> =
-        names.iter().zip(plan.units.iter_mut().flat_map(|u| u.modules.iter_mut())).collect();
-    modules.into_par_iter().try_for_each(|(name, m)| {
-        let Code::LtoObject(data) = &m.code else { return Ok(()) };
-        if m.lto.is_some() {
-            return Ok(());
-        }
-        let _phase = link.in_scope(|| tracing::debug_span!("lto_probe")).entered();
-        let input = [JitInput { kind: InputType::Object, data, name }];
-        let ptx = nvvm(cx, &input, &options)?;
-        m.lto = Some(crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx)));
-        Ok(())
-    })
 }
 
 /// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside
@@ -607,17 +552,16 @@ pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String
 const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 
 /// Whole-program LTO (`-dlto`) and `-dlto --emit-ptx`, when every linked unit is
-/// LTO IR and the LTO modules form a closed program (nothing left for
-/// libcudadevrt or non-LTO code: that is nvlink's partial LTO).
+/// LTO IR (anything else is nvlink's partial LTO).
 ///
-/// nvlink hands the host references to NVVM (`-host-ref-*`); nvJitLink's
-/// `-kernels-used` (the host-referenced kernels) and `-optimize-unused-variables`
-/// (no variable is host-referenced) tell it the same. NVVM's PTX is then
-/// compiled by ptxas as a whole program: that cubin, tool note included, is
-/// nvlink's output byte for byte.
-///
-/// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
-/// builds produce) gets its symbols from [`probe_lto_symbols`] first.
+/// nvJitLink's NVVM gets the options nvlink gives libNVVM of its own
+/// ([`nvlink_nvvm_options`], [`host_ref_lists`]) as `-Xnvvm=`: its PTX is then
+/// nvlink's, pruned by the host references as nvlink's is, and ptxas compiles
+/// it as a whole program: that cubin, tool note included, is nvlink's output
+/// byte for byte. No module's symbols are needed beforehand, so LTO IR
+/// without a PTX twin (nvcc's `code=lto_XY`, what `-dlto` builds produce)
+/// links the same way. A program NVVM leaves relocatable (open externs) is
+/// nvlink's partial LTO: declined.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
@@ -625,18 +569,23 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
     }
     check_lto_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
-    let (objects, symbols) = lto_program(mode, plan)?;
+    let objects = lto_program(mode, plan)?;
     let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
-    // Host information as nvlink uses it: an object without device code (a
-    // host-only object, libcudart_static's members) turns it off, as in a
-    // non-LTO link, and NVVM then keeps every kernel and variable.
-    if plan.uses_host_info(spec) {
-        check_host_variables(plan)?;
-        options.extend(host_ref_options(plan, &symbols)?);
-    }
+    options.extend(nvlink_nvvm_options(spec, plan).into_iter().map(|o| format!("-Xnvvm={o}")));
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
+    if plan.uses_host_info(spec) {
+        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
+    }
     let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
+    // Under --device-c NVVM leaves a program relocatable when references stay
+    // open (the device runtime: dynamic parallelism, even in a kernel the
+    // host never launches): nvlink then goes on with its partial LTO. The
+    // open references are the PTX's externs that nothing defines.
+    let symbols = crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx));
+    if let Some(open) = open_extern(&[&symbols]) {
+        return no(Reason::PartialLto, format!("{open} stays open after NVVM (partial LTO)"));
+    }
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
@@ -655,6 +604,71 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &Plan) -> Result<Ve
         },
     )?;
     Ok(cubin.to_vec())
+}
+
+/// The NVVM options nvlink adds of its own under `-dlto` and nvJitLink does
+/// not (passed as `-Xnvvm=`): `--device-c` when libcudadevrt is in the link
+/// (NVVM then decides whether the program comes out whole) and
+/// `-has-global-host-info` unless `--ignore-host-info`; the host references
+/// follow the forwarded options ([`host_ref_lists`]). Seen by logging
+/// nvlink's calls into libNVVM (`nvvmCompileProgram`'s options) on every LTO
+/// corpus case; /work/shared/reference/nvlink-nvvm-lto-input.md lists the
+/// same. With them nvJitLink's NVVM gives nvlink's PTX, and a module without
+/// a PTX copy needs no symbols of its own: NVVM prunes by the host
+/// references, as in nvlink.
+fn nvlink_nvvm_options(spec: &Spec, plan: &Plan) -> Vec<String> {
+    let mut o = Vec::new();
+    if plan.system_library_found {
+        o.push("--device-c".to_owned());
+    }
+    if !spec.ignore_host_info {
+        o.push("-has-global-host-info".to_owned());
+    }
+    o
+}
+
+/// `-host-ref-ek=...` and the five others, as nvlink builds them: the host
+/// references of the linked units and of every member of libcudadevrt (at
+/// its place on the command line, linked or not), in link order; each list
+/// reversed, a pattern kept once (its first place in the reversed list);
+/// empty lists left out. Compared with nvlink's own calls into libNVVM on the
+/// corpus (see [`nvlink_nvvm_options`]).
+fn host_ref_lists(plan: &Plan) -> Vec<String> {
+    type Pick = fn(&HostRefs) -> &Vec<String>;
+    let lists: [(&str, Pick); 6] = [
+        ("ek", |r| &r.kernels_external),
+        ("ik", |r| &r.kernels_internal),
+        ("ec", |r| &r.constants_external),
+        ("ic", |r| &r.constants_internal),
+        ("eg", |r| &r.variables_external),
+        ("ig", |r| &r.variables_internal),
+    ];
+    let mut refs: Vec<&HostRefs> = Vec::new();
+    let runtime = plan.system_library.as_ref().map(|l| l.host_refs());
+    let (at, mut runtime) = match runtime {
+        Some((at, r)) => (at, Some(r)),
+        None => (usize::MAX, None),
+    };
+    for (i, unit) in plan.units.iter().enumerate() {
+        if i == at {
+            refs.extend(runtime.take().into_iter().flatten());
+        }
+        refs.extend(unit.host_refs.as_ref());
+    }
+    refs.extend(runtime.into_iter().flatten());
+    lists
+        .iter()
+        .filter_map(|(tag, pick)| {
+            let mut seen = std::collections::HashSet::new();
+            let all: Vec<&str> = refs
+                .iter()
+                .rev()
+                .flat_map(|r| pick(r).iter().rev().map(String::as_str))
+                .filter(|p| seen.insert(*p))
+                .collect();
+            (!all.is_empty()).then(|| format!("-host-ref-{tag}={}", all.join(",")))
+        })
+        .collect()
 }
 
 /// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink
@@ -717,23 +731,17 @@ fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
     }
 }
 
-/// The LTO modules of a whole program and their symbols: every linked unit is
-/// LTO IR, libcudadevrt was found (unless `--emit-ptx`), and the modules close
-/// over each other (anything else is nvlink's partial LTO).
-type LtoProgram<'a> = (Vec<JitInput<'a>>, Vec<&'a PtxSymbols>);
-fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
+/// The LTO objects of a whole program: every linked unit is LTO IR, and
+/// libcudadevrt was found (unless `--emit-ptx`); anything else is nvlink's
+/// partial LTO.
+fn lto_program(mode: Mode, plan: &Plan) -> Result<Vec<JitInput<'_>>, Declined> {
     let mut objects = Vec::new();
-    let mut symbols = Vec::new();
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty()) {
         for m in &unit.modules {
             let Code::LtoObject(data) = &m.code else {
                 return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
             };
             objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
-            match &m.lto {
-                Some(syms) => symbols.push(syms),
-                None => return no(Reason::Tool, format!("{}: LTO module symbols unknown", unit.name)),
-            }
         }
     }
     if objects.is_empty() {
@@ -742,11 +750,7 @@ fn lto_program(mode: Mode, plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
     if mode == Mode::LtoWhole && !plan.system_library_found {
         return no(Reason::PartialLto, "whole-program LTO without libcudadevrt");
     }
-    // A closed program: every extern is defined by an LTO module.
-    if let Some(open) = open_extern(&symbols) {
-        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
-    }
-    Ok((objects, symbols))
+    Ok(objects)
 }
 
 /// An extern of the LTO modules that none of them defines (and the driver
@@ -762,44 +766,6 @@ fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
         .flat_map(|s| &s.externs)
         .map(String::as_str)
         .find(|e| !defined.contains(e) && !SYSTEM_EXTERNS.contains(e))
-}
-
-/// Host-referenced device variables under `-dlto` are left to nvlink.
-fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
-    let refs = plan.units.iter().filter_map(|u| u.host_refs.as_ref());
-    let mut refs = refs.filter(|r| {
-        !(r.variables_external.is_empty()
-            && r.variables_internal.is_empty()
-            && r.constants_external.is_empty()
-            && r.constants_internal.is_empty())
-    });
-    match refs.next() {
-        Some(_) => no(Reason::LtoOptions, "host-referenced device variables with -dlto"),
-        None => Ok(()),
-    }
-}
-
-/// nvlink's host references as nvJitLink options: the host-referenced kernels
-/// as a `-kernels-used` cover, and `-optimize-unused-variables` (no device
-/// variable may be host-referenced: those are left to nvlink).
-fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>, Declined> {
-    let patterns = host_patterns(plan);
-    let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
-    let live: BTreeSet<String> =
-        all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
-    if live.is_empty() {
-        return no(Reason::KernelsUsed, "host references keep no kernel");
-    }
-    let dead: BTreeSet<String> = all.difference(&live).cloned().collect();
-    let mut options: Vec<String> =
-        kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
-    options.push("-optimize-unused-variables".to_owned());
-    Ok(options)
-}
-
-/// The kernel patterns of every unit's host references.
-fn host_patterns(plan: &Plan) -> Vec<&str> {
-    plan.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|r| r.kernel_patterns()).collect()
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).

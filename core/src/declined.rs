@@ -14,18 +14,14 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
     /// Partial LTO nvlink does differently from nvJitLink: several LTO modules
-    /// beside non-LTO code, LTO code needing libcudadevrt alone, relocatable
+    /// beside non-LTO code, LTO code needing libcudadevrt alone (NVVM leaves
+    /// the program relocatable), relocatable
     /// LTO output, `.nvvm`/`.ltoir` files, `-dlto` without libcudadevrt.
     PartialLto,
     /// `-dlto` options nvJitLink cannot express as nvlink applies them
     /// (`--nvvm-latest`, `-g`, `--keep-system-libraries`, `-Xnvvm` math
-    /// options), host-referenced device variables under `-dlto`.
+    /// options).
     LtoOptions,
-    /// LTO IR without a PTX copy (nvcc's `code=lto_XY`, what `-dlto` builds
-    /// produce): its symbols are encrypted, and learning them from an NVVM
-    /// probe of each module costs more than nvlink's whole link saves cold
-    /// (see `PROBE_LTO_IR_ONLY` in `engine/inprocess.rs`), so nvlink links it.
-    LtoIrOnly,
     /// PTX compiled at link time with pruning or ptxas options.
     PtxJit,
     /// Member selection and arch checks not reproduced (`--arch compute_XY`,
@@ -65,10 +61,9 @@ pub enum Reason {
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 16] = [
         Reason::PartialLto,
         Reason::LtoOptions,
-        Reason::LtoIrOnly,
         Reason::PtxJit,
         Reason::Arch,
         Reason::Diagnostics,
@@ -90,7 +85,6 @@ impl Reason {
         match self {
             Reason::PartialLto => "partial_lto",
             Reason::LtoOptions => "lto_options",
-            Reason::LtoIrOnly => "lto_ir_only",
             Reason::PtxJit => "ptx_jit",
             Reason::Arch => "arch",
             Reason::Diagnostics => "diagnostics",

@@ -30,6 +30,10 @@ pub enum FatbinError {
     Truncated,
     #[error("corrupted fatbin member")]
     Corrupt,
+    /// The compressed payload is not zstd data that decodes (nvlink's
+    /// "Uncompress failed").
+    #[error("fatbin member does not decompress")]
+    Uncompress,
 }
 
 /// What a member holds.
@@ -107,9 +111,9 @@ impl<'a> Member<'a> {
         // decoder; device links of CUB-heavy objects spend most of their input
         // time here.
         let mut decoder =
-            zstd::stream::read::Decoder::with_buffer(self.payload).map_err(|_| FatbinError::Corrupt)?.single_frame();
+            zstd::stream::read::Decoder::with_buffer(self.payload).map_err(|_| FatbinError::Uncompress)?.single_frame();
         use std::io::Read;
-        (&mut decoder).take(self.uncompressed_size + 1).read_to_end(&mut out).map_err(|_| FatbinError::Corrupt)?;
+        (&mut decoder).take(self.uncompressed_size + 1).read_to_end(&mut out).map_err(|_| FatbinError::Uncompress)?;
         if out.len() as u64 != self.uncompressed_size {
             return Err(FatbinError::Corrupt);
         }
@@ -294,6 +298,14 @@ mod tests {
     fn corrupted_compressed_payload_is_detected() {
         let mut c = container(&[(2, 90, &[0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3, 4])]);
         // mark compressed, claim 100 bytes uncompressed
+        c[16 + 40..16 + 48].copy_from_slice(&0x8011u64.to_le_bytes());
+        c[16 + 56..16 + 64].copy_from_slice(&100u64.to_le_bytes());
+        let m = parse(&c).unwrap();
+        // Not zstd data that decodes: nvlink's "Uncompress failed".
+        assert_eq!(m[0].contents().unwrap_err(), FatbinError::Uncompress);
+        // Zstd data, but not of the declared size: corrupt otherwise.
+        let frame = zstd::bulk::compress(b"device code", 3).unwrap();
+        let mut c = container(&[(2, 90, &frame)]);
         c[16 + 40..16 + 48].copy_from_slice(&0x8011u64.to_le_bytes());
         c[16 + 56..16 + 64].copy_from_slice(&100u64.to_le_bytes());
         let m = parse(&c).unwrap();

@@ -86,6 +86,7 @@ pub fn inputs(data: &[u8]) {
             lto,
             suppress_arch_warning: false,
             memo: None,
+            cpu_machine: crate::input::load::cpu_machine(None),
         };
         for name in ["x.o", "x.cubin", "x.ptx", "x.fatbin", "x.a", "x.ltoir", "x"] {
             let _ = ctx.input(name);

@@ -204,7 +204,8 @@ pub struct LinkKeys {
 }
 
 /// Whether a link can be cached at all, and its keys. `None`: not cacheable
-/// (an unreadable input, `-time` tables).
+/// (an unreadable input, `-time` tables, a `--uidx-file`: nvlink reads it
+/// first, and its rendering of the options leaves it out).
 pub fn keys(
     identity: &[u8; 32],
     req: &Request,
@@ -213,7 +214,7 @@ pub fn keys(
     fs: &dyn InputFs,
     hashes: &HashMemo,
 ) -> Option<LinkKeys> {
-    if spec.time.is_some() {
+    if spec.time.is_some() || spec.uidx_file.is_some() {
         return None;
     }
     let mut k = KeyBuilder::new("link");
@@ -380,8 +381,9 @@ mod tests {
             assert_eq!(k.content == k0.content, *content, "content key of {args}");
             assert_eq!(k.named == k0.named, *named, "named key of {args}");
         }
-        // Not cacheable: -time, an input that cannot be read.
+        // Not cacheable: -time, --uidx-file, an input that cannot be read.
         assert!(keys_of(&d, "-arch=sm_90 -o out.cubin -time t.csv a.o").is_none());
+        assert!(keys_of(&d, "-arch=sm_90 -o out.cubin --uidx-file=a.o a.o").is_none());
         assert!(keys_of(&d, "-arch=sm_90 -o out.cubin missing.o").is_none());
         let _ = std::fs::remove_dir_all(&d);
     }

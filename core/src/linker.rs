@@ -719,12 +719,36 @@ impl Linker {
         mode: Mode,
         cancel: &Cancel,
     ) -> Outcome {
+        if let Some(u) = spec.uidx_file.as_deref() {
+            return match uidx_fatal(req, fs, spec, u) {
+                Ok(d) => self.fatal(report_arch(spec, d)),
+                // A FIFO or a device: only nvlink itself may read it.
+                Err(_) if fs.declined().is_some() => {
+                    let declined = fs.declined().unwrap_or_default();
+                    self.fall_back(Declined::new(Reason::InputDeclined, declined))
+                }
+                Err(why) => self.route(tk, req, fs, spec, cancel, why),
+            };
+        }
+        // nvlink writes the header of a `-time` file it creates before it reads
+        // any input.
+        let time_file_is_new = match time_file_is_new(req, fs, spec) {
+            Ok(new) => new,
+            Err(why) => return self.route(tk, req, fs, spec, cancel, why),
+        };
         let mut plan = match self.plan_link(tk, req, fs, spec, cancel) {
             Ok(plan) => plan,
             Err(answered) => return *answered,
         };
-        let output = match self.link_in_process(tk, spec, mode, &mut plan, cancel) {
-            Ok(bytes) => bytes,
+        let timings = std::sync::Mutex::new(Vec::new());
+        let linked = self.link_in_process(tk, spec, mode, &mut plan, cancel, &timings);
+        let timings = timings.into_inner().unwrap_or_else(|p| p.into_inner());
+        let outcome = match linked {
+            Ok(output) => {
+                bump(&self.stats.in_process);
+                debug!("linked in process");
+                self.in_process_outcome(req, fs, spec, mode, &plan, output)
+            }
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
             Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, cancel, why),
             Err(NotLinked::Errors(e)) if spec.register_link_binaries.is_some() && e.written.is_none() => {
@@ -736,12 +760,10 @@ impl Linker {
             Err(NotLinked::Errors(errors)) => {
                 bump(&self.stats.in_process);
                 debug!("link errors answered in process");
-                return self.link_errors_outcome(req, spec, &plan, errors);
+                self.link_errors_outcome(req, spec, &plan, errors)
             }
         };
-        bump(&self.stats.in_process);
-        debug!("linked in process");
-        self.in_process_outcome(req, fs, spec, mode, &plan, output)
+        with_time_table(outcome, req, spec, time_file_is_new, &timings)
     }
 
     /// The link plan, or the answer when there is none: nvlink's fatal
@@ -766,6 +788,7 @@ impl Linker {
             lto: spec.lto,
             suppress_arch_warning: spec.suppress_arch_warning,
             memo: Some(&self.decode_memo),
+            cpu_machine: crate::input::load::cpu_machine(spec.cpu_arch.as_deref()),
         };
         let planned = debug_span!("plan").in_scope(|| {
             fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
@@ -773,6 +796,10 @@ impl Linker {
         });
         let plan = match planned {
             Ok(p) => p,
+            Err(LoadError::Fatal(_)) if spec.time.is_some() => {
+                let why = Declined::new(Reason::Options, "-time with an input fatal (the rows nvlink writes first)");
+                return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+            }
             Err(LoadError::Fatal(ds)) => {
                 return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }
@@ -786,6 +813,14 @@ impl Linker {
                 return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
             }
         };
+        if spec.warning_as_error && plan.warnings.iter().any(|w| w.severity == crate::diag::Severity::Error) {
+            let why = Declined::new(Reason::Input, "-Werror with an input error (a member that does not decompress)");
+            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+        }
+        if spec.warning_as_error && !plan.warnings.is_empty() && spec.time.is_some() {
+            let why = Declined::new(Reason::Options, "-time with -Werror and input warnings");
+            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+        }
         if spec.warning_as_error && !plan.warnings.is_empty() {
             // nvlink stops at the first warning, printed as an error, with its
             // link step's fatal (`-w` or not).
@@ -808,6 +843,7 @@ impl Linker {
         mode: Mode,
         plan: &mut plan::Plan,
         cancel: &Cancel,
+        timings: &std::sync::Mutex<Vec<inprocess::TimeRow>>,
     ) -> Result<Vec<u8>, NotLinked> {
         let artifacts = Artifacts {
             store: self.cache.as_ref().map(|c| &c.store),
@@ -827,6 +863,7 @@ impl Linker {
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             fault: &fault,
             errors: &errors,
+            timings,
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
@@ -1026,6 +1063,64 @@ enum NotLinked {
     Declined(Declined),
     /// nvlink's link errors, reproduced: the answer is those messages.
     Errors(inprocess::LinkErrors),
+}
+
+/// What nvlink answers to a `--uidx-file`, which it reads before any input:
+/// a missing file, an empty one, or one without the uidx magic
+/// (`\x7fUFTINDX`) are fatal. A real uidx file (and a directory, which nvlink
+/// meets with "Memory allocation failure", and anything with `-time`) is left
+/// to nvlink.
+fn uidx_fatal(req: &Request, fs: &dyn InputFs, spec: &Spec, u: &str) -> Result<Diagnostic, Declined> {
+    if spec.time.is_some() {
+        return Err(Declined::new(Reason::Options, "--uidx-file with -time"));
+    }
+    match fs.read(&absolute(&req.cwd, u)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Diagnostic::fatal(format!("Could not open input file '{u}'")))
+        }
+        Err(e) => Err(Declined::new(Reason::Options, format!("--uidx-file {u}: {e}"))),
+        Ok(data) if data.is_empty() => Ok(Diagnostic::fatal(format!("Could not read file '{u}'"))),
+        Ok(data) if !data.starts_with(b"\x7fUFTINDX") => Ok(Diagnostic::fatal("Internal error: not uidx input")),
+        Ok(_) => Err(Declined::new(Reason::Options, format!("--uidx-file {u}: a uidx file (nvlink's use of it)"))),
+    }
+}
+
+/// Whether the link's `-time` file is still to be created (nvlink then writes
+/// the table's header first); `Ok(false)` without `-time` or with `-time -`.
+/// A name that is there but not a regular file is left to nvlink.
+fn time_file_is_new(req: &Request, fs: &dyn InputFs, spec: &Spec) -> Result<bool, Declined> {
+    let Some(t) = spec.time.as_deref().filter(|t| *t != "-") else { return Ok(false) };
+    match fs.stat(&absolute(&req.cwd, t)) {
+        Ok(st) if !st.is_dir => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Ok(_) => Err(Declined::new(Reason::Options, format!("-time {t}: a directory"))),
+        Err(e) => Err(Declined::new(Reason::Options, format!("-time {t}: {e}"))),
+    }
+}
+
+/// nvlink's `-time` table added to an in-process answer: on stdout (`-time
+/// -`), header first, or appended to the file (the header only when the link
+/// creates it), written before the other outputs as nvlink writes it first.
+fn with_time_table(
+    mut o: Outcome,
+    req: &Request,
+    spec: &Spec,
+    file_is_new: bool,
+    rows: &[inprocess::TimeRow],
+) -> Outcome {
+    let Some(t) = spec.time.as_deref() else { return o };
+    let table = inprocess::time_rows(rows, spec.arch.as_deref().unwrap_or_default());
+    if t == "-" {
+        let mut stdout = format!("{}{table}", inprocess::TIME_HEADER).into_bytes();
+        stdout.append(&mut o.stdout);
+        o.stdout = stdout;
+        return o;
+    }
+    let data = if file_is_new { format!("{}{table}", inprocess::TIME_HEADER) } else { table };
+    if !data.is_empty() {
+        o.outputs.insert(0, OutputFile { path: absolute(&req.cwd, t), data: data.into_bytes(), append: true });
+    }
+    o
 }
 
 /// The arguments of a link as its span shows them: joined, at most 160 bytes.

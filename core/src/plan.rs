@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::cli::spec::{Mode, Spec};
 use crate::diag::Diagnostic;
 use crate::input::cubin::CubinInfo;
-use crate::input::host::glob_match;
+use crate::input::host::{glob_match, HostRefs};
 use crate::input::libsearch;
 use crate::input::load::{select_members, InputItem, Library, LoadContext, LoadError, Unit};
 
@@ -55,8 +55,14 @@ pub struct Plan {
 
 impl Plan {
     /// Module ids for `--register-link-binaries`, in load order.
+    /// The ids nvlink registers, in its order: each unit's first id in load
+    /// order, then the other ids of `ld -r` merged objects, the last one
+    /// first (measured with two and three merged objects).
     pub(crate) fn module_ids(&self) -> Vec<String> {
-        self.units.iter().flat_map(|u| u.module_ids.iter().cloned()).collect()
+        let mut ids: Vec<String> = self.units.iter().filter_map(|u| u.module_ids.first().cloned()).collect();
+        let more: Vec<String> = self.units.iter().flat_map(|u| u.module_ids.iter().skip(1).cloned()).collect();
+        ids.extend(more.into_iter().rev());
+        ids
     }
 
     /// All kernels defined by the units.
@@ -286,9 +292,11 @@ pub struct SystemLibrary {
 }
 
 impl SystemLibrary {
-    /// All its members, chosen or not.
-    pub(crate) fn members(&self) -> &[Unit] {
-        &self.members
+    /// Where the device runtime sits among the units, and the host
+    /// references of all its members (nvlink passes them to NVVM under
+    /// `-dlto` whether or not a member is linked).
+    pub(crate) fn host_refs(&self) -> (usize, impl Iterator<Item = &HostRefs>) {
+        (self.at, self.members.iter().filter_map(|u| u.host_refs.as_ref()))
     }
 }
 

@@ -89,6 +89,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-cross-unit-archive", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Llib xcall_main_lto3.o -lxcall_lto -lcudadevrt -o {OUT}/out.cubin", ""),
     // LTO IR alone whose only device-runtime call is in a kernel the host never
     // launches: nvlink's partial LTO (seen by probing the module).
+    // LTO IR alone in other styles: host-written device and constant variables,
+    // static and anonymous-namespace kernels, printf, device malloc, recursion.
+    ("lto-ir-only-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-ir-only-styles-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} lto_styles2_lto90.o lto_styles_lto90.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("lto-ir-only-styles-registered", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    // The same with PTX twins (nvcc -arch=sm_90 -dlto).
+    ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
     ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
@@ -183,6 +190,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-device-stack-protector-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector-partial-lto", "--arch=sm_90 --device-stack-protector=true -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-link-as-tools-patch", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // The first function without the tools-patch attribute, in input and
+    // symbol-table order (PTX compiled first, -r too, after a multiple definition).
+    ("tools-patch-cdp", "--arch=sm_90 --link-as-tools-patch -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("tools-patch-ptx-first", "--arch=sm_90 --link-as-tools-patch vars_def.o saxpy.ptx accumulate.o -o {OUT}/out.cubin", ""),
+    ("tools-patch-relocatable", "--arch=sm_90 --link-as-tools-patch -r scale.o accumulate.o -o {OUT}/out.o", ""),
+    ("tools-patch-undefined", "--arch=sm_90 --link-as-tools-patch -report-arch missing.o -o {OUT}/out.cubin", ""),
+    ("tools-patch-multiple-definition", "--arch=sm_90 --link-as-tools-patch accumulate.o scale.o dup/scale.o -o {OUT}/out.cubin", ""),
     ("opt-disable-warnings", "--arch=sm_80 -w vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error", "--arch=sm_80 -Werror vars_def.o vars_use.o -o {OUT}/out.cubin", ""),
     ("opt-warning-as-error-library", "--arch=sm_90 -Werror -report-arch -Ltinylib -Llib accumulate.o scale.o -ltiny -o {OUT}/out.cubin", ""),
@@ -190,6 +204,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-disable-infos", "--arch=sm_90 --disable-infos -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-suppress-stack-size-warning", "--arch=sm_90 --suppress-stack-size-warning accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-cpu-arch", "--arch=sm_90 --cpu-arch=AARCH64 -L{L} cdp.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // -l takes an archive only if one of its leading ELF members is built for
+    // --cpu-arch (unknown: x86-64); named archives are not checked.
+    ("cpu-arch-library-skipped", "--arch=sm_90 --cpu-arch=PPC64LE -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
+    ("cpu-arch-named-archive", "--arch=sm_90 --cpu-arch=AARCH64 mathlib_main.o lib/libdevmath.a -o {OUT}/out.cubin", ""),
+    ("cpu-arch-unknown-library", "--arch=sm_90 --cpu-arch=unknown -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
+    ("cpu-arch-linked", "--arch=sm_90 --cpu-arch=RISCV64 accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-machine", "--arch=sm_90 --machine 64 accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-device-stack-protector", "--arch=sm_90 --device-stack-protector=true accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-link-time-opt", "--arch=sm_90 --link-time-opt -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -218,10 +238,23 @@ const CASES: &[(&str, &str, &str)] = &[
     ("opt-lto-debug-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g cdp_multi_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-lto-debug-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -g livedead_lto.o -o {OUT}/out.ptx", ""),
     ("opt-uidx-file", "--arch=sm_90 --uidx-file=link.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // nvlink reads the uidx file first: missing, empty, not uidx (before a missing input, under -dlto).
+    ("uidx-file-missing", "--arch=sm_90 -report-arch --uidx-file=no_such.uidx accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("uidx-file-empty", "--arch=sm_90 --uidx-file=empty.o accumulate.o -o {OUT}/out.cubin", ""),
+    ("uidx-file-before-inputs", "--arch=sm_90 -dlto -nvvmpath={NVVM} --uidx-file=scale.cubin accumulate_lto.o no_such_file.o -o {OUT}/out.cubin", ""),
     ("opt-host-ccbin", "-ghls=lcs-abs --host-ccbin g++ -o {OUT}/script.ld", ""),
     ("opt-time-file", "--arch=sm_90 -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("opt-time-stdout-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("opt-time-ptx", "--arch=sm_90 -time {OUT}/time.csv saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    // -time rows: PTX in objects and .ptx files (input order, the target as
+    // given), NVVM and ptxas of partial LTO after the PTX rows, --emit-ptx,
+    // rows before link errors.
+    ("opt-time-ptx-file-stdout", "--arch=sm_90 -time - saxpy.ptx accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-time-sm120f", "--arch=sm_120f -time {OUT}/time.csv accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-time-partial-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -time - saxpy_ptx.o accumulate_lto.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("opt-time-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -time {OUT}/time.csv accumulate_lto.o scale_lto.o -o {OUT}/out.ptx", ""),
+    ("opt-time-undefined", "--arch=sm_90 -time {OUT}/time.csv saxpy_ptx.o missing.o -o {OUT}/out.cubin", ""),
+    ("opt-time-relocatable", "--arch=sm_90 -r -time - accumulate.o saxpy_ptx.o -o {OUT}/out.o", ""),
     // Spellings and repeats.
     ("spellings", "--arch sm_90 --output-file={OUT}/out.cubin -L {L} --library=cudadevrt cdp.o", ""),
     ("redefined-options", "-arch=sm_80 -arch=sm_86 -arch=sm_90 -o {OUT}/x.cubin accumulate.o scale.o -o {OUT}/out.cubin", ""),
@@ -265,6 +298,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cubin-sm100", "--arch=sm_100 accumulate_bw.o scale_sm100.cubin -o {OUT}/out.cubin", ""),
     ("truncated-object", "--arch=sm_90 accumulate.o scale.o truncated.o -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
+    // A SASS member that does not decompress: nvlink's error, then as if the
+    // object had no code for the target (its PTX unused); -w keeps both.
+    ("corrupted-fatbin-report-arch", "--arch=sm_90 -report-arch -w scale.o corrupt_fatbin.o tmpl_a.o -o {OUT}/out.cubin", ""),
+    ("corrupted-fatbin-suppressed", "--arch=sm_90 --suppress-arch-warning vars_use.o corrupt_fatbin.o vars_def.o -o {OUT}/out.cubin", ""),
+    // Host references and no kernel at all: everything is removed.
+    ("no-kernel-functions-only", "--arch=sm_90 scale.o -o {OUT}/out.cubin", ""),
+    ("no-kernel-variables", "--arch=sm_90 vars_def.o scale.o -o {OUT}/out.cubin", ""),
     ("empty-input", "--arch=sm_90 accumulate.o scale.o empty.o -o {OUT}/out.cubin", ""),
     ("random-bytes-input", "--arch=sm_90 accumulate.o scale.o random.o -o {OUT}/out.cubin", ""),
     ("tiny-text-input", "--arch=sm_90 accumulate.o scale.o tiny.o -o {OUT}/out.cubin", ""),
@@ -277,6 +317,16 @@ const CASES: &[(&str, &str, &str)] = &[
 /// Cases the in-process engine must serve itself (a routing regression fails
 /// the test even when the real nvlink engine keeps the bytes right).
 const IN_PROCESS: &[&str] = &[
+    // nvcc's -dlto links of code=lto_XY objects (no PTX twin), in other styles too.
+    "nvcc-dlto-sm80",
+    "nvcc-dlto-sm90",
+    "nvcc-dlto-sm100",
+    "cmake-dlto-sm90",
+    "lto-cross-unit-archive",
+    "lto-ir-only-styles",
+    "lto-ir-only-styles-emit-ptx",
+    "lto-ir-only-styles-registered",
+    "lto-styles",
     "nvcc-dlink",
     "device-vars",
     "cdp",
@@ -367,6 +417,35 @@ const IN_PROCESS: &[&str] = &[
     "opt-device-stack-protector-partial-lto",
     "opt-verbose2",
     "opt-verbose2-cdp",
+    // -time tables; libraries skipped for --cpu-arch.
+    "opt-time-file",
+    "opt-time-stdout-lto",
+    "opt-time-ptx",
+    "opt-time-ptx-file-stdout",
+    "opt-time-sm120f",
+    "opt-time-partial-lto",
+    "opt-time-emit-ptx",
+    "opt-time-undefined",
+    "opt-time-relocatable",
+    "opt-cpu-arch",
+    "cpu-arch-library-skipped",
+    "cpu-arch-named-archive",
+    "cpu-arch-unknown-library",
+    "cpu-arch-linked",
+    // --link-as-tools-patch's check.
+    "opt-link-as-tools-patch",
+    "tools-patch-cdp",
+    "tools-patch-ptx-first",
+    "tools-patch-relocatable",
+    "tools-patch-multiple-definition",
+    "tools-patch-undefined",
+    // A member that does not decompress.
+    "corrupted-fatbin-report-arch",
+    "corrupted-fatbin-suppressed",
+    "ld-r-merged-object",
+    "corrupted-fatbin",
+    "no-kernel-functions-only",
+    "no-kernel-variables",
 ];
 
 /// Cases whose output must be nvlink's to the byte, tool note included (the
@@ -385,25 +464,12 @@ const BYTE_IDENTICAL: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
-    ("nvcc-dlto-sm80", "lto_ir_only"),
-    ("nvcc-dlto-sm90", "lto_ir_only"),
-    ("nvcc-dlto-sm100", "lto_ir_only"),
-    ("cmake-dlto-sm90", "lto_ir_only"),
-    ("lto-cross-unit-archive", "lto_ir_only"),
-    ("lto-ir-only-cdp-unlaunched", "lto_ir_only"),
+    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info", "options"),
     ("opt-preserve-relocs", "options"),
-    ("opt-link-as-tools-patch", "options"),
-    ("opt-cpu-arch", "options"),
-    ("opt-uidx-file", "options"),
-    ("opt-time-file", "options"),
-    ("opt-time-stdout-lto", "options"),
-    ("opt-time-ptx", "options"),
-    ("ld-r-merged-object", "input"),
-    ("corrupted-fatbin", "input"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for
@@ -855,4 +921,145 @@ fn recompiled_objects_hit_the_daemon_cache() {
         assert_eq!(daemon.stat("cache_hits"), hits + 1, "{name}: the recompiled link was not a cache hit");
         assert!(actual == expected, "{name}: the hit differs from nvlink's output for the recompiled objects");
     }
+}
+
+/// Archives as nvlink reads them, made here with `ar` from corpus objects:
+/// `-l` takes an archive only when one of its members up to the first non-ELF
+/// one has the `--cpu-arch`'s `e_machine` (else "Skipping incompatible"), and
+/// nvlink reads no member after a non-ELF one (a text file, an empty member),
+/// named or `-l`. Each link through the daemon must be nvlink's, in process.
+#[test]
+fn archive_members_and_cpu_arch_match_nvlink() {
+    let corpus = corpus::dir();
+    let dir = TempDir::new("archives");
+    let copy = |from: &str, to: &str, machine: Option<u16>| {
+        let mut b = std::fs::read(corpus.join(from)).expect("corpus object");
+        if let Some(m) = machine {
+            b[18..20].copy_from_slice(&m.to_le_bytes());
+        }
+        std::fs::write(dir.path().join(to), b).expect("member");
+    };
+    copy("mathlib_1.o", "m1.o", None);
+    copy("mathlib_2.o", "m2.o", None);
+    copy("mathlib_1.o", "arm1.o", Some(183));
+    copy("mathlib_2.o", "arm2.o", Some(183));
+    copy("scale.cubin", "k.cubin", None);
+    std::fs::write(dir.path().join("text.txt"), "not an object\n").unwrap();
+    std::fs::write(dir.path().join("empty.o"), "").unwrap();
+    // (directory, members in order)
+    let archives: &[(&str, &[&str])] = &[
+        ("arm", &["arm1.o", "arm2.o"]),
+        ("mixed", &["arm1.o", "m2.o"]),
+        ("text-first", &["text.txt", "m1.o", "m2.o"]),
+        ("text-middle", &["m1.o", "text.txt", "m2.o"]),
+        ("text-middle-arm", &["arm1.o", "text.txt", "m2.o"]),
+        ("empty-first", &["empty.o", "m1.o", "m2.o"]),
+        ("cubin-first", &["k.cubin", "m1.o", "m2.o"]),
+    ];
+    for (name, members) in archives {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let status = std::process::Command::new("ar")
+            .arg("rc")
+            .arg(format!("{name}/libm.a"))
+            .args(members.iter())
+            .current_dir(dir.path())
+            .status()
+            .expect("ar");
+        assert!(status.success(), "ar {name}");
+    }
+    std::fs::copy(corpus.join("mathlib_main.o"), dir.path().join("main.o")).unwrap();
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("archives-out");
+    let mut differing = Vec::new();
+    for (name, _) in archives {
+        for cpu in ["", "--cpu-arch=AARCH64", "--cpu-arch=X86_64", "--cpu-arch=X86"] {
+            for how in [format!("-L{name} main.o -lm"), format!("main.o {name}/libm.a")] {
+                let args = format!("--arch=sm_90 {cpu} {how} -o {{OUT}}/out.cubin");
+                let inv = Invocation::templated(&args, dir.path(), &out);
+                let expected = run(&real_nvlink(), &inv, &[]);
+                let actual = run(&shim(), &inv, &daemon.shim_env());
+                let cmp = compare::runs(&expected, &actual);
+                if !cmp.problems.is_empty() {
+                    differing.push(format!("== {args} ==\n{}", cmp.problems.join("\n")));
+                }
+            }
+        }
+    }
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+    // Only the 6 links that read the cubin member go to nvlink: named (4), and
+    // taken by -l for x86-64 (2; skipped for AARCH64 and X86).
+    assert_eq!(daemon.stat("nvlink_process"), 6, "links routed to nvlink");
+    assert!(daemon.stat("in_process") > 0, "no link was made in process");
+}
+
+/// `-time` into a file that is already there: nvlink appends its rows and no
+/// header; the shim's file must end up the same (times masked).
+#[test]
+fn time_rows_are_appended_to_an_existing_file() {
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("time-existing");
+    let mut results = Vec::new();
+    for (program, env) in [(real_nvlink(), Vec::new()), (shim(), daemon.shim_env())] {
+        let time = TempDir::new("time-file");
+        let csv = time.path().join("t.csv");
+        std::fs::write(&csv, "earlier rows").unwrap();
+        let args =
+            format!("--arch=sm_90 -time {} saxpy_ptx.o accumulate.o scale.o -o {{OUT}}/out.cubin", csv.display());
+        let inv = Invocation::templated(&args, corpus::dir(), &out);
+        let mut r = run(&program, &inv, &env);
+        r.files.insert("t.csv".into(), std::fs::read(&csv).unwrap());
+        mask_times(&mut r);
+        results.push(r);
+    }
+    let cmp = compare::runs(&results[0], &results[1]);
+    assert!(cmp.problems.is_empty(), "{}", cmp.problems.join("\n"));
+    assert!(String::from_utf8_lossy(&results[0].files["t.csv"]).starts_with("earlier rowsptx , ptxas"));
+    assert_eq!(daemon.stat("nvlink_process"), 0, "the link was routed to nvlink");
+}
+
+/// Objects merged by `ld -r` (made here from corpus objects): nvlink links the
+/// first fatbin of each and registers every module id, each object's first in
+/// load order, then the others, the last one first. Each link through the
+/// daemon must be nvlink's, in process.
+#[test]
+fn ld_r_merged_objects_match_nvlink() {
+    let corpus = corpus::dir();
+    let dir = TempDir::new("merged");
+    let merge = |out: &str, inputs: &[&str]| {
+        let status = std::process::Command::new("ld")
+            .arg("-r")
+            .args(inputs.iter().map(|i| corpus.join(i)))
+            .arg("-o")
+            .arg(dir.path().join(out))
+            .status()
+            .expect("ld");
+        assert!(status.success(), "ld -r {out}");
+    };
+    merge("acc_use.o", &["accumulate.o", "vars_use.o"]);
+    merge("scale_def.o", &["scale.o", "vars_def.o"]);
+    merge("tmpl_saxpy.o", &["tmpl_a.o", "tmpl_b.o", "saxpy.o"]);
+    for f in ["accumulate.o", "scale.o", "vars_def.o"] {
+        std::fs::copy(corpus.join(f), dir.path().join(f)).unwrap();
+    }
+    let daemon = Daemon::start_with(&["--no-speculate"]);
+    let out = TempDir::new("merged-out");
+    let mut differing = Vec::new();
+    for inputs in [
+        "acc_use.o scale_def.o",
+        "tmpl_saxpy.o acc_use.o scale.o vars_def.o",
+        "scale_def.o accumulate.o",
+        "tmpl_saxpy.o",
+    ] {
+        let args = format!("--arch=sm_90 --register-link-binaries={{OUT}}/reg.c {inputs} -o {{OUT}}/out.cubin");
+        let inv = Invocation::templated(&args, dir.path(), &out);
+        let expected = run(&real_nvlink(), &inv, &[]);
+        let actual = run(&shim(), &inv, &daemon.shim_env());
+        assert_eq!(expected.code, 0, "{inputs}: {}", String::from_utf8_lossy(&expected.stderr));
+        let cmp = compare::runs(&expected, &actual);
+        if !cmp.problems.is_empty() {
+            differing.push(format!("== {args} ==\n{}", cmp.problems.join("\n")));
+        }
+    }
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+    assert_eq!(daemon.stat("nvlink_process"), 0, "links were routed to nvlink");
 }

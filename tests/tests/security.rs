@@ -290,8 +290,9 @@ fn remote_routed_links_run_in_a_sandbox_under_the_callers_names() {
         (format!("--arch=sm_90 --register-link-binaries={{OUT}}/reg.c {dir}/missing.o -o {{OUT}}/out.cubin"), true),
         // Partial LTO (with --keep-system-libraries: routed): nvlink records -L and -nvvmpath in its tool entry.
         (format!("--arch=sm_90 -dlto --keep-system-libraries -nvvmpath={{NVVM}} -L{{L}} -L{dir}/lib {dir}/cdp_lto.o -lcudadevrt -o {{OUT}}/out.cubin"), true),
-        // -time rows naming absolute inputs, appended to the caller's file.
-        (format!("--arch=sm_90 -time {dir}/time.csv {dir}/saxpy_ptx.o -o {{OUT}}/out.cubin"), true),
+        // -time rows naming absolute inputs, appended to the caller's file
+        // (routed for -v; -time alone is answered in process).
+        (format!("--arch=sm_90 -v -time {dir}/time.csv {dir}/saxpy_ptx.o -o {{OUT}}/out.cubin"), true),
         // Above the root and down again: the same file for nvlink, not mirrored.
         (format!("--arch=sm_90 -v {up}{}/accumulate.o scale.o -o {{OUT}}/out.cubin", &dir[1..]), false),
         // A list of directories (not moved one by one) and a path for the embedded ptxas.

@@ -37,6 +37,7 @@ use crate::declined::{declined, Declined, Reason};
 use crate::diag::Diagnostic;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
+use crate::input::host::HostRefs;
 use crate::input::load::Code;
 use crate::input::ptx::PtxSymbols;
 use crate::jitlink::{InputType, JitInput, JitOutput};
@@ -67,6 +68,63 @@ pub struct Context<'a> {
     /// multiply defined symbols): the linker answers them, exit status and
     /// all, as nvlink does.
     pub errors: &'a std::sync::Mutex<Option<LinkErrors>>,
+    /// The rows of nvlink's `-time` table for the steps this link ran.
+    pub timings: &'a std::sync::Mutex<Vec<TimeRow>>,
+}
+
+/// One row of nvlink's `-time` table: a step nvlink's own tools run (its
+/// embedded ptxas on a PTX input, NVVM and ptxas under `-dlto`), timed here
+/// around the same step (a cached artifact takes the time of the lookup).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimeRow {
+    /// nvlink writes the rows in the order it runs the steps: the PTX inputs
+    /// as it reads them (in input order), then the LTO steps.
+    pub order: usize,
+    pub source: String,
+    pub phase: &'static str,
+    pub inputs: String,
+    pub output: String,
+    pub ms: f64,
+}
+
+/// The header nvlink writes when it creates the `-time` file (and always on stdout).
+pub const TIME_HEADER: &str =
+    "source file name , phase name , phase input files , phase output file , arch , tool, metric , unit\n";
+
+/// nvlink's `-time` table rows, in its order, for the target as given with `--arch`.
+pub fn time_rows(rows: &[TimeRow], arch: &str) -> String {
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|r| r.order);
+    rows.iter()
+        .map(|r| {
+            format!("{} , {} , {} , {} , {arch} , nvlink , {:.4} , ms\n", r.source, r.phase, r.inputs, r.output, r.ms)
+        })
+        .collect()
+}
+
+/// The order of the LTO steps' rows: after every PTX input's.
+const NVVM_ROW: usize = usize::MAX - 1;
+const PTXAS_ROW: usize = usize::MAX;
+
+impl Context<'_> {
+    /// Run `step`, recording its time as a `-time` row when the link asks for them.
+    fn timed<T>(&self, spec: &Spec, row: impl FnOnce() -> TimeRow, step: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let out = step();
+        if spec.time.is_some() {
+            let mut r = row();
+            r.ms = started.elapsed().as_secs_f64() * 1000.0;
+            self.timings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+        }
+        out
+    }
+}
+
+/// The `-time` rows of the LTO steps: NVVM (nvlink names it `cicc`), then ptxas.
+fn lto_row(phase: &'static str) -> TimeRow {
+    let (order, source, output) =
+        if phase == "cicc" { (NVVM_ROW, "lto.nvvm", "lto.ptx") } else { (PTXAS_ROW, "lto.ptx", "lto.cubin") };
+    TimeRow { order, source: source.into(), phase, inputs: String::new(), output: output.into(), ms: 0.0 }
 }
 
 /// nvlink's answer to a link that fails in its link stage: the messages, in
@@ -135,16 +193,15 @@ impl Context<'_> {
 /// Options whose effect the in-process engine does not reproduce (yet).
 pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
-        (spec.preserve_relocs, "--preserve-relocs"),
-        (spec.suppress_debug_info, "--suppress-debug-info"),
-        (spec.link_as_tools_patch, "--link-as-tools-patch"),
-        (spec.uidx_file.is_some(), "--uidx-file"),
-        (spec.dump_callgraph || spec.dump_callgraph_no_demangle, "--dump-callgraph"),
-        (spec.verbose, "-v (nvlink's resource report)"),
-        (spec.time.is_some(), "-time"),
+        (spec.preserve_relocs, "--preserve-relocs (nvJitLink has no option to keep relocations)"),
+        (spec.suppress_debug_info, "--suppress-debug-info (nvlink's -g link without debug information)"),
+        (
+            spec.dump_callgraph || spec.dump_callgraph_no_demangle,
+            "--dump-callgraph (nvlink's EDG demangler and its merge's node numbers)",
+        ),
+        (spec.verbose, "-v (nvlink's report prints an uninitialized barrier count)"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
-        (spec.cpu_arch.as_deref().is_some_and(|c| c != "X86_64"), "a --cpu-arch other than X86_64"),
     ];
     match checks.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::Options, format!("{what} is not reproduced in process")),
@@ -154,9 +211,6 @@ pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
 
 /// Link `plan` in process; returns the output file.
 pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
-    if matches!(mode, Mode::LtoWhole | Mode::LtoEmitPtx) {
-        probe_lto_symbols(cx, spec, plan)?;
-    }
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx => {}
@@ -170,6 +224,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         Mode::LtoPartial => partial_lto_to_cubin(cx, spec, mode, plan)?,
         m => m,
     };
+
     check_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
     if !arch.starts_with("sm_") {
@@ -178,6 +233,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     compile_ptx_modules(cx, spec, plan)?;
     plan.prune(spec, mode);
     check_duplicates(cx, plan)?;
+    if spec.link_as_tools_patch {
+        return tools_patch_check(cx, plan);
+    }
 
     let mut options = vec![format!("-arch={arch}")];
     // -g: nvJitLink keeps the debug sections and, like nvlink, all of
@@ -224,9 +282,6 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let cubin = match pruning {
         None => run(&[])?,
         Some(p) => {
-            if p.live_kernels.is_empty() {
-                return no(Reason::KernelsUsed, "host references keep no kernel");
-            }
             // After partial LTO nvlink keeps the host-referenced kernels and
             // what they reach: a cover of those alone gives its section
             // order (a cover of every live kernel does not).
@@ -234,10 +289,17 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
                 true => host_referenced(plan, &p.live_kernels),
                 false => p.live_kernels.clone(),
             };
-            if wanted.is_empty() {
-                return no(Reason::KernelsUsed, "host references keep no kernel");
+            let mut cover = kernels_used_cover(&wanted, &p.dead_kernels)?;
+            if cover.is_empty() {
+                // No kernel at all, so nothing is kept (with no -kernels-used
+                // nvJitLink would keep everything): a string no name contains.
+                // Measured on device functions and variables alone; a program
+                // whose kernels are all dead is left to nvlink.
+                if !p.dead_kernels.is_empty() {
+                    return no(Reason::KernelsUsed, "host references keep none of the kernels");
+                }
+                cover.push("#".to_owned());
             }
-            let cover = kernels_used_cover(&wanted, &p.dead_kernels)?;
             let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
             // nvlink and nvJitLink must agree on what survives.
             let kept =
@@ -254,6 +316,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
                     ),
                 );
             }
+
             cubin
         }
     };
@@ -264,62 +327,6 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     };
     let _phase = tracing::debug_span!("finalize").entered();
     finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
-}
-
-/// The kernels among `live` that a unit's host references name.
-fn host_referenced(plan: &Plan, live: &BTreeSet<String>) -> BTreeSet<String> {
-    let patterns = host_patterns(plan);
-    live.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect()
-}
-
-/// Whether LTO modules without a PTX twin are linked in process from their
-/// NVVM probes (below). Off: see [`Reason::LtoIrOnly`]. The probes once gave
-/// other bytes than nvlink on the benchmark's CUB workload; the cause was not
-/// the probes' symbols but NVVM state a probe (`-opt=0`) left in the worker
-/// for the link's own compile, which workers no longer share (an NVVM compile
-/// runs in a fresh worker, `WorkerPool::link`). With that, the probe path
-/// gives nvlink's bytes on that workload, but the probes cost an NVVM run per
-/// module (5 × ~1 s on the CUB units, 9.5 s vs nvlink's 5.7 s cold): nvlink
-/// stays faster until the symbols come cheaper.
-const PROBE_LTO_IR_ONLY: bool = false;
-
-/// The symbols of LTO modules without a PTX twin (nvcc's `code=lto_XY`; the
-/// IR itself is encrypted): NVVM compiles each module alone, relocatable and
-/// unoptimized (`--device-c -opt=0`), which keeps every kernel, function,
-/// variable and extern of the module, as a twin would list them. Each probe
-/// is cached by the module's bytes, and they run in parallel. Without them a
-/// module's reference to libcudadevrt from code the host never reaches would
-/// go unseen (nvlink makes that partial LTO).
-fn probe_lto_symbols(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
-    // Off (see PROBE_LTO_IR_ONLY): nvlink links them, no slower than itself.
-    let ir_only =
-        plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::LtoObject(_)) && m.lto.is_none());
-    if ir_only && !PROBE_LTO_IR_ONLY {
-        return no(Reason::LtoIrOnly, "LTO IR without a PTX copy (code=lto_XY): linked by nvlink");
-    }
-    let arch = spec.arch.as_deref().unwrap_or_default();
-    let options = vec![
-        format!("-arch={arch}"),
-        "-lto".to_owned(),
-        "-ptx".to_owned(),
-        "-Xnvvm=--device-c".to_owned(),
-        "-Xnvvm=-opt=0".to_owned(),
-    ];
-    let link = tracing::Span::current();
-    let names: Vec<String> = plan.units.iter().flat_map(|u| u.modules.iter().map(|_| u.name.clone())).collect();
-    let modules: Vec<(&String, &mut crate::input::load::Module)> =
-        names.iter().zip(plan.units.iter_mut().flat_map(|u| u.modules.iter_mut())).collect();
-    modules.into_par_iter().try_for_each(|(name, m)| {
-        let Code::LtoObject(data) = &m.code else { return Ok(()) };
-        if m.lto.is_some() {
-            return Ok(());
-        }
-        let _phase = link.in_scope(|| tracing::debug_span!("lto_probe")).entered();
-        let input = [JitInput { kind: InputType::Object, data, name }];
-        let ptx = nvvm(cx, &input, &options)?;
-        m.lto = Some(crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx)));
-        Ok(())
-    })
 }
 
 /// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside
@@ -414,21 +421,29 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         // is nvlink's) and still keeps every kernel; the link prunes.
         // (Host-referenced variables: the link prunes kernels only.)
         check_host_variables(plan)?;
-        options.extend(nvvm_host_refs(plan)?);
+        options.push("-Xnvvm=-has-global-host-info".to_owned());
+        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
         next = Mode::Executable;
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
-    let ptx = nvvm(cx, &objects, &options)?;
+    let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
     let cubin: std::sync::Arc<[u8]> = if spec.debug {
         // As under whole-program LTO: nvlink's ptxas options, tool entry and warnings.
-        debug_ptxas(cx, plan, &ptx, args, &ptxas_extra)?.into()
+        cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, &ptx, args, &ptxas_extra))?.into()
     } else {
         args.extend(ptxas_extra);
         let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-        cx.artifacts
-            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit))?
+        cx.timed(
+            spec,
+            || lto_row("ptxas"),
+            || {
+                cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+                    ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
+                })
+            },
+        )?
     };
     let info = cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
     for unit in &mut plan.units {
@@ -478,7 +493,8 @@ fn partial_lto_ptx(cx: &Context<'_>, spec: &Spec, plan: &Plan) -> Result<Vec<u8>
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
     if plan.uses_host_info(spec) {
         check_host_variables(plan)?;
-        options.extend(nvvm_host_refs(plan)?);
+        options.push("-Xnvvm=-has-global-host-info".to_owned());
+        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
     }
     let (nvvm_extra, _) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -527,17 +543,37 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if let Some(v) = &spec.device_stack_protector {
         args.insert(0, format!("-device-stack-protector={v}"));
     }
+    // nvlink's `-time` row of each PTX module, by the unit it came from.
+    let mut rows = Vec::new();
+    for u in &plan.units {
+        for m in &u.modules {
+            let row = match crate::input::load::extension(&u.name) {
+                _ if !matches!(m.code, Code::Ptx(_)) || spec.time.is_none() => None,
+                // Not measured: how nvlink names these in its table.
+                _ if u.from_archive => return no(Reason::Options, "-time with PTX in an archive member"),
+                Some("fatbin") => return no(Reason::Options, "-time with PTX in a fatbin file"),
+                Some("ptx") => Some((u.name.clone(), u.name.clone(), String::new())),
+                _ => Some(("ptx".to_owned(), u.name.clone(), "cubin".to_owned())),
+            };
+            rows.push(row);
+        }
+    }
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
     // Each module is compiled on the pool, inside the link's span.
     let link = tracing::Span::current();
-    modules.into_par_iter().enumerate().try_for_each(|(i, m)| {
+    modules.into_par_iter().zip(rows).enumerate().try_for_each(|(i, (m, row))| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
         let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i, cached = false)).entered();
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
-        let bytes = cx
-            .artifacts
-            .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))?;
+        let row = || {
+            let (source, inputs, output) = row.unwrap_or_default();
+            TimeRow { order: i, source, phase: "ptxas", inputs, output, ms: 0.0 }
+        };
+        let bytes = cx.timed(spec, row, || {
+            cx.artifacts
+                .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))
+        })?;
         let info = cubin::read(&bytes).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
         m.code = Code::Cubin(bytes);
         m.info = Some(std::sync::Arc::new(info));
@@ -576,6 +612,38 @@ fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
     }
 }
 
+/// `--link-as-tools-patch` (non-LTO): after merging the inputs (a multiple
+/// definition is reported first), nvlink requires `EIATTR_TOOLS_PATCH_FUNC` of
+/// every function and stops at the first, in input and symbol-table order,
+/// without it, dead kernels included, before resolving symbols. Only a
+/// tools-patch compile writes the attribute; nvlink's link of such code is
+/// not reproduced.
+fn tools_patch_check(cx: &Context<'_>, plan: &Plan) -> Result<Vec<u8>, Declined> {
+    for unit in &plan.units {
+        for info in unit.modules.iter().filter_map(|m| m.info.as_deref()) {
+            if info.tools_patch {
+                return no(Reason::Options, "--link-as-tools-patch with tools-patch code");
+            }
+            let Some(f) = info.functions.first() else { continue };
+            if unit.from_archive {
+                return no(Reason::Options, "--link-as-tools-patch: first function in an archive member");
+            }
+            let message = format!(
+                "Function '{}' in '{}' is missing EIATTR_TOOLS_PATCH_FUNC attribute required by -astoolspatch option",
+                f.name, unit.name
+            );
+            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            *errors = Some(LinkErrors {
+                messages: vec![Diagnostic::fatal(message)],
+                exit_code: crate::diag::EXIT_FATAL,
+                written: None,
+            });
+            return no(Reason::Diagnostics, "--link-as-tools-patch: a function without the tools-patch attribute");
+        }
+    }
+    no(Reason::Options, "--link-as-tools-patch without device functions")
+}
+
 /// A short list of `-kernels-used` strings selecting exactly `live`.
 ///
 /// nvJitLink keeps every kernel whose name contains one of the strings, and it
@@ -602,17 +670,16 @@ pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String
 const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 
 /// Whole-program LTO (`-dlto`) and `-dlto --emit-ptx`, when every linked unit is
-/// LTO IR and the LTO modules form a closed program (nothing left for
-/// libcudadevrt or non-LTO code: that is nvlink's partial LTO).
+/// LTO IR (anything else is nvlink's partial LTO).
 ///
-/// nvlink hands the host references to NVVM (`-host-ref-*`); nvJitLink's
-/// `-kernels-used` (the host-referenced kernels) and `-optimize-unused-variables`
-/// (no variable is host-referenced) tell it the same. NVVM's PTX is then
-/// compiled by ptxas as a whole program: that cubin, tool note included, is
-/// nvlink's output byte for byte.
-///
-/// An LTO module without a PTX twin (nvcc's `code=lto_XY` alone, what `-dlto`
-/// builds produce) gets its symbols from [`probe_lto_symbols`] first.
+/// nvJitLink's NVVM gets the options nvlink gives libNVVM of its own
+/// ([`nvlink_nvvm_options`], [`host_ref_lists`]) as `-Xnvvm=`: its PTX is then
+/// nvlink's, pruned by the host references as nvlink's is, and ptxas compiles
+/// it as a whole program: that cubin, tool note included, is nvlink's output
+/// byte for byte. No module's symbols are needed beforehand, so LTO IR
+/// without a PTX twin (nvcc's `code=lto_XY`, what `-dlto` builds produce)
+/// links the same way. A program NVVM leaves relocatable (open externs) is
+/// nvlink's partial LTO: declined.
 fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
@@ -620,15 +687,14 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     }
     check_lto_options(spec)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
-    let (objects, symbols) = lto_program(plan)?;
+    let objects = lto_program(plan)?;
     let mut options = vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned()];
-    // Host information as nvlink uses it: an object without device code (a
-    // host-only object, libcudart_static's members) turns it off, as in a
-    // non-LTO link, and NVVM then keeps every kernel and variable.
+    options.extend(nvlink_nvvm_options(spec, plan).into_iter().map(|o| format!("-Xnvvm={o}")));
+    let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
+    options.extend(nvvm_extra);
     // (Under -g too: nvlink then still hands NVVM the host references.)
     if plan.has_host_info(spec) {
-        check_host_variables(plan)?;
-        options.extend(host_ref_options(plan, &symbols)?);
+        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
     }
     // -g: nvJitLink's `-g` is nvlink's NVVM `-g -opt=0` (the same PTX).
     if spec.debug {
@@ -639,26 +705,36 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     if spec.nvvm_latest {
         options.push("-nvvm-latest".to_owned());
     }
-    let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
-    options.extend(nvvm_extra);
-    let ptx = nvvm(cx, &objects, &options)?;
+    let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
+    // Under --device-c NVVM leaves a program relocatable when references stay
+    // open (the device runtime: dynamic parallelism, even in a kernel the
+    // host never launches): nvlink then goes on with its partial LTO. The
+    // open references are the PTX's externs that nothing defines.
+    let symbols = crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx));
+    if let Some(open) = open_extern(&[&symbols]) {
+        return no(Reason::PartialLto, format!("{open} stays open after NVVM (partial LTO)"));
+    }
     if mode == Mode::LtoEmitPtx {
         return Ok(ptx.to_vec());
     }
     // ptxas: the whole program to the final cubin.
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
     let cubin: Vec<u8> = if spec.debug {
-        debug_ptxas(cx, plan, &ptx, args, &ptxas_extra)?
+        cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, &ptx, args, &ptxas_extra))?
     } else {
         args.extend(ptxas_extra);
         let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-        tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false)
-            .in_scope(|| {
+        let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
+        cx.timed(
+            spec,
+            || lto_row("ptxas"),
+            || {
                 cx.artifacts.get_or_compute(Level::Ptxas, key, || {
                     ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
                 })
-            })?
-            .to_vec()
+            },
+        )?
+        .to_vec()
     };
     if !plan.system_library_found {
         // nvlink writes the whole program, then misses the device runtime it
@@ -724,6 +800,71 @@ fn debug_ptxas(
     Ok(cubin)
 }
 
+/// The NVVM options nvlink adds of its own under `-dlto` and nvJitLink does
+/// not (passed as `-Xnvvm=`): `--device-c` when libcudadevrt is in the link
+/// (NVVM then decides whether the program comes out whole) and
+/// `-has-global-host-info` unless `--ignore-host-info`; the host references
+/// follow the forwarded options ([`host_ref_lists`]). Seen by logging
+/// nvlink's calls into libNVVM (`nvvmCompileProgram`'s options) on every LTO
+/// corpus case; /work/shared/reference/nvlink-nvvm-lto-input.md lists the
+/// same. With them nvJitLink's NVVM gives nvlink's PTX, and a module without
+/// a PTX copy needs no symbols of its own: NVVM prunes by the host
+/// references, as in nvlink.
+fn nvlink_nvvm_options(spec: &Spec, plan: &Plan) -> Vec<String> {
+    let mut o = Vec::new();
+    if plan.system_library_found {
+        o.push("--device-c".to_owned());
+    }
+    if !spec.ignore_host_info {
+        o.push("-has-global-host-info".to_owned());
+    }
+    o
+}
+
+/// `-host-ref-ek=...` and the five others, as nvlink builds them: the host
+/// references of the linked units and of every member of libcudadevrt (at
+/// its place on the command line, linked or not), in link order; each list
+/// reversed, a pattern kept once (its first place in the reversed list);
+/// empty lists left out. Compared with nvlink's own calls into libNVVM on the
+/// corpus (see [`nvlink_nvvm_options`]).
+fn host_ref_lists(plan: &Plan) -> Vec<String> {
+    type Pick = fn(&HostRefs) -> &Vec<String>;
+    let lists: [(&str, Pick); 6] = [
+        ("ek", |r| &r.kernels_external),
+        ("ik", |r| &r.kernels_internal),
+        ("ec", |r| &r.constants_external),
+        ("ic", |r| &r.constants_internal),
+        ("eg", |r| &r.variables_external),
+        ("ig", |r| &r.variables_internal),
+    ];
+    let mut refs: Vec<&HostRefs> = Vec::new();
+    let runtime = plan.system_library.as_ref().map(|l| l.host_refs());
+    let (at, mut runtime) = match runtime {
+        Some((at, r)) => (at, Some(r)),
+        None => (usize::MAX, None),
+    };
+    for (i, unit) in plan.units.iter().enumerate() {
+        if i == at {
+            refs.extend(runtime.take().into_iter().flatten());
+        }
+        refs.extend(unit.host_refs.as_ref());
+    }
+    refs.extend(runtime.into_iter().flatten());
+    lists
+        .iter()
+        .filter_map(|(tag, pick)| {
+            let mut seen = std::collections::HashSet::new();
+            let all: Vec<&str> = refs
+                .iter()
+                .rev()
+                .flat_map(|r| pick(r).iter().rev().map(String::as_str))
+                .filter(|p| seen.insert(*p))
+                .collect();
+            (!all.is_empty()).then(|| format!("-host-ref-{tag}={}", all.join(",")))
+        })
+        .collect()
+}
+
 /// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink
 /// options) and for ptxas.
 fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
@@ -770,57 +911,34 @@ fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
 
 /// Options nvlink forwards to NVVM or ptxas under `-dlto`: not reproduced yet.
 fn check_lto_options(spec: &Spec) -> Result<(), Declined> {
-    let lto_options: &[(bool, &str)] = &[(spec.verbose2, "-v2 (ptxas's report, with its compile times)")];
+    let lto_options: &[(bool, &str)] = &[
+        (spec.verbose2, "-v2 (ptxas's report, with its compile times)"),
+        (spec.link_as_tools_patch, "--link-as-tools-patch"),
+    ];
     match lto_options.iter().find(|(on, _)| *on) {
         Some((_, what)) => no(Reason::LtoOptions, format!("{what} with -dlto is not reproduced in process")),
         None => Ok(()),
     }
 }
 
-/// The LTO modules of a whole program and their symbols: every linked unit is
-/// LTO IR and the modules close over each other (anything else is nvlink's
-/// partial LTO).
-type LtoProgram<'a> = (Vec<JitInput<'a>>, Vec<&'a PtxSymbols>);
-fn lto_program(plan: &Plan) -> Result<LtoProgram<'_>, Declined> {
+/// The LTO objects of a whole program: every linked unit is LTO IR (anything
+/// else is nvlink's partial LTO); libcudadevrt kept whole
+/// (`--keep-system-libraries`) is left out, as nvlink leaves it out of a
+/// whole program (its output is the same).
+fn lto_program(plan: &Plan) -> Result<Vec<JitInput<'_>>, Declined> {
     let mut objects = Vec::new();
-    let mut symbols = Vec::new();
-    // libcudadevrt kept whole (`--keep-system-libraries`) is left out, as
-    // nvlink leaves it out of a whole program (its output is the same).
     for unit in plan.units.iter().filter(|u| !u.modules.is_empty() && !u.is_cudadevrt) {
         for m in &unit.modules {
             let Code::LtoObject(data) = &m.code else {
                 return no(Reason::PartialLto, "partial LTO (non-LTO device code in an LTO link)");
             };
             objects.push(JitInput { kind: InputType::Object, data, name: &unit.name });
-            match &m.lto {
-                Some(syms) => symbols.push(syms),
-                None => return no(Reason::Tool, format!("{}: LTO module symbols unknown", unit.name)),
-            }
         }
     }
     if objects.is_empty() {
         return no(Reason::PartialLto, "-dlto without LTO objects");
     }
-    // A closed program: every extern is defined by an LTO module.
-    if let Some(open) = open_extern(&symbols) {
-        return no(Reason::PartialLto, format!("{open} is not defined by the LTO modules (partial LTO)"));
-    }
-    Ok((objects, symbols))
-}
-
-/// An extern of the LTO modules that none of them defines (and the driver
-/// does not provide).
-fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
-    let defined: std::collections::HashSet<&str> = symbols
-        .iter()
-        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
-        .map(String::as_str)
-        .collect();
-    symbols
-        .iter()
-        .flat_map(|s| &s.externs)
-        .map(String::as_str)
-        .find(|e| !defined.contains(e) && !SYSTEM_EXTERNS.contains(e))
+    Ok(objects)
 }
 
 /// Host-referenced device variables under `-dlto` are left to nvlink.
@@ -839,66 +957,30 @@ fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
     }
 }
 
-/// nvlink's host references as nvJitLink options: the host-referenced kernels
-/// as a `-kernels-used` cover, and `-optimize-unused-variables` (no device
-/// variable may be host-referenced: those are left to nvlink).
-fn host_ref_options(plan: &Plan, symbols: &[&PtxSymbols]) -> Result<Vec<String>, Declined> {
+/// The kernels among `live` that a unit's host references name.
+fn host_referenced(plan: &Plan, live: &BTreeSet<String>) -> BTreeSet<String> {
     let patterns = host_patterns(plan);
-    let all: BTreeSet<String> = symbols.iter().flat_map(|s| s.kernels.iter().cloned()).collect();
-    let live: BTreeSet<String> =
-        all.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect();
-    if live.is_empty() {
-        return no(Reason::KernelsUsed, "host references keep no kernel");
-    }
-    let dead: BTreeSet<String> = all.difference(&live).cloned().collect();
-    let mut options: Vec<String> =
-        kernels_used_cover(&live, &dead)?.into_iter().map(|k| format!("-kernels-used={k}")).collect();
-    options.push("-optimize-unused-variables".to_owned());
-    Ok(options)
-}
-
-/// nvlink's host references as NVVM options (`-has-global-host-info`, then
-/// `-host-ref-ek/ik/ec/ic/eg/ig=` with the patterns of every unit in load
-/// order, libcudadevrt's members all counted whether linked or not).
-fn nvvm_host_refs(plan: &Plan) -> Result<Vec<String>, Declined> {
-    let mut refs: Vec<&crate::input::host::HostRefs> = Vec::new();
-    let user = |u: &&crate::input::load::Unit| !u.is_cudadevrt;
-    match &plan.system_library {
-        Some(sys) => {
-            let end = (sys.at + sys.chosen).min(plan.units.len());
-            refs.extend(plan.units[..sys.at.min(end)].iter().filter(user).filter_map(|u| u.host_refs.as_ref()));
-            refs.extend(sys.members().iter().filter_map(|u| u.host_refs.as_ref()));
-            refs.extend(plan.units[end..].iter().filter(user).filter_map(|u| u.host_refs.as_ref()));
-        }
-        None => return no(Reason::PartialLto, "partial LTO for libcudadevrt without its members"),
-    }
-    type List = fn(&crate::input::host::HostRefs) -> &Vec<String>;
-    let lists: [(&str, List); 6] = [
-        ("ek", |r| &r.kernels_external),
-        ("ik", |r| &r.kernels_internal),
-        ("ec", |r| &r.constants_external),
-        ("ic", |r| &r.constants_internal),
-        ("eg", |r| &r.variables_external),
-        ("ig", |r| &r.variables_internal),
-    ];
-    let mut options = vec!["-Xnvvm=-has-global-host-info".to_owned()];
-    for (tag, list) in lists {
-        let patterns: Vec<&str> = refs.iter().flat_map(|r| list(r)).map(String::as_str).collect();
-        if patterns.is_empty() {
-            continue;
-        }
-        // How nvlink joins a pattern named twice was not observed.
-        if patterns.iter().collect::<std::collections::HashSet<_>>().len() != patterns.len() {
-            return no(Reason::PartialLto, format!("a host reference named twice (-host-ref-{tag})"));
-        }
-        options.push(format!("-Xnvvm=-host-ref-{tag}={}", patterns.join(",")));
-    }
-    Ok(options)
+    live.iter().filter(|k| patterns.iter().any(|p| crate::input::host::glob_match(p, k))).cloned().collect()
 }
 
 /// The kernel patterns of every unit's host references.
 fn host_patterns(plan: &Plan) -> Vec<&str> {
     plan.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|r| r.kernel_patterns()).collect()
+}
+
+/// An extern of the LTO modules that none of them defines (and the driver
+/// does not provide).
+fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
+    let defined: std::collections::HashSet<&str> = symbols
+        .iter()
+        .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
+        .map(String::as_str)
+        .collect();
+    symbols
+        .iter()
+        .flat_map(|s| &s.externs)
+        .map(String::as_str)
+        .find(|e| !defined.contains(e) && !SYSTEM_EXTERNS.contains(e))
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).

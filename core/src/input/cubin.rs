@@ -27,6 +27,9 @@ pub struct CubinInfo {
     pub local_functions: Vec<String>,
     /// References found in relocations: from a function's code, or from data.
     pub refs: Vec<Ref>,
+    /// Some `.nv.info` section carries `EIATTR_TOOLS_PATCH_FUNC` (0x4b), which
+    /// only a tools-patch compile writes (`--link-as-tools-patch` requires it).
+    pub tools_patch: bool,
 }
 
 /// A relocation's reference to a symbol.
@@ -42,6 +45,21 @@ pub struct Ref {
 /// The SM number encoded in a cubin's `e_flags` (bits 8..16 for the ABI of sm_75+).
 pub(crate) fn sm_of(elf: &Elf<'_>) -> u32 {
     (elf.flags >> 8) & 0xff
+}
+
+/// `EIATTR_TOOLS_PATCH_FUNC`.
+const EIATTR_TOOLS_PATCH_FUNC: u8 = 0x4b;
+
+/// Whether an `.nv.info`-shaped section holds attribute `attr`, in any format.
+fn has_attribute(data: &[u8], attr: u8) -> bool {
+    let mut at = 0;
+    while let (Some(&fmt), Some(&a), Some(v)) = (data.get(at), data.get(at + 1), data.get(at + 2..at + 4)) {
+        if a == attr {
+            return true;
+        }
+        at += 4 + if fmt == 4 { u16::from_le_bytes([v[0], v[1]]) as usize } else { 0 };
+    }
+    false
 }
 
 /// The value of attribute `attr` in a `.nv.compat` section (0 when absent).
@@ -86,6 +104,11 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
             .collect(),
         refs: relocation_refs(&elf, &symbols)?,
         functions,
+        tools_patch: elf
+            .sections
+            .iter()
+            .filter(|s| s.name == ".nv.info" || s.name.starts_with(".nv.info."))
+            .any(|s| has_attribute(elf.section_data(s), EIATTR_TOOLS_PATCH_FUNC)),
         ..Default::default()
     };
     for s in symbols.iter().filter(|s| s.is_global() && !s.name.is_empty()) {
@@ -173,5 +196,16 @@ mod compat_tests {
         // Truncated and oversized entries end the walk without a panic.
         assert_eq!(compat_value(&[4, 0x0b, 0xff, 0xff, 1], 0x09), 0);
         assert_eq!(compat_value(&[2, 9], 0x09), 0);
+    }
+
+    #[test]
+    fn attributes_found_in_any_format() {
+        use super::has_attribute;
+        // A format-4 entry's payload is skipped, not read as attributes.
+        let data = [4, 0x2f, 4, 0, 0x4b, 0x4b, 0x4b, 0x4b, 1, 0x4b, 0, 0];
+        assert!(has_attribute(&data, 0x4b));
+        assert!(has_attribute(&data, 0x2f));
+        assert!(!has_attribute(&data[..8], 0x4b));
+        assert!(!has_attribute(&[4, 0x2f, 0xff, 0xff], 0x4b));
     }
 }

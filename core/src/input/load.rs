@@ -107,6 +107,40 @@ pub struct LoadContext<'a> {
     pub suppress_arch_warning: bool,
     /// Decoded SASS members kept across requests (the daemon's), if any.
     pub memo: Option<&'a DecodeMemo>,
+    /// The host `e_machine` of `--cpu-arch` ([`cpu_machine`]): a `-l` archive
+    /// none of whose leading ELF members has it is skipped as incompatible.
+    pub cpu_machine: u16,
+}
+
+/// The `e_machine` nvlink expects of host objects for `--cpu-arch` (absent or
+/// `unknown`: this host's, x86-64). Measured with nvlink 13.5 on archives whose
+/// members' `e_machine` was set to each value.
+pub fn cpu_machine(cpu_arch: Option<&str>) -> u16 {
+    match cpu_arch {
+        Some("AARCH64") => 183,
+        Some("ARMv7") => 40,
+        Some("PPC64LE") => 21,
+        Some("RISCV64") => 243,
+        Some("X86") => 3,
+        _ => 62,
+    }
+}
+
+/// Whether nvlink's `-l` search takes this archive for `machine`: walking its
+/// members in order up to the first one that is not ELF (a text file, an empty
+/// member), one has `machine` as its `e_machine` (other ELF members, cubins
+/// included, are passed over). Otherwise nvlink says "Skipping incompatible".
+fn archive_compatible(members: &[archive::Member<'_>], machine: u16) -> bool {
+    for m in members {
+        let Some(bytes) = m.data else { return false };
+        if !is_elf(bytes) {
+            return false;
+        }
+        if header_machine(bytes) == Some(machine) {
+            return true;
+        }
+    }
+    false
 }
 
 /// A loaded archive: its members that carry device code, in order.
@@ -144,7 +178,7 @@ pub struct Loaded<T> {
 }
 
 /// The extension nvlink sees: after the last `.` of the basename; `None` without a dot.
-fn extension(path: &str) -> Option<&str> {
+pub(crate) fn extension(path: &str) -> Option<&str> {
     let file = path.rsplit('/').next().unwrap_or(path);
     file.rfind('.').map(|i| &file[i + 1..])
 }
@@ -256,6 +290,12 @@ impl LoadContext<'_> {
             if !data.starts_with(b"!<arch>\n") {
                 return unsupported(Reason::Input, format!("{shown} is not an archive"));
             }
+            let compatible = archive::members(&data).map(|(_, m)| archive_compatible(&m, self.cpu_machine));
+            if compatible == Ok(false) {
+                warnings
+                    .push(Diagnostic::warning(format!("Skipping incompatible '{shown}' when searching for -l{name}")));
+                continue;
+            }
             return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
         }
         Ok(Loaded { item: None, warnings })
@@ -273,10 +313,13 @@ impl LoadContext<'_> {
             CodeLess,
             Ignored,
         }
+        // nvlink reads members up to the first one that is not ELF (a text
+        // file, an empty member) and none after it.
+        let read = members.iter().position(|m| m.data.is_some_and(|b| !is_elf(b))).unwrap_or(members.len());
         // Members are decoded in parallel (decompressing and parsing device
         // code is the costly part); the first error in member order stands, as
         // if they had been decoded one after another.
-        let decoded: Vec<Result<Member, LoadError>> = members
+        let decoded: Vec<Result<Member, LoadError>> = members[..read]
             .par_iter()
             .map(|m| {
                 let Some(bytes) = m.data else { return unsupported(Reason::Input, "thin member") };
@@ -285,6 +328,11 @@ impl LoadContext<'_> {
                 if classify(bytes) != Content::HostElf || header_type(bytes) != Some(ET_REL) {
                     if is_elf(bytes) && bytes.len() < 64 {
                         return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
+                    }
+                    // nvlink takes device code from a cubin member (its kernels
+                    // stay; measured on an archive of a cubin and host objects).
+                    if is_cuda_elf(bytes) {
+                        return unsupported(Reason::Input, format!("{member_name}: a cubin member"));
                     }
                     return Ok(Member::Ignored);
                 }
@@ -430,7 +478,10 @@ impl LoadContext<'_> {
         let (modules, warnings) = self.select(name, &members, in_archive, Some(data))?;
         let module_ids = match host.module_ids() {
             ids if ids.is_empty() => vec![self.synthetic_id(name)],
-            ids if ids.len() > 1 => {
+            // An `ld -r` merge of several objects: nvlink links the first
+            // fatbin only and registers every id (`Plan::module_ids`);
+            // measured on named objects without -dlto.
+            ids if ids.len() > 1 && (in_archive || self.lto) => {
                 return unsupported(Reason::Input, format!("{name}: several module ids (an ld -r object)"))
             }
             ids => ids,
@@ -461,20 +512,31 @@ impl LoadContext<'_> {
             true => self.select_lto(name, members, object)?,
             false => None,
         };
+        let mut warnings = Vec::new();
         let chosen = match chosen {
             Some(m) => Some(m),
             None => match self.select_sass(name, members)? {
-                Some(m) => Some(m),
-                None => self.select_ptx(name, members)?,
+                Sass::Found(m) => Some(m),
+                Sass::None => self.select_ptx(name, members)?,
+                // nvlink says so and goes on as if the object had no code for
+                // the target (no PTX either); measured on a named host object.
+                Sass::Uncompress
+                    if !in_archive && object.is_some() && !members.iter().any(|m| m.kind == MemberKind::LtoIr) =>
+                {
+                    warnings.push(Diagnostic::error("Uncompress failed"));
+                    None
+                }
+                Sass::Uncompress => {
+                    return unsupported(Reason::Input, format!("{name}: a member that does not decompress"))
+                }
             },
         };
         if let Some(module) = chosen {
-            return Ok((vec![module], Vec::new()));
+            return Ok((vec![module], warnings));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
             return fatal("LTO objects found, use -dlto");
         }
-        let mut warnings = Vec::new();
         if !in_archive && !self.suppress_arch_warning {
             warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", self.target.name())));
         }
@@ -519,7 +581,7 @@ impl LoadContext<'_> {
 
     /// SASS for exactly this target first, then plain SASS of its SM number;
     /// other SASS of the same major is left to the real nvlink.
-    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Option<Module>, LoadError> {
+    fn select_sass(&self, name: &str, members: &[Member<'_>]) -> Result<Sass, LoadError> {
         let t = self.target;
         let same_major =
             || members.iter().filter(|m| m.kind == MemberKind::Cubin && m.arch / 10 == t.sm / 10 && m.arch <= t.sm);
@@ -536,11 +598,14 @@ impl LoadContext<'_> {
                     Reason::Arch,
                     format!("{name}: {} SASS linked for {}", arch_name("sm", m.arch, m.suffix()), t.name()),
                 ),
-                None => Ok(None),
+                None => Ok(Sass::None),
             };
         };
-        let Decoded { bytes, info } = self.decode_sass(name, m)?;
-        Ok(Some(Module {
+        let Decoded { bytes, info } = match self.decode_sass(name, m) {
+            Err(_) if m.contents().err() == Some(fatbin::FatbinError::Uncompress) => return Ok(Sass::Uncompress),
+            decoded => decoded?,
+        };
+        Ok(Sass::Found(Module {
             code: Code::Cubin(bytes),
             arch: m.arch,
             options: m.options.to_owned(),
@@ -584,6 +649,13 @@ impl LoadContext<'_> {
         memo.put(key, decoded.clone());
         Ok(decoded)
     }
+}
+
+/// The SASS member for the target: found, none, or one that does not decompress.
+enum Sass {
+    Found(Module),
+    None,
+    Uncompress,
 }
 
 /// libcudadevrt semantics: take the members that define a symbol still

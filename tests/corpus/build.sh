@@ -54,6 +54,7 @@ done
 "$nvcc" -arch=sm_90 -dc -dlto select_flagged.cu -o select_flagged_lto.o &
 "$nvcc" -arch=sm_90 -dc -dlto select_xform.cu -o select_xform_lto.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_dead.cu -o cdp_dead_lto90.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_multi.cu -o cdp_multi_lto90.o &
 # LTO IR alone in other styles (host-referenced variables, internal kernels, printf, malloc).
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles.cu -o lto_styles_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles2.cu -o lto_styles2_lto90.o &

@@ -97,6 +97,9 @@ const CASES: &[(&str, &str, &str)] = &[
     // The same with PTX twins (nvcc -arch=sm_90 -dlto).
     ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // The same without PTX twins in other styles: NVVM leaves them relocatable, then partial LTO.
+    ("lto-ir-only-cdp-multi", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c cdp_multi_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-ir-only-cdp-two-modules", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -g cdp_dead_lto90.o cdp_multi_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // nvcc's multi-arch device links (copied from nvcc -dryrun): one call per arch, -report-arch.
     ("nvcc-dlto-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
     ("nvcc-dlto-sm90", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
@@ -464,7 +467,6 @@ const BYTE_IDENTICAL: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
-    ("lto-ir-only-cdp-unlaunched", "partial_lto"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),

@@ -220,7 +220,12 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let mode = match mode {
         Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, mode, plan)?,
         Mode::LtoEmitPtx if is_partial(plan) => return partial_lto_ptx(cx, spec, plan),
-        Mode::LtoWhole | Mode::LtoEmitPtx => return link_lto(cx, spec, mode, plan),
+        Mode::LtoWhole | Mode::LtoEmitPtx => match link_lto(cx, spec, mode, plan)? {
+            Some(output) => return Ok(output),
+            // NVVM left the program relocatable (LTO IR alone whose device
+            // runtime calls stay open): nvlink's partial LTO for libcudadevrt.
+            None => partial_lto_to_cubin(cx, spec, Mode::LtoWhole, plan)?,
+        },
         Mode::LtoPartial => partial_lto_to_cubin(cx, spec, mode, plan)?,
         m => m,
     };
@@ -679,8 +684,10 @@ const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 /// byte for byte. No module's symbols are needed beforehand, so LTO IR
 /// without a PTX twin (nvcc's `code=lto_XY`, what `-dlto` builds produce)
 /// links the same way. A program NVVM leaves relocatable (open externs) is
-/// nvlink's partial LTO: declined.
-fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
+/// nvlink's partial LTO for libcudadevrt alone: `Ok(None)`, the caller goes
+/// on with [`partial_lto_to_cubin`] (without libcudadevrt, or under
+/// `--emit-ptx`, declined).
+fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Option<Vec<u8>>, Declined> {
     check_options(spec)?;
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::LtoOptions, "--kernels-used/--variables-used with -dlto");
@@ -712,10 +719,15 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     // open references are the PTX's externs that nothing defines.
     let symbols = crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx));
     if let Some(open) = open_extern(&[&symbols]) {
+        // With libcudadevrt in the link that is partial LTO for it alone
+        // (`None`: the caller goes on with it); `--emit-ptx` is left to nvlink.
+        if mode == Mode::LtoWhole && plan.system_library_found {
+            return Ok(None);
+        }
         return no(Reason::PartialLto, format!("{open} stays open after NVVM (partial LTO)"));
     }
     if mode == Mode::LtoEmitPtx {
-        return Ok(ptx.to_vec());
+        return Ok(Some(ptx.to_vec()));
     }
     // ptxas: the whole program to the final cubin.
     let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
@@ -747,7 +759,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         });
         return no(Reason::Diagnostics, "-dlto without libcudadevrt: nvlink's output, then its fatal");
     }
-    Ok(cubin)
+    Ok(Some(cubin))
 }
 
 /// The options nvlink's embedded ptxas adds under `-dlto -g`.

@@ -49,7 +49,7 @@ pub trait InputFs: Send + Sync {
     }
 }
 
-pub use nvlinkd_fs::{is_not_regular, not_regular, read_regular, NotRegular};
+pub use nvlinkd_fs::{is_not_regular, not_regular, read_regular, read_regular_shared, NotRegular};
 
 /// Which file, at which version: device, inode, size and both timestamps.
 /// Any write to the file changes its ctime, which nobody can set back.
@@ -167,7 +167,7 @@ pub struct LocalFs;
 
 impl InputFs for LocalFs {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        Ok(read_regular(path, u64::MAX)?.into())
+        read_regular_shared(path, u64::MAX)
     }
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         let m = std::fs::metadata(path)?;

@@ -449,7 +449,7 @@ impl LinkFs {
 
     fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
         let st = match &self.source {
-            Source::Local => return corefs::read_regular(path, remaining).map(Arc::from),
+            Source::Local => return corefs::read_regular_shared(path, remaining),
             Source::Stream(st) => st,
         };
         match st.announced.get(path) {

@@ -845,24 +845,24 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
         };
         let pid = d.pid().expect("daemon pid");
         let before = tree_cpu(pid);
-        let (wall, shims) = run_all(&shim(), &d.shim_env(), "nvlinkd");
+        let (d_wall, shims) = run_all(&shim(), &d.shim_env(), "nvlinkd");
         // Work the daemon does after the answers (storing, a replacement worker) counts too.
         std::thread::sleep(Duration::from_millis(300));
         let daemon = tree_cpu(pid) - before;
-        d8.push(wall);
-        dcpu.push(shims + daemon);
-        let (wall, cpu) = run_all(&real_nvlink(), &[], "nvlink");
-        p8.push(wall);
-        pcpu.push(cpu);
+        let (p_wall, p_cpu) = run_all(&real_nvlink(), &[], "nvlink");
         println!(
-            "(e) rep: nvlink {:.3} s wall, {:.3} s CPU; nvlinkd {:.3} s wall, {:.3} s CPU (shims {:.3} s, daemon+workers {:.3} s)",
-            p8.last().unwrap().as_secs_f64(),
-            cpu.as_secs_f64(),
-            wall.as_secs_f64(),
+            "(e) nvlink {:.3} s wall, {:.3} s CPU; nvlinkd {:.3} s wall, {:.3} s CPU (shims {:.3} s, daemon and workers {:.3} s)",
+            p_wall.as_secs_f64(),
+            p_cpu.as_secs_f64(),
+            d_wall.as_secs_f64(),
             (shims + daemon).as_secs_f64(),
             shims.as_secs_f64(),
             daemon.as_secs_f64()
         );
+        d8.push(d_wall);
+        dcpu.push(shims + daemon);
+        p8.push(p_wall);
+        pcpu.push(p_cpu);
         for i in 0..links.len() {
             identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
         }

@@ -279,6 +279,7 @@ pub const HOLD_ENV: &str = "NVLINKD_TEST_WORKER_HOLD";
 /// The worker's main loop (`nvlinkd worker`): load the library, then answer
 /// requests on stdin until it closes. Returns the process exit status.
 pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
+    keep_freed_memory();
     // SAFETY: dup/dup2 on the standard descriptors of this single-threaded
     // process: the protocol moves to a fresh descriptor, fd 1 becomes a copy of
     // fd 2 so that whatever the library prints cannot enter the protocol.
@@ -344,6 +345,19 @@ pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
         if write_response(&mut out, &res).is_err() {
             return 1;
         }
+    }
+}
+
+/// Let glibc's malloc keep what a request freed for the next one (blocks
+/// under 32 MiB from the heap, up to 128 MiB of free heap kept) instead of
+/// handing it back to the kernel and faulting it in again, page by page: a
+/// worker serves one request at a time, so it holds at most about one
+/// request's peak.
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
     }
 }
 

@@ -928,7 +928,8 @@ mod tests {
         assert_eq!(r.options, ["-arch=sm_90", "-r"]);
         assert_eq!(r.inputs.len(), 2);
         assert_eq!((r.inputs[0].0, r.inputs[0].1.as_str()), (InputType::Cubin, "a.o"));
-        assert_eq!(&arena[r.inputs[0].2.clone()], &data[..], "the arena holds this request's bytes only");
+        assert_eq!(&arena[r.inputs[0].2.clone()], &data[..]);
+        assert_eq!(arena.len(), data.len(), "the arena holds this request's bytes only");
         assert!(r.inputs[1].2.is_empty());
         assert!(r.want_ptx);
         assert!(read_request(&mut &b""[..], &mut arena).unwrap().is_none());

@@ -311,6 +311,12 @@ mod tests {
 
     #[test]
     fn shared_reads_are_whole_reads() {
+        // A file longer than its stat said (here: one of /proc, size 0) is read to its end.
+        let cmdline = Path::new("/proc/self/cmdline");
+        let shared = read_regular_shared(cmdline, u64::MAX).unwrap();
+        assert!(!shared.is_empty());
+        assert_eq!(&*shared, &read_regular(cmdline, u64::MAX).unwrap()[..]);
+        assert_eq!(read_regular_shared(cmdline, 1).unwrap_err().kind(), io::ErrorKind::FileTooLarge);
         for len in [0usize, 1, 4095, 4096, 1 << 20] {
             let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
             let p = temp_file(&format!("shared-{len}"), &data);

@@ -7,7 +7,8 @@
 //!   (c) the LTO link after one unit's device code changed;
 //!   (d) a tiny non-LTO link, warm (and (d0) with a cache-less daemon: the
 //!       shim and daemon overhead against an nvlink process);
-//!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes;
+//!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes,
+//!       wall and CPU time (`NVLINKD_BENCH_ONLY=burst` runs only (e));
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
 //!       1000 warm links;
 //!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no

@@ -200,6 +200,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                 }
             }
             server_message::Msg::Output(piece) => {
+                let more = piece.more;
                 output_bytes += piece.data.len() as u64;
                 if output_bytes > MAX_OUTPUT {
                     return Err(violation(format!("the daemon sent more than {MAX_OUTPUT} bytes of output")));
@@ -219,10 +220,11 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                                 piece.path
                             )));
                         }
-                        open = Some(OutputFile { more: false, ..piece.clone() });
+                        // The first piece becomes the file (not copied).
+                        open = Some(OutputFile { more: false, ..piece });
                     }
                 }
-                if !piece.more {
+                if !more {
                     outputs.extend(open.take());
                 }
             }

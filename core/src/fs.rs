@@ -49,7 +49,7 @@ pub trait InputFs: Send + Sync {
     }
 }
 
-pub use nvlinkd_fs::{is_not_regular, not_regular, read_regular, NotRegular};
+pub use nvlinkd_fs::{is_not_regular, not_regular, read_regular, read_regular_shared, NotRegular};
 
 /// Which file, at which version: device, inode, size and both timestamps.
 /// Any write to the file changes its ctime, which nobody can set back.
@@ -150,6 +150,61 @@ impl FileIdentity {
     }
 }
 
+/// Contents of local files, remembered by [`FileIdentity`] under the same
+/// rule as [`HashMemo`] (only files whose last change was [`SETTLED`] in the
+/// past when they were read, so an identity never names two contents), and
+/// bounded in bytes by least-recent use. Links started together read the
+/// same objects and libraries (a burst of a build's links, every arch of a
+/// multi-arch build, libcudadevrt in every link): each is read from disk
+/// once, and every link shares its bytes.
+pub struct ContentMemo {
+    lru: crate::lru::ByteLru<FileIdentity, Arc<[u8]>>,
+    settle: std::time::Duration,
+    hits: std::sync::atomic::AtomicU64,
+}
+
+impl ContentMemo {
+    /// A memo of at most `limit` bytes (0: none kept).
+    pub fn new(limit: u64) -> Self {
+        Self::with_settle(limit, SETTLED)
+    }
+
+    pub(crate) fn with_settle(limit: u64, settle: std::time::Duration) -> Self {
+        ContentMemo {
+            lru: crate::lru::ByteLru::new(limit, |d: &Arc<[u8]>| d.len() as u64),
+            settle,
+            hits: Default::default(),
+        }
+    }
+
+    /// A regular file of at most `max` bytes, as [`read_regular_shared`]
+    /// reads it; from the memo when a settled file of the same identity was
+    /// read before (a path that is now something else, or another file, has
+    /// another identity and is read).
+    pub fn read(&self, path: &Path, max: u64) -> io::Result<Arc<[u8]>> {
+        let before = LocalFs.identity(path).filter(|id| settled(id, self.settle));
+        if let Some(d) = before.and_then(|id| self.lru.get(&id)).filter(|d| d.len() as u64 <= max) {
+            self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(d);
+        }
+        let data = read_regular_shared(path, max)?;
+        if let Some(id) = before.filter(|id| id.size == data.len() as u64 && LocalFs.identity(path) == Some(*id)) {
+            self.lru.put(id, data.clone());
+        }
+        Ok(data)
+    }
+
+    /// Reads answered from the memo.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.lru.bytes()
+    }
+}
+
 fn whole(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
 }
@@ -167,7 +222,7 @@ pub struct LocalFs;
 
 impl InputFs for LocalFs {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        Ok(read_regular(path, u64::MAX)?.into())
+        read_regular_shared(path, u64::MAX)
     }
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         let m = std::fs::metadata(path)?;
@@ -229,6 +284,48 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&p, b"other contents").unwrap();
         assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"other contents").as_bytes());
+    }
+
+    #[test]
+    fn remembered_contents_follow_rewrites_and_refusals() {
+        let p = temp_file("contents", b"first contents");
+        let memo = ContentMemo::with_settle(1 << 20, std::time::Duration::ZERO);
+        assert_eq!(&*memo.read(&p, u64::MAX).unwrap(), b"first contents");
+        assert_eq!(&*memo.read(&p, u64::MAX).unwrap(), b"first contents");
+        assert_eq!((memo.hits(), memo.bytes()), (1, 14));
+        // Same size, new contents: the ctime moves on, so the identity differs.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&p, b"other contents").unwrap();
+        assert_eq!(&*memo.read(&p, u64::MAX).unwrap(), b"other contents");
+        assert_eq!(memo.hits(), 1);
+        // A remembered file is still refused beyond the reader's bound.
+        assert_eq!(memo.read(&p, 9).unwrap_err().kind(), io::ErrorKind::FileTooLarge);
+        // A file just written is read again every time (a rewrite within the tick is seen).
+        let fresh = ContentMemo::new(1 << 20);
+        fresh.read(&p, u64::MAX).unwrap();
+        assert_eq!(fresh.bytes(), 0);
+        // Other things at the path are read (and refused) as before.
+        assert_eq!(memo.read(p.parent().unwrap(), u64::MAX).unwrap_err().kind(), io::ErrorKind::IsADirectory);
+        assert!(is_not_regular(&memo.read(Path::new("/dev/zero"), u64::MAX).unwrap_err()));
+    }
+
+    #[test]
+    fn shared_reads_are_whole_reads() {
+        // A file longer than its stat said (here: one of /proc, size 0) is read to its end.
+        let cmdline = Path::new("/proc/self/cmdline");
+        let shared = read_regular_shared(cmdline, u64::MAX).unwrap();
+        assert!(!shared.is_empty());
+        assert_eq!(&*shared, &read_regular(cmdline, u64::MAX).unwrap()[..]);
+        assert_eq!(read_regular_shared(cmdline, 1).unwrap_err().kind(), io::ErrorKind::FileTooLarge);
+        for len in [0usize, 1, 4095, 4096, 1 << 20] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let p = temp_file(&format!("shared-{len}"), &data);
+            assert_eq!(&*read_regular_shared(&p, u64::MAX).unwrap(), &data[..]);
+            if len > 0 {
+                let max = len as u64 - 1;
+                assert_eq!(read_regular_shared(&p, max).unwrap_err().kind(), io::ErrorKind::FileTooLarge);
+            }
+        }
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Linker {
     no_cache_flights: Flights<Arc<[u8]>>,
     /// Decoded SASS members of inputs, kept across requests.
     decode_memo: DecodeMemo,
+    /// Contents of local input files, shared by the links reading them.
+    contents: Arc<crate::fs::ContentMemo>,
     /// Content hashes of unchanged local inputs.
     hashes: HashMemo,
     /// Test hook (`NVLINKD_TEST_PAUSE_AFTER_KEY_MS`): a pause between a link's
@@ -110,6 +112,8 @@ const SPECULATED_MAX: usize = 1024;
 
 /// Upper bound of the decoded-member memo (it is also bounded by `--cache-mem`).
 const DECODE_MEMO_MAX: u64 = 256 << 20;
+/// Most bytes of local input files remembered by identity (`fs::ContentMemo`).
+const CONTENT_MEMO_MAX: u64 = 128 << 20;
 
 /// A toolkit being opened, shared by the links waiting for it.
 type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
@@ -225,6 +229,7 @@ impl Linker {
             test_hold_slot: std::env::var_os("NVLINKD_TEST_HOLD_SLOT").map(PathBuf::from),
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
+            contents: Arc::new(crate::fs::ContentMemo::new(config.cache_mem.min(CONTENT_MEMO_MAX))),
             hashes: HashMemo::default(),
             test_pause_after_key: std::env::var("NVLINKD_TEST_PAUSE_AFTER_KEY_MS")
                 .ok()
@@ -242,6 +247,11 @@ impl Linker {
         if let Some(c) = &self.cache {
             c.store.set_remote(remote);
         }
+    }
+
+    /// The memo of local input files' contents, for the daemon's file views.
+    pub fn contents(&self) -> &Arc<crate::fs::ContentMemo> {
+        &self.contents
     }
 
     pub fn stats_json(&self) -> String {
@@ -262,6 +272,8 @@ impl Linker {
             ("cache_write_errors", write_errors),
             ("cache_disk", u64::from(disk_on)),
             ("decoded_input_bytes", self.decode_memo.bytes()),
+            ("input_memo_bytes", self.contents.bytes()),
+            ("input_memo_hits", self.contents.hits()),
             (
                 "worker_crashes",
                 self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -105,13 +105,27 @@ fn get_u64(r: &mut impl Read) -> std::io::Result<u64> {
     get::<8>(r).map(u64::from_le_bytes)
 }
 
+/// Room reserved ahead for one field of a message: its announced length, up
+/// to this (a longer field grows as its bytes arrive, so a damaged length
+/// never allocates more than the bytes that came).
+const RESERVE_AHEAD: u64 = 64 << 20;
+
 fn get_vec(r: &mut impl Read, len: u64) -> std::io::Result<Vec<u8>> {
     let mut v = Vec::new();
-    r.take(len).read_to_end(&mut v)?;
-    if v.len() as u64 != len {
+    append(r, &mut v, len)?;
+    Ok(v)
+}
+
+/// Append exactly `len` bytes from `r` to `v`, reserved ahead (no regrowing
+/// copies) and not zeroed first.
+fn append(r: &mut impl Read, v: &mut Vec<u8>, len: u64) -> std::io::Result<()> {
+    let start = v.len();
+    v.reserve(len.min(RESERVE_AHEAD) as usize);
+    r.take(len).read_to_end(v)?;
+    if (v.len() - start) as u64 != len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    Ok(v)
+    Ok(())
 }
 
 fn get_string32(r: &mut impl Read) -> std::io::Result<String> {
@@ -152,14 +166,25 @@ fn input_type(k: u8) -> Option<InputType> {
     })
 }
 
-/// A request as the worker reads it: `None` at a clean end of input.
+/// A request as the worker reads it: `None` at a clean end of input. The
+/// inputs' bytes are ranges of the arena given to [`read_request`], which the
+/// worker keeps from one request to the next (its pages stay mapped: a warm
+/// worker does not fault them in again for every link).
 struct OwnedRequest {
     options: Vec<String>,
-    inputs: Vec<(InputType, String, Vec<u8>)>,
+    inputs: Vec<(InputType, String, std::ops::Range<usize>)>,
     want_ptx: bool,
 }
 
-fn read_request(r: &mut impl Read) -> std::io::Result<Option<OwnedRequest>> {
+/// The size asked for the pipes to and from a worker.
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
+/// The arena of a worker that held a larger request than this is given back
+/// after it (a warm worker keeps at most this much).
+const ARENA_KEEP: usize = 256 << 20;
+
+fn read_request(r: &mut impl Read, arena: &mut Vec<u8>) -> std::io::Result<Option<OwnedRequest>> {
+    arena.clear();
     let mut first = [0u8; 4];
     match r.read(&mut first[..1])? {
         0 => return Ok(None),
@@ -174,7 +199,9 @@ fn read_request(r: &mut impl Read) -> std::io::Result<Option<OwnedRequest>> {
         let kind = input_type(k).ok_or_else(|| std::io::Error::other("bad input kind"))?;
         let name = get_string32(r)?;
         let len = get_u64(r)?;
-        inputs.push((kind, name, get_vec(r, len)?));
+        let start = arena.len();
+        append(r, arena, len)?;
+        inputs.push((kind, name, start..arena.len()));
     }
     let [want_ptx] = get::<1>(r)?;
     Ok(Some(OwnedRequest { options, inputs, want_ptx: want_ptx != 0 }))
@@ -252,6 +279,7 @@ pub const HOLD_ENV: &str = "NVLINKD_TEST_WORKER_HOLD";
 /// The worker's main loop (`nvlinkd worker`): load the library, then answer
 /// requests on stdin until it closes. Returns the process exit status.
 pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
+    keep_freed_memory();
     // SAFETY: dup/dup2 on the standard descriptors of this single-threaded
     // process: the protocol moves to a fresh descriptor, fd 1 becomes a copy of
     // fd 2 so that whatever the library prints cannot enter the protocol.
@@ -286,8 +314,12 @@ pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
         }
     };
     let hold = std::env::var_os(HOLD_ENV).map(PathBuf::from);
+    let mut arena = Vec::new();
     loop {
-        let req = match read_request(&mut input) {
+        if arena.capacity() > ARENA_KEEP {
+            arena = Vec::new();
+        }
+        let req = match read_request(&mut input, &mut arena) {
             Ok(Some(r)) => r,
             Ok(None) => return 0,
             Err(e) => {
@@ -304,12 +336,28 @@ pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
             }
             let _ = std::fs::remove_file(&mark);
         }
-        let inputs: Vec<JitInput<'_>> =
-            req.inputs.iter().map(|(kind, name, data)| JitInput { kind: *kind, data, name }).collect();
+        let inputs: Vec<JitInput<'_>> = req
+            .inputs
+            .iter()
+            .map(|(kind, name, range)| JitInput { kind: *kind, data: &arena[range.clone()], name })
+            .collect();
         let res = jit.link(&req.options, &inputs, req.want_ptx);
         if write_response(&mut out, &res).is_err() {
             return 1;
         }
+    }
+}
+
+/// Let glibc's malloc keep what a request freed for the next one (blocks
+/// under 32 MiB from the heap, up to 128 MiB of free heap kept) instead of
+/// handing it back to the kernel and faulting it in again, page by page: a
+/// worker serves one request at a time, so it holds at most about one
+/// request's peak.
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
     }
 }
 
@@ -766,6 +814,14 @@ impl WorkerPool {
             let _ = child.wait();
             return Err(WorkerError::Spawn("worker without pipes".into()));
         };
+        // Requests (a link's device code, megabytes) and cubins cross these
+        // pipes: with room for a whole megabyte, they take a few writes and
+        // wake-ups instead of one per 64 KiB (the kernel's default). Where the
+        // kernel refuses (over /proc/sys/fs/pipe-max-size), the default stays.
+        for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
+            // SAFETY: fcntl on a pipe descriptor this function owns.
+            unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES) };
+        }
         // What the library prints goes to the daemon log.
         let _ = std::thread::Builder::new().name(format!("nvlinkd-worker-log-{pid}")).spawn(move || {
             for line in BufReader::new(stderr).lines() {
@@ -867,13 +923,25 @@ mod tests {
         ];
         let mut buf = Vec::new();
         write_request(&mut buf, &["-arch=sm_90".into(), "-r".into()], &inputs, true).unwrap();
-        let r = read_request(&mut &buf[..]).unwrap().unwrap();
+        let mut arena = vec![9u8; 10];
+        let r = read_request(&mut &buf[..], &mut arena).unwrap().unwrap();
         assert_eq!(r.options, ["-arch=sm_90", "-r"]);
         assert_eq!(r.inputs.len(), 2);
-        assert_eq!((r.inputs[0].0, r.inputs[0].1.as_str(), r.inputs[0].2.len()), (InputType::Cubin, "a.o", 100_000));
+        assert_eq!((r.inputs[0].0, r.inputs[0].1.as_str()), (InputType::Cubin, "a.o"));
+        assert_eq!(&arena[r.inputs[0].2.clone()], &data[..]);
+        assert_eq!(arena.len(), data.len(), "the arena holds this request's bytes only");
+        assert!(r.inputs[1].2.is_empty());
         assert!(r.want_ptx);
-        assert!(read_request(&mut &b""[..]).unwrap().is_none());
-        assert!(read_request(&mut &buf[..buf.len() - 1]).is_err(), "a cut request is an error");
+        assert!(read_request(&mut &b""[..], &mut arena).unwrap().is_none());
+        assert!(read_request(&mut &buf[..buf.len() - 1], &mut arena).is_err(), "a cut request is an error");
+        // A length past what arrives is an error, and reserves no more than the limit.
+        let mut cut = Vec::new();
+        write_request(&mut cut, &[], &[JitInput { kind: InputType::Cubin, data: b"abc", name: "x" }], false).unwrap();
+        let at = cut.len() - 1 - 3 - 8;
+        cut[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut arena = Vec::new();
+        assert!(read_request(&mut &cut[..], &mut arena).is_err());
+        assert!(arena.capacity() <= RESERVE_AHEAD as usize + 16);
 
         let mut buf = Vec::new();
         let ok = JitOutput { cubin: Some(vec![1, 2, 3]), ptx: None, info_log: "info".into() };

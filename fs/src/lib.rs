@@ -42,7 +42,61 @@ pub fn is_not_regular(e: &io::Error) -> bool {
 /// again on the opened file, which is opened non-blocking in case the path was
 /// replaced in between), a larger file with `FileTooLarge`.
 pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let (f, len) = open_regular(path, max)?;
+    let mut data = Vec::with_capacity(len as usize);
+    read_rest(f, &mut data, max)?;
+    Ok(data)
+}
+
+/// [`read_regular`] into a shared buffer: the daemon's reads, which keep the
+/// contents as `Arc<[u8]>`. A file that keeps its size while it is read is
+/// read straight into the buffer (no second copy of its bytes); one that
+/// shrinks or grows meanwhile is read as [`read_regular`] reads it.
+pub fn read_regular_shared(path: &Path, max: u64) -> io::Result<std::sync::Arc<[u8]>> {
     use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let (mut f, len) = open_regular(path, max)?;
+    let len = usize::try_from(len).map_err(io::Error::other)?;
+    let mut buf = std::sync::Arc::<[u8]>::new_uninit_slice(len);
+    let uninit = std::sync::Arc::get_mut(&mut buf).expect("a new Arc has no other owner");
+    let mut filled = 0;
+    while filled < len {
+        // SAFETY: the destination is the unfilled tail of `uninit`, which this
+        // function owns exclusively; read(2) writes at most that many bytes.
+        let n = unsafe { libc::read(f.as_raw_fd(), uninit[filled..].as_mut_ptr().cast(), len - filled) };
+        match n {
+            0 => break,
+            n if n > 0 => filled += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: the first `filled` bytes were written by read(2); only they are
+    // exposed (the tail of a shrunken file is copied out below).
+    let head = |b: &std::sync::Arc<[std::mem::MaybeUninit<u8>]>| unsafe {
+        std::slice::from_raw_parts(b.as_ptr().cast::<u8>(), filled).to_vec()
+    };
+    if filled < len {
+        return Ok(head(&buf).into());
+    }
+    let mut probe = [0u8; 1];
+    if f.read(&mut probe)? == 0 {
+        // SAFETY: every byte was written by read(2) (filled == len).
+        return Ok(unsafe { buf.assume_init() });
+    }
+    // It grew while it was read: the rest as read_regular reads it.
+    let mut data = head(&buf);
+    data.push(probe[0]);
+    read_rest(f, &mut data, max)?;
+    Ok(data.into())
+}
+
+/// Open a regular file of at most `max` bytes (see [`read_regular`]): the file and its length.
+fn open_regular(path: &Path, max: u64) -> io::Result<(std::fs::File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     let kind = |m: &std::fs::Metadata| {
         if m.is_dir() {
@@ -58,13 +112,18 @@ pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     kind(&std::fs::metadata(path)?)?;
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
     let len = kind(&f.metadata()?)?;
-    let mut data = Vec::with_capacity(len as usize);
+    Ok((f, len))
+}
+
+/// Append the rest of `f` to `data`, up to `max` bytes in all.
+fn read_rest(f: std::fs::File, data: &mut Vec<u8>, max: u64) -> io::Result<()> {
+    use std::io::Read;
     // The file may grow while it is read: never past the bound.
-    f.take(max.saturating_add(1)).read_to_end(&mut data)?;
+    f.take(max.saturating_add(1).saturating_sub(data.len() as u64)).read_to_end(data)?;
     if data.len() as u64 > max {
         return Err(io::Error::new(io::ErrorKind::FileTooLarge, format!("more than {max} bytes")));
     }
-    Ok(data)
+    Ok(())
 }
 
 /// Write `data` to a temporary file beside `path`, then rename it into place

@@ -97,6 +97,7 @@ const GAUGES: &[(&str, &str)] = &[
     ("cache_disk_bytes", "Bytes in the disk cache tier"),
     ("cache_disk", "Whether the disk cache tier is on (1) or off (0)"),
     ("decoded_input_bytes", "Bytes of decoded inputs kept for reuse"),
+    ("input_memo_bytes", "Bytes of local input files kept for the links reading them"),
     ("remote_cache_uploads_pending", "Shared-cache uploads waiting or running"),
     ("blob_mem_bytes", "Bytes of remote inputs (blobs) in memory"),
     ("blob_disk_bytes", "Bytes of remote inputs (blobs) on disk"),

@@ -230,7 +230,9 @@ impl Service {
             }
             // A daemon on the caller's filesystem reads the files itself: no copies
             // through the stream.
-            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_announced(announced, blobs.clone());
+            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget)
+                .with_announced(announced, blobs.clone())
+                .with_contents(linker.contents().clone());
             let args = req.args.join(" ");
             let t_link = std::time::Instant::now();
             let outcome =

@@ -290,6 +290,8 @@ pub struct LinkFs {
     budget: u64,
     used: AtomicU64,
     declined: Mutex<Option<String>>,
+    /// Local files' contents shared with the daemon's other links (`fs::ContentMemo`).
+    contents: Option<Arc<corefs::ContentMemo>>,
 }
 
 impl LinkFs {
@@ -304,7 +306,13 @@ impl LinkFs {
                 flights: HashMap::new(),
             })
         };
-        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None) }
+        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None), contents: None }
+    }
+
+    /// Read local files through the daemon's memo of their contents.
+    pub fn with_contents(mut self, contents: Arc<corefs::ContentMemo>) -> Self {
+        self.contents = Some(contents);
+        self
     }
 
     /// The files the shim announced, read by digest from `blobs` (a link over
@@ -449,7 +457,12 @@ impl LinkFs {
 
     fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
         let st = match &self.source {
-            Source::Local => return corefs::read_regular(path, remaining).map(Arc::from),
+            Source::Local => {
+                return match &self.contents {
+                    Some(memo) => memo.read(path, remaining),
+                    None => corefs::read_regular_shared(path, remaining),
+                }
+            }
             Source::Stream(st) => st,
         };
         match st.announced.get(path) {

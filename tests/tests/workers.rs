@@ -222,3 +222,41 @@ fn an_nvvm_compile_leaves_nothing_behind_for_the_next_link() {
         assert_eq!(d.stat("in_process"), i as u64 + 1, "link {i} was not linked in process");
     }
 }
+
+/// Links of the same local files share one read of each (`fs::ContentMemo`:
+/// by file identity, once unchanged for two seconds), and a rewritten file
+/// (a new ctime, however its size and mtime look) is read again: every link
+/// gives nvlink's answer for the files as they are now.
+#[test]
+fn links_share_reads_of_unchanged_files_and_see_rewrites() {
+    let work = TempDir::new("contents");
+    for f in ["accumulate.o", "scale.o", "corrupt_fatbin.o"] {
+        std::fs::copy(corpus::dir().join(f), work.path().join(f)).expect("copy corpus object");
+    }
+    // Settled: unchanged for two seconds (files just written are always read).
+    std::thread::sleep(Duration::from_millis(2100));
+    let d = Daemon::start();
+    let check = |args: &str, what: &str| {
+        let (out_nv, out_d) = (TempDir::new("contents-ref"), TempDir::new("contents-d"));
+        let expected = run(&real_nvlink(), &inv(args, work.path(), &out_nv), &[]);
+        let actual = run(&shim(), &inv(args, work.path(), &out_d), &d.shim_env());
+        same(&expected, &actual, what);
+    };
+    check("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", "first link");
+    assert_eq!(d.stat("input_memo_hits"), 0);
+    // Another link (not a whole-link hit) of the same files: no file read again.
+    check("--arch=sm_90 scale.o accumulate.o -o {OUT}/out.cubin", "second link");
+    assert_eq!(d.stat("input_memo_hits"), 2, "the second link read its files again");
+    assert!(d.stat("input_memo_bytes") > 0);
+    // Same size, same mtime, other contents (`corrupt_fatbin.o` is
+    // `accumulate.o` with a damaged fatbin member: nvlink answers otherwise):
+    // only its ctime tells, and that is part of the identity.
+    let acc = work.path().join("accumulate.o");
+    let mtime = std::fs::metadata(&acc).unwrap().modified().unwrap();
+    let other = std::fs::read(work.path().join("corrupt_fatbin.o")).unwrap();
+    assert_eq!(other.len() as u64, std::fs::metadata(&acc).unwrap().len());
+    std::fs::write(&acc, &other).unwrap();
+    std::fs::File::options().write(true).open(&acc).unwrap().set_modified(mtime).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    check("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", "link after a rewrite");
+}

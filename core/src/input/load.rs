@@ -641,13 +641,7 @@ impl LoadContext<'_> {
             Ok(Decoded { bytes, info })
         };
         let Some(memo) = self.memo else { return decode() };
-        let key = DecodeMemo::key(m);
-        if let Some(d) = memo.get(&key) {
-            return Ok(d);
-        }
-        let decoded = decode()?;
-        memo.put(key, decoded.clone());
-        Ok(decoded)
+        memo.get_or_decode(DecodeMemo::key(m), decode)
     }
 }
 

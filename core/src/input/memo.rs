@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::cubin::CubinInfo;
 use super::Bytes;
+use crate::cache::flight::Flights;
 use crate::fatbin::Member;
 use crate::lru::ByteLru;
 
@@ -20,6 +21,9 @@ type Key = [u8; 32];
 /// Decoded members, shared by every request of a daemon.
 pub struct DecodeMemo {
     lru: ByteLru<Key, Decoded>,
+    /// Decodes under way: links started together that need the same member
+    /// (the same object or library in every link of a burst) decode it once.
+    flights: Flights<Decoded>,
 }
 
 /// A member's contents and what the plan reads from them.
@@ -32,7 +36,37 @@ pub struct Decoded {
 impl DecodeMemo {
     /// A memo holding at most `limit` bytes of decoded contents.
     pub fn new(limit: u64) -> Self {
-        DecodeMemo { lru: ByteLru::new(limit, |d| d.bytes.len() as u64) }
+        DecodeMemo { lru: ByteLru::new(limit, |d| d.bytes.len() as u64), flights: Flights::default() }
+    }
+
+    /// The member under `key`: remembered, decoded by a concurrent caller, or
+    /// decoded now with `decode` (an error is the caller's own: a caller that
+    /// waited for a failed decode decodes again, and meets its own error).
+    pub fn get_or_decode<E>(&self, key: Key, decode: impl Fn() -> Result<Decoded, E>) -> Result<Decoded, E> {
+        if let Some(d) = self.get(&key) {
+            return Ok(d);
+        }
+        let mut failed = None;
+        let shared = self.flights.run(key, || {
+            if let Some(d) = self.get(&key) {
+                return Some(d);
+            }
+            match decode() {
+                Ok(d) => {
+                    self.put(key, d.clone());
+                    Some(d)
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            }
+        });
+        match (shared, failed) {
+            (_, Some(e)) => Err(e),
+            (Some(d), None) => Ok(d),
+            (None, None) => decode(),
+        }
     }
 
     pub fn key(member: &Member<'_>) -> Key {
@@ -59,6 +93,26 @@ mod tests {
 
     fn decoded(n: usize) -> Decoded {
         Decoded { bytes: vec![0u8; n].into(), info: Arc::new(CubinInfo::default()) }
+    }
+
+    #[test]
+    fn concurrent_decodes_of_one_member_run_once() {
+        let memo = DecodeMemo::new(1 << 20);
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let decode = || -> Result<Decoded, ()> {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            Ok(decoded(10))
+        };
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| assert_eq!(memo.get_or_decode([7; 32], decode).unwrap().bytes.len(), 10));
+            }
+        });
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A failed decode is not remembered, and each caller meets its own error.
+        assert!(memo.get_or_decode([8; 32], || Err::<Decoded, _>("bad")).is_err());
+        assert!(memo.get(&[8; 32]).is_none());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   (c) the LTO link after one unit's device code changed;
 //!   (d) a tiny non-LTO link, warm (and (d0) with a cache-less daemon: the
 //!       shim and daemon overhead against an nvlink process);
-//!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes;
+//!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes,
+//!       wall and CPU time (`NVLINKD_BENCH_ONLY=burst` runs only (e));
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
 //!       1000 warm links;
 //!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
@@ -63,6 +64,8 @@ struct Timed {
     ok: bool,
     /// Peak resident set of the process, KiB.
     max_rss_kb: i64,
+    /// CPU time (user + system) of the process.
+    cpu: Duration,
 }
 
 /// Run and wait, with the child's peak RSS from wait4 (which reaps it).
@@ -85,7 +88,45 @@ fn timed(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) 
         wall: t.elapsed(),
         ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         max_rss_kb: usage.ru_maxrss,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
     }
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64)
+}
+
+/// CPU time (user + system) of `root`, its reaped children and its live
+/// descendants (the daemon and its worker and ptxas processes).
+fn tree_cpu(root: u32) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks = |pid: u32, with_children: bool| -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+        let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
+        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+        // Fields after the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
+        let own = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        own + if with_children { f.get(13).copied().unwrap_or(0) + f.get(14).copied().unwrap_or(0) } else { 0 }
+    };
+    let mut parent = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) {
+            parent.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(pid, _)| *pid));
+        i += 1;
+    }
+    let t: u64 = tree.iter().enumerate().map(|(i, &p)| ticks(p, i == 0)).sum();
+    Duration::from_micros(t * 1_000_000 / hz)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -264,6 +305,12 @@ fn main() {
         print_rows(&report);
         std::process::exit(if report.all_identical { 0 } else { 1 });
     }
+    // `NVLINKD_BENCH_ONLY=burst`: only the row (e), with CPU times.
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "burst") {
+        burst_rows(&mut report, reps, &corpus, &work, &o);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
+    }
     // `NVLINKD_BENCH_ONLY=fresh`: only the fresh-daemon rows (g) and (h).
     let only_fresh = std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "fresh");
     // `NVLINKD_BENCH_ONLY=remote`: only the shared-tier rows (r).
@@ -364,38 +411,7 @@ fn main() {
         report.row("(d) tiny non-LTO link, warm", median(a), median(b), identical, "");
         drop(d);
 
-        // (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes.
-        // Five pairs and three triples of units: eight distinct programs.
-        let sets: [&[usize]; 8] = [&[1, 2], &[2, 3], &[3, 4], &[4, 5], &[5, 1], &[1, 2, 3], &[2, 3, 4], &[3, 4, 5]];
-        let links: Vec<String> = sets
-            .iter()
-            .map(|set| {
-                let tus: Vec<String> = set.iter().map(|t| format!("tu{t}.o")).collect();
-                format!("--arch=sm_90 -L{{L}} {} transforms.o -lcudadevrt -o {{OUT}}", tus.join(" "))
-            })
-            .collect();
-        let (mut p8, mut d8) = (Vec::new(), Vec::new());
-        let mut identical = true;
-        for _ in 0..reps {
-            let d = fresh_daemon(&corpus);
-            let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for (i, l) in links.iter().enumerate() {
-                        let out = o(&format!("c{i}.{tag}"));
-                        let work = &work;
-                        s.spawn(move || assert!(timed(prog, &args(l, &out), work, env).ok, "concurrent link failed"));
-                    }
-                });
-                t.elapsed()
-            };
-            d8.push(run_all(&shim(), &d.shim_env(), "nvlinkd"));
-            p8.push(run_all(&real_nvlink(), &[], "nvlink"));
-            for i in 0..links.len() {
-                identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
-            }
-        }
-        report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
+        burst_rows(&mut report, reps, &corpus, &work, &o);
     }
 
     // (g) a burst on a fresh daemon: 16 distinct cold links, all at once, on a
@@ -790,6 +806,70 @@ fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&
         let row = format!("(j) {name} relink of recompiled unchanged objects");
         report.row(&row, median(nv), median(nvd), identical, if identical { " (a hit)" } else { " or not a hit" });
     }
+}
+
+/// Row (e): 8 concurrent distinct links through one fresh daemon (warmed by one
+/// tiny link) vs 8 nvlink processes, wall time and CPU time (user + system: of
+/// the nvlink processes; of the shims, the daemon and its workers).
+fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    // Five pairs and three triples of units: eight distinct programs.
+    let sets: [&[usize]; 8] = [&[1, 2], &[2, 3], &[3, 4], &[4, 5], &[5, 1], &[1, 2, 3], &[2, 3, 4], &[3, 4, 5]];
+    let links: Vec<String> = sets
+        .iter()
+        .map(|set| {
+            let tus: Vec<String> = set.iter().map(|t| format!("tu{t}.o")).collect();
+            format!("--arch=sm_90 -L{{L}} {} transforms.o -lcudadevrt -o {{OUT}}", tus.join(" "))
+        })
+        .collect();
+    let (mut p8, mut d8, mut pcpu, mut dcpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut identical = true;
+    for _ in 0..reps {
+        let d = fresh_daemon(corpus);
+        let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+            let t = Instant::now();
+            let cpu: Duration = std::thread::scope(|s| {
+                let hs: Vec<_> = links
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        let out = o(&format!("c{i}.{tag}"));
+                        s.spawn(move || {
+                            let t = timed(prog, &args(l, &out), work, env);
+                            assert!(t.ok, "concurrent link failed");
+                            t.cpu
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("burst thread")).sum()
+            });
+            (t.elapsed(), cpu)
+        };
+        let pid = d.pid().expect("daemon pid");
+        let before = tree_cpu(pid);
+        let (d_wall, shims) = run_all(&shim(), &d.shim_env(), "nvlinkd");
+        // Work the daemon does after the answers (storing, a replacement worker) counts too.
+        std::thread::sleep(Duration::from_millis(300));
+        let daemon = tree_cpu(pid) - before;
+        let (p_wall, p_cpu) = run_all(&real_nvlink(), &[], "nvlink");
+        println!(
+            "(e) nvlink {:.3} s wall, {:.3} s CPU; nvlinkd {:.3} s wall, {:.3} s CPU (shims {:.3} s, daemon and workers {:.3} s)",
+            p_wall.as_secs_f64(),
+            p_cpu.as_secs_f64(),
+            d_wall.as_secs_f64(),
+            (shims + daemon).as_secs_f64(),
+            shims.as_secs_f64(),
+            daemon.as_secs_f64()
+        );
+        d8.push(d_wall);
+        dcpu.push(shims + daemon);
+        p8.push(p_wall);
+        pcpu.push(p_cpu);
+        for i in 0..links.len() {
+            identical &= same(&o(&format!("c{i}.nvlink")), &o(&format!("c{i}.nvlinkd")));
+        }
+    }
+    report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
+    report.row("(e) the same, CPU time (user + system)", median(pcpu), median(dcpu), identical, "");
 }
 
 /// The (g) burst's links: distinct non-LTO links of two or three CUB units

@@ -57,6 +57,12 @@ done
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_multi.cu -o cdp_multi_lto90.o &
 # LTO IR alone in other styles (host-referenced variables, internal kernels, printf, malloc).
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles.cu -o lto_styles_lto90.o &
+# LTO units without a kernel (NVVM leaves such a program relocatable) and with
+# kernels the host does not launch.
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc vars_def.cu -o vars_def_lto90.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc unlaunched.cu -o unlaunched_lto90.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc static_launch.cu -o static_launch_lto90.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc host_var.cu -o host_var_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles2.cu -o lto_styles2_lto90.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles.cu -o lto_styles_lto.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles2.cu -o lto_styles2_lto.o &

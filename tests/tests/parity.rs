@@ -94,6 +94,17 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-ir-only-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-styles-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} lto_styles2_lto90.o lto_styles_lto90.o -lcudadevrt -o {OUT}/out.ptx", ""),
     ("lto-ir-only-styles-registered", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} lto_styles_lto90.o lto_styles2_lto90.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    // LTO programs without a kernel: NVVM leaves them relocatable, and nvlink
+    // goes on with its partial LTO (the bench's transforms.cu alone differed).
+    ("lto-functions-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-variables-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} vars_def_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-functions-only-registered", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -dlto -nvvmpath={NVVM} xcall_loop_lto3.o -lcudadevrt -o {OUT}/out.compute_90.cubin --host-ccbin gcc", ""),
+    // Kernels no host code launches (no host references at all): a whole program.
+    ("lto-unlaunched-kernels", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} unlaunched_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Host references to variables only (nvlink then passes NVVM no list), and
+    // to an internal kernel only.
+    ("lto-host-variable-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} host_var_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-static-kernel-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} static_launch_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // The same with PTX twins (nvcc -arch=sm_90 -dlto).
     ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -330,6 +341,9 @@ const IN_PROCESS: &[&str] = &[
     "lto-ir-only-styles-emit-ptx",
     "lto-ir-only-styles-registered",
     "lto-styles",
+    "lto-unlaunched-kernels",
+    "lto-host-variable-only",
+    "lto-static-kernel-only",
     "nvcc-dlink",
     "device-vars",
     "cdp",

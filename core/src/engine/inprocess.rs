@@ -713,18 +713,21 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         options.push("-nvvm-latest".to_owned());
     }
     let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
-    // Under --device-c NVVM leaves a program relocatable when references stay
-    // open (the device runtime: dynamic parallelism, even in a kernel the
-    // host never launches): nvlink then goes on with its partial LTO. The
-    // open references are the PTX's externs that nothing defines.
-    let symbols = crate::input::ptx::symbols(&String::from_utf8_lossy(&ptx));
-    if let Some(open) = open_extern(&[&symbols]) {
+    // Under --device-c (libcudadevrt in the link) NVVM answers nvlink whether
+    // the program came out whole (100) or relocatable (0), and nvlink goes on
+    // with its partial LTO for the latter. nvJitLink does not pass that answer
+    // on, so the PTX tells it (`relocatable_ptx`).
+    let text = String::from_utf8_lossy(&ptx);
+    let symbols = crate::input::ptx::symbols(&text);
+    let open = open_extern(&[&symbols]);
+    if open.is_some() || (plan.system_library_found && relocatable_ptx(&text, &symbols)) {
         // With libcudadevrt in the link that is partial LTO for it alone
         // (`None`: the caller goes on with it); `--emit-ptx` is left to nvlink.
         if mode == Mode::LtoWhole && plan.system_library_found {
             return Ok(None);
         }
-        return no(Reason::PartialLto, format!("{open} stays open after NVVM (partial LTO)"));
+        let what = open.map_or("a relocatable program".to_owned(), |o| format!("{o} stays open"));
+        return no(Reason::PartialLto, format!("{what} after NVVM (partial LTO)"));
     }
     if mode == Mode::LtoEmitPtx {
         return Ok(Some(ptx.to_vec()));
@@ -760,6 +763,20 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         return no(Reason::Diagnostics, "-dlto without libcudadevrt: nvlink's output, then its fatal");
     }
     Ok(Some(cubin))
+}
+
+/// Whether NVVM left its PTX relocatable (libNVVM's answer 0 to nvlink, seen
+/// through the logging `libnvvm.so` of `scripts/nvvm-tap`): when references
+/// stay open (the device runtime: dynamic parallelism, even in a kernel the
+/// host never launches; tested by the caller), when the program has no
+/// kernel at all (device functions or variables only: the corpus's
+/// `lto-functions-only` and `lto-variables-only`), or when a function kept
+/// external linkage, which a whole program never does (it internalizes every
+/// function: no `.visible`/`.weak .func` in any whole-program PTX of the
+/// corpus). The last is a safety margin: a whole program taken for a
+/// relocatable one is only routed to nvlink, never linked wrongly.
+fn relocatable_ptx(text: &str, symbols: &PtxSymbols) -> bool {
+    symbols.kernels.is_empty() || text.lines().any(|l| l.starts_with(".visible .func") || l.starts_with(".weak .func"))
 }
 
 /// The options nvlink's embedded ptxas adds under `-dlto -g`.
@@ -849,6 +866,14 @@ fn host_ref_lists(plan: &Plan) -> Vec<String> {
         ("eg", |r| &r.variables_external),
         ("ig", |r| &r.variables_internal),
     ];
+    // Without a kernel the host launches (external or internal) nvlink passes
+    // no list at all, its variables' and libcudadevrt's neither: NVVM then
+    // keeps every kernel (the corpus's `lto-unlaunched-kernels`,
+    // `lto-host-variable-only`).
+    let launches = |r: &HostRefs| !r.kernels_external.is_empty() || !r.kernels_internal.is_empty();
+    if !plan.units.iter().filter(|u| !u.is_cudadevrt).filter_map(|u| u.host_refs.as_ref()).any(launches) {
+        return Vec::new();
+    }
     let mut refs: Vec<&HostRefs> = Vec::new();
     let runtime = plan.system_library.as_ref().map(|l| l.host_refs());
     let (at, mut runtime) = match runtime {

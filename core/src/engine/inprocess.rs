@@ -716,18 +716,21 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     // Under --device-c (libcudadevrt in the link) NVVM answers nvlink whether
     // the program came out whole (100) or relocatable (0), and nvlink goes on
     // with its partial LTO for the latter. nvJitLink does not pass that answer
-    // on, so the PTX tells it (`relocatable_ptx`).
+    // on, so the PTX tells it (see `external_function`).
     let text = String::from_utf8_lossy(&ptx);
     let symbols = crate::input::ptx::symbols(&text);
     let open = open_extern(&[&symbols]);
-    if open.is_some() || (plan.system_library_found && relocatable_ptx(&text, &symbols)) {
+    if open.is_some() || (plan.system_library_found && symbols.kernels.is_empty()) {
         // With libcudadevrt in the link that is partial LTO for it alone
         // (`None`: the caller goes on with it); `--emit-ptx` is left to nvlink.
         if mode == Mode::LtoWhole && plan.system_library_found {
             return Ok(None);
         }
-        let what = open.map_or("a relocatable program".to_owned(), |o| format!("{o} stays open"));
+        let what = open.map_or("a program without kernels".to_owned(), |o| format!("{o} stays open"));
         return no(Reason::PartialLto, format!("{what} after NVVM (partial LTO)"));
+    }
+    if external_function(&text) {
+        return no(Reason::SafetyNet, "NVVM left a function external: whole or relocatable is not told");
     }
     if mode == Mode::LtoEmitPtx {
         return Ok(Some(ptx.to_vec()));
@@ -765,18 +768,19 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     Ok(Some(cubin))
 }
 
-/// Whether NVVM left its PTX relocatable (libNVVM's answer 0 to nvlink, seen
-/// through the logging `libnvvm.so` of `scripts/nvvm-tap`): when references
-/// stay open (the device runtime: dynamic parallelism, even in a kernel the
-/// host never launches; tested by the caller), when the program has no
-/// kernel at all (device functions or variables only: the corpus's
-/// `lto-functions-only` and `lto-variables-only`), or when a function kept
-/// external linkage, which a whole program never does (it internalizes every
-/// function: no `.visible`/`.weak .func` in any whole-program PTX of the
-/// corpus). The last is a safety margin: a whole program taken for a
-/// relocatable one is only routed to nvlink, never linked wrongly.
-fn relocatable_ptx(text: &str, symbols: &PtxSymbols) -> bool {
-    symbols.kernels.is_empty() || text.lines().any(|l| l.starts_with(".visible .func") || l.starts_with(".weak .func"))
+/// Whether NVVM's PTX defines a function with external linkage. NVVM answers
+/// nvlink whether a program came out whole (100) or relocatable (0; seen
+/// through the logging `libnvvm.so` of `scripts/nvvm-tap`), and nvJitLink does
+/// not pass that on, so the engine reads it off the PTX: relocatable when
+/// references stay open (the device runtime: dynamic parallelism, even in a
+/// kernel the host never launches) or when the program has no kernel at all
+/// (device functions or variables only: the corpus's `lto-functions-only`,
+/// `lto-variables-only`); whole otherwise. A whole program internalizes every
+/// function (no `.visible`/`.weak .func` in any whole-program PTX of the
+/// corpus), so a function left external means the two signs disagree: such a
+/// link is declined (nvlink links it) rather than guessed.
+fn external_function(text: &str) -> bool {
+    text.lines().any(|l| l.starts_with(".visible .func") || l.starts_with(".weak .func"))
 }
 
 /// The options nvlink's embedded ptxas adds under `-dlto -g`.

@@ -63,6 +63,7 @@ done
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc unlaunched.cu -o unlaunched_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc static_launch.cu -o static_launch_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc host_var.cu -o host_var_lto90.o &
+"$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_hostvar.cu -o cdp_hostvar_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles2.cu -o lto_styles2_lto90.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles.cu -o lto_styles_lto.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles2.cu -o lto_styles2_lto.o &

@@ -105,6 +105,9 @@ const CASES: &[(&str, &str, &str)] = &[
     // to an internal kernel only.
     ("lto-host-variable-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} host_var_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-static-kernel-only", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} static_launch_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Dynamic parallelism beside host-written device variables (the demo's LTO
+    // program): partial LTO for libcudadevrt with host-referenced variables.
+    ("lto-cdp-host-variables", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_hostvar_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // The same with PTX twins (nvcc -arch=sm_90 -dlto).
     ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -481,6 +484,7 @@ const BYTE_IDENTICAL: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
+    ("lto-cdp-host-variables", "lto_options"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),

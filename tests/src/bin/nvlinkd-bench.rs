@@ -96,19 +96,8 @@ fn tv(t: libc::timeval) -> Duration {
     Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64)
 }
 
-/// CPU time (user + system) of `root`, its reaped children and its live
-/// descendants (the daemon and its worker and ptxas processes).
-fn tree_cpu(root: u32) -> Duration {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let ticks = |pid: u32, with_children: bool| -> u64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
-        let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
-        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-        // Fields after the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
-        let own = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-        own + if with_children { f.get(13).copied().unwrap_or(0) + f.get(14).copied().unwrap_or(0) } else { 0 }
-    };
+/// `root` and its live descendants, `root` first (from `/proc/*/stat`).
+fn process_tree(root: u32) -> Vec<u32> {
     let mut parent = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
@@ -125,6 +114,23 @@ fn tree_cpu(root: u32) -> Duration {
         tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(pid, _)| *pid));
         i += 1;
     }
+    tree
+}
+
+/// CPU time (user + system) of `root`, its reaped children and its live
+/// descendants (the daemon and its worker and ptxas processes).
+fn tree_cpu(root: u32) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks = |pid: u32, with_children: bool| -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+        let Some((_, rest)) = stat.rsplit_once(')') else { return 0 };
+        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+        // Fields after the name: state(0) ppid(1) ... utime(11) stime(12) cutime(13) cstime(14).
+        let own = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        own + if with_children { f.get(13).copied().unwrap_or(0) + f.get(14).copied().unwrap_or(0) } else { 0 }
+    };
+    let tree = process_tree(root);
     let t: u64 = tree.iter().enumerate().map(|(i, &p)| ticks(p, i == 0)).sum();
     Duration::from_micros(t * 1_000_000 / hz)
 }
@@ -899,23 +905,7 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
 
 /// Resident memory (KiB) of `root` and its live descendants (the worker processes).
 fn tree_rss_kb(root: u32) -> u64 {
-    let mut parent = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) {
-            parent.push((pid, ppid));
-        }
-    }
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(pid, _)| *pid));
-        i += 1;
-    }
-    tree.iter().map(|&p| proc_kb(p, "VmRSS")).sum()
+    process_tree(root).iter().map(|&p| proc_kb(p, "VmRSS")).sum()
 }
 
 /// Rows (w): see the module docs.

@@ -425,37 +425,22 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         // NVVM gets the host references (`-host-ref-*`; as `-Xnvvm=` its PTX
         // is nvlink's) and still keeps every kernel; the link prunes.
         // (Host-referenced variables: the link prunes kernels only.)
-        check_host_variables(plan)?;
-        options.push("-Xnvvm=-has-global-host-info".to_owned());
-        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
+        options.extend(partial_host_info(plan)?);
         next = Mode::Executable;
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
     let ptx = cx.timed(spec, || lto_row("cicc"), || nvvm(cx, &objects, &options))?;
-    let mut args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
-    let cubin: std::sync::Arc<[u8]> = if spec.debug {
-        // As under whole-program LTO: nvlink's ptxas options, tool entry and warnings.
-        cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, &ptx, args, &ptxas_extra))?.into()
-    } else {
-        args.extend(ptxas_extra);
-        let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-        cx.timed(
-            spec,
-            || lto_row("ptxas"),
-            || {
-                cx.artifacts.get_or_compute(Level::Ptxas, key, || {
-                    ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
-                })
-            },
-        )?
-    };
+    // As under whole-program LTO (`-g`: nvlink's ptxas options, tool entry and
+    // warnings), relocatable.
+    let args = vec![format!("-arch={arch}"), "-m64".to_owned(), "-c".to_owned()];
+    let cubin = lto_ptxas(cx, spec, plan, &ptx, args, &ptxas_extra)?;
     let info = cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
     for unit in &mut plan.units {
         unit.modules.retain(|m| !matches!(m.code, Code::LtoObject(_)));
     }
     let module = crate::input::load::Module {
-        code: Code::Cubin(cubin.to_vec().into()),
+        code: Code::Cubin(cubin.into()),
         arch: info.sm,
         options: String::new(),
         info: Some(std::sync::Arc::new(info)),
@@ -497,9 +482,7 @@ fn partial_lto_ptx(cx: &Context<'_>, spec: &Spec, plan: &Plan) -> Result<Vec<u8>
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
     if plan.uses_host_info(spec) {
-        check_host_variables(plan)?;
-        options.push("-Xnvvm=-has-global-host-info".to_owned());
-        options.extend(host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}")));
+        options.extend(partial_host_info(plan)?);
     }
     let (nvvm_extra, _) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -736,24 +719,8 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         return Ok(Some(ptx.to_vec()));
     }
     // ptxas: the whole program to the final cubin.
-    let mut args = vec![format!("-arch={arch}"), "-m64".to_owned()];
-    let cubin: Vec<u8> = if spec.debug {
-        cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, &ptx, args, &ptxas_extra))?
-    } else {
-        args.extend(ptxas_extra);
-        let key = cx.artifacts.key(Level::Ptxas, &[&ptx, args.join(" ").as_bytes()]);
-        let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
-        cx.timed(
-            spec,
-            || lto_row("ptxas"),
-            || {
-                cx.artifacts.get_or_compute(Level::Ptxas, key, || {
-                    ptxas::compile(cx.tk, &ptx, &args, cx.scratch, cx.cancel, cx.limit)
-                })
-            },
-        )?
-        .to_vec()
-    };
+    let args = vec![format!("-arch={arch}"), "-m64".to_owned()];
+    let cubin = lto_ptxas(cx, spec, plan, &ptx, args, &ptxas_extra)?;
     if !plan.system_library_found {
         // nvlink writes the whole program, then misses the device runtime it
         // looks for afterwards (no registration file is written).
@@ -781,6 +748,30 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
 /// link is declined (nvlink links it) rather than guessed.
 fn external_function(text: &str) -> bool {
     text.lines().any(|l| l.starts_with(".visible .func") || l.starts_with(".weak .func"))
+}
+
+/// The ptxas step of LTO (whole program, or relocatable with `-c` in `args`),
+/// cached by the PTX and the options, timed as nvlink's `-time` row; under
+/// `-g` nvlink's debug options, tool entry and warnings ([`debug_ptxas`]).
+fn lto_ptxas(
+    cx: &Context<'_>,
+    spec: &Spec,
+    plan: &mut Plan,
+    ptx: &[u8],
+    mut args: Vec<String>,
+    extra: &[String],
+) -> Result<Vec<u8>, Declined> {
+    if spec.debug {
+        return cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, ptx, args, extra));
+    }
+    args.extend_from_slice(extra);
+    let key = cx.artifacts.key(Level::Ptxas, &[ptx, args.join(" ").as_bytes()]);
+    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
+    let compile = || {
+        cx.artifacts
+            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit))
+    };
+    Ok(cx.timed(spec, || lto_row("ptxas"), compile)?.to_vec())
 }
 
 /// The options nvlink's embedded ptxas adds under `-dlto -g`.
@@ -980,6 +971,15 @@ fn lto_program(plan: &Plan) -> Result<Vec<JitInput<'_>>, Declined> {
         return no(Reason::PartialLto, "-dlto without LTO objects");
     }
     Ok(objects)
+}
+
+/// NVVM's host information for partial LTO for libcudadevrt alone (as
+/// nvJitLink options): `-has-global-host-info` and nvlink's lists; links with
+/// host-referenced variables are declined ([`check_host_variables`]).
+fn partial_host_info(plan: &Plan) -> Result<Vec<String>, Declined> {
+    check_host_variables(plan)?;
+    let lists = host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}"));
+    Ok(std::iter::once("-Xnvvm=-has-global-host-info".to_owned()).chain(lists).collect())
 }
 
 /// Host-referenced device variables under `-dlto` are left to nvlink.

@@ -289,18 +289,26 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         Some(p) => {
             // After partial LTO nvlink keeps the host-referenced kernels and
             // what they reach: a cover of those alone gives its section
-            // order (a cover of every live kernel does not).
-            let wanted = match plan.partial_lto {
-                true => host_referenced(plan, &p.live_kernels),
-                false => p.live_kernels.clone(),
+            // order (a cover of every live kernel does not). A kernel kept
+            // only because a relocation names it (a device-side launch) must
+            // stay out of the cover too: nvlink writes its `.nv.info` name
+            // after the constant banks and no `.nv.shared` name, as nvJitLink
+            // does for a kernel it keeps without being told.
+            let (wanted, excluded) = match plan.partial_lto {
+                true => {
+                    let wanted = host_referenced(plan, &p.live_kernels);
+                    let excluded = p.dead_kernels.iter().chain(p.live_kernels.difference(&wanted)).cloned().collect();
+                    (wanted, excluded)
+                }
+                false => (p.live_kernels.clone(), p.dead_kernels.clone()),
             };
-            let mut cover = kernels_used_cover(&wanted, &p.dead_kernels)?;
+            let mut cover = kernels_used_cover(&wanted, &excluded)?;
             if cover.is_empty() {
                 // No kernel at all, so nothing is kept (with no -kernels-used
                 // nvJitLink would keep everything): a string no name contains.
                 // Measured on device functions and variables alone; a program
                 // whose kernels are all dead is left to nvlink.
-                if !p.dead_kernels.is_empty() {
+                if !excluded.is_empty() {
                     return no(Reason::KernelsUsed, "host references keep none of the kernels");
                 }
                 cover.push("#".to_owned());
@@ -357,7 +365,9 @@ fn is_partial(plan: &Plan) -> bool {
 /// `--force-partial-lto`, NVVM gets `--force-device-c` and no host
 /// references; for libcudadevrt alone (dynamic parallelism in LTO code)
 /// `--device-c` and the host references (`-host-ref-*`), and the link then
-/// prunes (without host information, `--device-c` alone and no pruning).
+/// prunes when the host launches some kernel (without host information,
+/// `--device-c` alone and no pruning; with host references to variables
+/// alone, no pruning either).
 ///
 /// Returns the mode the link goes on in: `Relocatable` (`-dlto -r`),
 /// `Executable` (pruned by the host references) or `LtoWhole` (an executable
@@ -423,10 +433,13 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         options.push("-Xnvvm=--force-device-c".to_owned());
     } else if plan.uses_host_info(spec) {
         // NVVM gets the host references (`-host-ref-*`; as `-Xnvvm=` its PTX
-        // is nvlink's) and still keeps every kernel; the link prunes.
-        // (Host-referenced variables: the link prunes kernels only.)
-        options.extend(partial_host_info(plan)?);
-        next = Mode::Executable;
+        // is nvlink's) and still keeps every kernel; the link prunes by the
+        // host's kernel references. Without any (variables alone, or no host
+        // reference at all) nvlink passes NVVM no list and prunes nothing.
+        options.extend(partial_host_info(plan));
+        if !host_ref_lists(plan).is_empty() {
+            next = Mode::Executable;
+        }
     }
     let (nvvm_extra, ptxas_extra) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -482,7 +495,7 @@ fn partial_lto_ptx(cx: &Context<'_>, spec: &Spec, plan: &Plan) -> Result<Vec<u8>
     let mut options =
         vec![format!("-arch={arch}"), "-lto".to_owned(), "-ptx".to_owned(), "-Xnvvm=--device-c".to_owned()];
     if plan.uses_host_info(spec) {
-        options.extend(partial_host_info(plan)?);
+        options.extend(partial_host_info(plan));
     }
     let (nvvm_extra, _) = lto_forwarding(spec)?;
     options.extend(nvvm_extra);
@@ -636,8 +649,10 @@ fn tools_patch_check(cx: &Context<'_>, plan: &Plan) -> Result<Vec<u8>, Declined>
 ///
 /// nvJitLink keeps every kernel whose name contains one of the strings, and it
 /// takes about 2 ms per string; so each live kernel not yet covered adds the
-/// shortest prefix of its name that no dead kernel contains (one prefix usually
-/// covers a whole family, e.g. libcudadevrt's kernels).
+/// shortest prefix of its name that no kernel of `dead` contains (one prefix
+/// usually covers a whole family, e.g. libcudadevrt's kernels). `dead` is
+/// every kernel the cover must leave out: the removed ones, and after partial
+/// LTO also those kept only because a relocation names them.
 pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String>) -> Result<Vec<String>, Declined> {
     let mut cover: Vec<String> = Vec::new();
     for k in live {
@@ -647,7 +662,10 @@ pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String
         let safe = |p: &str| !dead.iter().any(|d| d.contains(p));
         let prefix =
             (1..=k.len()).filter(|&n| k.is_char_boundary(n)).map(|n| &k[..n]).find(|p| safe(p)).ok_or_else(|| {
-                Declined::new(Reason::KernelsUsed, format!("kernel name {k} is contained in a removed kernel's name"))
+                Declined::new(
+                    Reason::KernelsUsed,
+                    format!("kernel name {k} is contained in the name of a kernel the cover must leave out"),
+                )
             })?;
         cover.push(prefix.to_owned());
     }
@@ -974,28 +992,11 @@ fn lto_program(plan: &Plan) -> Result<Vec<JitInput<'_>>, Declined> {
 }
 
 /// NVVM's host information for partial LTO for libcudadevrt alone (as
-/// nvJitLink options): `-has-global-host-info` and nvlink's lists; links with
-/// host-referenced variables are declined ([`check_host_variables`]).
-fn partial_host_info(plan: &Plan) -> Result<Vec<String>, Declined> {
-    check_host_variables(plan)?;
+/// nvJitLink options): `-has-global-host-info` and nvlink's lists (variables'
+/// and constants' included, as whole-program LTO passes them).
+fn partial_host_info(plan: &Plan) -> Vec<String> {
     let lists = host_ref_lists(plan).into_iter().map(|o| format!("-Xnvvm={o}"));
-    Ok(std::iter::once("-Xnvvm=-has-global-host-info".to_owned()).chain(lists).collect())
-}
-
-/// Host-referenced device variables under `-dlto` are left to nvlink.
-fn check_host_variables(plan: &Plan) -> Result<(), Declined> {
-    // libcudadevrt's own (its error tables) name no variable of the LTO modules.
-    let refs = plan.units.iter().filter(|u| !u.is_cudadevrt).filter_map(|u| u.host_refs.as_ref());
-    let mut refs = refs.filter(|r| {
-        !(r.variables_external.is_empty()
-            && r.variables_internal.is_empty()
-            && r.constants_external.is_empty()
-            && r.constants_internal.is_empty())
-    });
-    match refs.next() {
-        Some(_) => no(Reason::LtoOptions, "host-referenced device variables with -dlto"),
-        None => Ok(()),
-    }
+    std::iter::once("-Xnvvm=-has-global-host-info".to_owned()).chain(lists).collect()
 }
 
 /// The kernels among `live` that a unit's host references name.

@@ -64,6 +64,13 @@ done
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc static_launch.cu -o static_launch_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc host_var.cu -o host_var_lto90.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc cdp_hostvar.cu -o cdp_hostvar_lto90.o &
+# More partial LTO for libcudadevrt alone: a kernel kept only by a device-side
+# launch, one launched by both, host references to variables alone, none at
+# all, variables defined in another unit.
+for f in cdp_launched cdp_hostvar_both cdp_hostvar_nolaunch cdp_nohost cdp_vars_def cdp_vars_use; do
+  "$nvcc" -gencode arch=compute_90,code=lto_90 -dc $f.cu -o ${f}_lto90.o &
+done
+"$nvcc" -arch=sm_90 -dc -dlto cdp_hostvar_both.cu -o cdp_hostvar_both_lto.o &
 "$nvcc" -gencode arch=compute_90,code=lto_90 -dc lto_styles2.cu -o lto_styles2_lto90.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles.cu -o lto_styles_lto.o &
 "$nvcc" -arch=sm_90 -dc -dlto lto_styles2.cu -o lto_styles2_lto.o &

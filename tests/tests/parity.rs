@@ -108,6 +108,16 @@ const CASES: &[(&str, &str, &str)] = &[
     // Dynamic parallelism beside host-written device variables (the demo's LTO
     // program): partial LTO for libcudadevrt with host-referenced variables.
     ("lto-cdp-host-variables", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_hostvar_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // The same in other styles: a kernel kept only by a device-side launch
+    // (no variables, no dead kernel), one the host and the device both launch,
+    // host references to variables alone or none at all (nvlink then prunes
+    // nothing), variables defined in another unit.
+    ("lto-cdp-device-launched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_launched_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-host-and-device-launch", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c cdp_hostvar_both_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-host-variables-emit-ptx", "--arch=sm_90 -dlto --emit-ptx -nvvmpath={NVVM} -L{L} cdp_hostvar_both_lto.o -lcudadevrt -o {OUT}/out.ptx", ""),
+    ("lto-cdp-host-variables-no-launch", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_hostvar_nolaunch_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-no-host-code", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_nohost_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-cdp-host-variables-two-modules", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -report-arch cdp_vars_use_lto90.o cdp_vars_def_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // The same with PTX twins (nvcc -arch=sm_90 -dlto).
     ("lto-styles", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} lto_styles_lto.o lto_styles2_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-ir-only-cdp-unlaunched", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_dead_lto90.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -484,7 +494,6 @@ const BYTE_IDENTICAL: &[&str] = &[
 /// nvlink") lists the same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
-    ("lto-cdp-host-variables", "lto_options"),
     ("opt-verbose", "options"),
     ("opt-dump-callgraph", "options"),
     ("opt-dump-callgraph-no-demangle", "options"),

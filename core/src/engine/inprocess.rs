@@ -437,7 +437,7 @@ fn partial_lto_to_cubin(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Pl
         // host's kernel references. Without any (variables alone, or no host
         // reference at all) nvlink passes NVVM no list and prunes nothing.
         options.extend(partial_host_info(plan));
-        if !host_ref_lists(plan).is_empty() {
+        if host_launches_a_kernel(plan) {
             next = Mode::Executable;
         }
     }
@@ -883,8 +883,7 @@ fn host_ref_lists(plan: &Plan) -> Vec<String> {
     // no list at all, its variables' and libcudadevrt's neither: NVVM then
     // keeps every kernel (the corpus's `lto-unlaunched-kernels`,
     // `lto-host-variable-only`).
-    let launches = |r: &HostRefs| !r.kernels_external.is_empty() || !r.kernels_internal.is_empty();
-    if !plan.units.iter().filter(|u| !u.is_cudadevrt).filter_map(|u| u.host_refs.as_ref()).any(launches) {
+    if !host_launches_a_kernel(plan) {
         return Vec::new();
     }
     let mut refs: Vec<&HostRefs> = Vec::new();
@@ -913,6 +912,13 @@ fn host_ref_lists(plan: &Plan) -> Vec<String> {
             (!all.is_empty()).then(|| format!("-host-ref-{tag}={}", all.join(",")))
         })
         .collect()
+}
+
+/// Whether the host references of some unit (libcudadevrt's aside) name a
+/// kernel, external or internal: a launch from the host.
+fn host_launches_a_kernel(plan: &Plan) -> bool {
+    let launches = |r: &HostRefs| !r.kernels_external.is_empty() || !r.kernels_internal.is_empty();
+    plan.units.iter().filter(|u| !u.is_cudadevrt).filter_map(|u| u.host_refs.as_ref()).any(launches)
 }
 
 /// What nvlink forwards under `-dlto`: options for NVVM (as nvJitLink

@@ -169,6 +169,18 @@ impl Plan {
         mode == Mode::Executable && self.uses_host_info(spec)
     }
 
+    /// What host-reference pruning would keep of this link were it not a
+    /// debug link (`-g` keeps everything; `--suppress-debug-info` then treats
+    /// the rest apart); `None` without host information.
+    pub(crate) fn pruning_but_for_debug(&self, spec: &Spec) -> Option<Pruning> {
+        if !self.has_host_info(spec) {
+            return None;
+        }
+        let patterns: Vec<&str> =
+            self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
+        Some(liveness(&self.units, &patterns, false))
+    }
+
     /// Decide what pruning keeps; every module must be a cubin by now (PTX
     /// compiled), since liveness follows the cubins' relocations.
     pub(crate) fn prune(&mut self, spec: &Spec, mode: Mode) {

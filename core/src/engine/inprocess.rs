@@ -192,9 +192,18 @@ impl Context<'_> {
 
 /// Options whose effect the in-process engine does not reproduce (yet).
 pub(crate) fn check_options(spec: &Spec) -> Result<(), Declined> {
+    check_options_but(spec, false)
+}
+
+/// [`check_options`], `--suppress-debug-info` aside when `suppress_ok` (the
+/// non-LTO link checks it itself: [`suppressed_debug_info`]).
+fn check_options_but(spec: &Spec, suppress_ok: bool) -> Result<(), Declined> {
     let checks: &[(bool, &str)] = &[
         (spec.preserve_relocs, "--preserve-relocs (nvJitLink has no option to keep relocations)"),
-        (spec.suppress_debug_info, "--suppress-debug-info (nvlink's -g link without debug information)"),
+        (
+            spec.suppress_debug_info && !suppress_ok,
+            "--suppress-debug-info with -dlto (nvlink's -g link without debug information)",
+        ),
         (
             spec.dump_callgraph || spec.dump_callgraph_no_demangle,
             "--dump-callgraph (nvlink's EDG demangler and its merge's node numbers)",
@@ -230,13 +239,18 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         m => m,
     };
 
-    check_options(spec)?;
+    check_options_but(spec, true)?;
     let arch = spec.arch.as_deref().unwrap_or_default();
     if !arch.starts_with("sm_") {
         return no(Reason::Arch, format!("--arch {arch}"));
     }
     compile_ptx_modules(cx, spec, plan)?;
     plan.prune(spec, mode);
+    // Decided before linking: what nvlink's --suppress-debug-info drops.
+    let suppress = match spec.suppress_debug_info {
+        true => Some(suppressed_debug_info(spec, mode, plan)?),
+        false => None,
+    };
     check_duplicates(cx, plan)?;
     if spec.link_as_tools_patch {
         return tools_patch_check(cx, plan);
@@ -339,7 +353,57 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         inputs: if pruning.is_some() && !plan.partial_lto { functions } else { Vec::new() },
     };
     let _phase = tracing::debug_span!("finalize").entered();
-    finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))
+    let out = finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))?;
+    match suppress {
+        None => Ok(out),
+        Some(removed) => finalize::suppress_debug_info(&out, &removed).map_err(|e| match e {
+            finalize::FinalizeError::NotReproduced(why) => Declined::new(Reason::Options, why),
+            e => Declined::new(Reason::Tool, format!("finalize: {e}")),
+        }),
+    }
+}
+
+/// `-g --suppress-debug-info` (the front end refuses it without `-g`): nvlink's
+/// `-g` link less the `EIATTR_MIN_STACK_SIZE` entries of the kernels
+/// host-reference pruning would remove ([`finalize::suppress_debug_info`]);
+/// returns those kernels. Measured on executable links of objects with host
+/// references. Declined: links naming libcudadevrt (nvlink drops symbols of
+/// its code too: 16 of 670 for `cdp.o`); a removed function that is not a
+/// kernel, a removed weak (template) kernel (nvlink keeps its entry) or one
+/// that calls a function (nvlink also gives it its own register count, not
+/// its callees'); the links not measured.
+fn suppressed_debug_info(spec: &Spec, mode: Mode, plan: &Plan) -> Result<BTreeSet<String>, Declined> {
+    if mode != Mode::Executable || plan.partial_lto {
+        return no(Reason::Options, "--suppress-debug-info with -r or -dlto");
+    }
+    if plan.system_library_found {
+        return no(Reason::Options, "--suppress-debug-info with libcudadevrt (nvlink drops symbols of its code too)");
+    }
+    if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
+        return no(Reason::Options, "--suppress-debug-info with --kernels-used/--variables-used");
+    }
+    let Some(p) = plan.pruning_but_for_debug(spec) else {
+        return no(Reason::Options, "--suppress-debug-info without host information");
+    };
+    for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()) {
+        let functions: BTreeSet<&str> = info.functions.iter().map(|f| f.name.as_str()).collect();
+        for f in info.functions.iter().filter(|f| !p.live_functions.contains(&f.name)) {
+            let calls =
+                info.refs.iter().any(|r| r.from.as_deref() == Some(&f.name) && functions.contains(r.to.as_str()))
+                    || info.refs.iter().any(|r| r.from.as_deref() == Some(&f.name) && info.undefined.contains(&r.to));
+            if !f.is_kernel || info.weak.contains(&f.name) || calls {
+                return no(
+                    Reason::Options,
+                    format!(
+                        "--suppress-debug-info removing {}: a device function, a weak kernel or one that calls \
+                         (nvlink's entries for it are not reproduced)",
+                        f.name
+                    ),
+                );
+            }
+        }
+    }
+    Ok(p.dead_kernels)
 }
 
 /// Whether a `-dlto` link is nvlink's partial LTO: LTO modules beside

@@ -11,7 +11,7 @@ pub mod image;
 pub mod strtab;
 pub mod tkinfo;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use image::CubinImage;
 use strtab::{InputFunction, StrTab};
@@ -31,6 +31,8 @@ pub enum FinalizeError {
     Missing(&'static str),
     #[error("unexpected tkinfo entries: {0}")]
     UnexpectedEntries(String),
+    #[error("not reproduced: {0}")]
+    NotReproduced(&'static str),
 }
 
 /// What nvlink would have written that nvJitLink did not.
@@ -73,6 +75,65 @@ pub fn rename_ptxas_entry(cubin: &[u8], object: &str, options: &str) -> Result<V
         _ => return Err(FinalizeError::UnexpectedEntries("not one ptxas entry".into())),
     }
     img.sections[idx].data = tkinfo::serialize(&entries);
+    Ok(img.serialize())
+}
+
+/// `EIATTR_MIN_STACK_SIZE`, an `.nv.info` entry of format 4: symbol index, bytes.
+const EIATTR_MIN_STACK_SIZE: u8 = 0x12;
+
+/// nvlink's `-g --suppress-debug-info` output from its `-g` output (`cubin`,
+/// finalized): the `EIATTR_MIN_STACK_SIZE` entries of `.nv.info` naming one
+/// of `removed` (the kernels host-reference pruning would remove, which `-g`
+/// keeps) dropped, everything else as `-g` leaves it. Measured on programs
+/// without libcudadevrt code. Not reproduced, an error: a local symbol named
+/// `$...` (a function-scope `__shared__` variable), which nvlink drops from
+/// the symbol table too, renumbering every symbol after it; Mercury cubins
+/// (sm_100 and later), whose code nvlink compiles again without debug
+/// information; device debug information (`nvcc -G` objects: `.debug_info`
+/// and the like), whose relocations keep every kernel for the plan.
+pub fn suppress_debug_info(cubin: &[u8], removed: &BTreeSet<String>) -> Result<Vec<u8>, FinalizeError> {
+    let mut img = CubinImage::parse(cubin)?;
+    if img.sections.iter().any(|s| s.name.starts_with(".nv.merc.")) {
+        return Err(FinalizeError::NotReproduced("--suppress-debug-info of a Mercury cubin (sm_100 and later)"));
+    }
+    if img.sections.iter().any(|s| s.name.starts_with(".debug_") && s.name != ".debug_frame") {
+        return Err(FinalizeError::NotReproduced("--suppress-debug-info with device debug information (-G)"));
+    }
+    let symtab =
+        img.sections.iter().find(|s| s.sh_type == crate::elf::SHT_SYMTAB).ok_or(FinalizeError::Missing(".symtab"))?;
+    let strtab = img.sections.get(symtab.link as usize).ok_or(FinalizeError::Missing(".strtab"))?;
+    let mut names = Vec::new();
+    for entry in symtab.data.chunks_exact(24) {
+        let at = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) as usize;
+        let name = strtab
+            .data
+            .get(at..)
+            .and_then(|t| t.split(|&b| b == 0).next())
+            .ok_or(FinalizeError::Missing("symbol name"))?;
+        let local = entry[4] >> 4 == 0;
+        if local && name.starts_with(b"$") {
+            return Err(FinalizeError::NotReproduced("--suppress-debug-info drops local `$` symbols"));
+        }
+        names.push(name.to_vec());
+    }
+    let idx = img.section_index(".nv.info").ok_or(FinalizeError::Missing(".nv.info"))?;
+    let data = &img.sections[idx].data;
+    let mut kept = Vec::with_capacity(data.len());
+    let mut at = 0;
+    while at < data.len() {
+        let head = data.get(at..at + 4).ok_or(FinalizeError::Missing("whole .nv.info entries"))?;
+        let (fmt, attr) = (head[0], head[1]);
+        let len = 4 + if fmt == 4 { u16::from_le_bytes([head[2], head[3]]) as usize } else { 0 };
+        let entry = data.get(at..at + len).ok_or(FinalizeError::Missing("whole .nv.info entries"))?;
+        let sym = entry.get(4..8).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        let named = sym.and_then(|i| names.get(i)).and_then(|n| std::str::from_utf8(n).ok());
+        let drop = fmt == 4 && attr == EIATTR_MIN_STACK_SIZE && named.is_some_and(|n| removed.contains(n));
+        if !drop {
+            kept.extend_from_slice(entry);
+        }
+        at += len;
+    }
+    img.sections[idx].data = kept;
     Ok(img.serialize())
 }
 

@@ -377,7 +377,7 @@ fn suppressed_debug_info(spec: &Spec, mode: Mode, plan: &Plan) -> Result<BTreeSe
         return no(Reason::Options, "--suppress-debug-info with -r or -dlto");
     }
     if plan.system_library_found {
-        return no(Reason::Options, "--suppress-debug-info with libcudadevrt (nvlink drops symbols of its code too)");
+        return no(Reason::Options, "--suppress-debug-info with libcudadevrt (nvlink drops symbols too)");
     }
     if !spec.kernels_used.is_empty() || !spec.variables_used.is_empty() {
         return no(Reason::Options, "--suppress-debug-info with --kernels-used/--variables-used");

@@ -152,6 +152,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("cudart-static", "--arch=sm_90 -L{L} livedead_3arch.o libcxx_3arch.o -lcudadevrt -lcudart_static -o {OUT}/out.cubin", ""),
     ("host-cpp-object", "--arch=sm_90 livedead_3arch.o host_main.cpp.o -o {OUT}/out.cubin", ""),
     // -report-arch: every message after option parsing names the target.
+    // libcudadevrt searched while a symbol is undefined that a later library
+    // defines: nvlink takes its member too (registered, linked).
+    ("cudadevrt-before-library", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -lcudadevrt xcall_main_3arch.o -Llib -lxcall -o {OUT}/out.cubin", ""),
+    ("cudadevrt-file-before-archive-g", "-g -m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c xcall_main_3arch.o livedead_3arch.o {L}/libcudadevrt.a lib/libxcall.a -o {OUT}/out.cubin", ""),
     ("report-arch-archive-only", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -Llib -lxcall -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
     ("report-arch-archive-only-sm90", "--arch=sm_90 -report-arch -Llib -ldevmath -o {OUT}/out.cubin", ""),
     ("report-arch-no-inputs", "--arch=sm_90 -report-arch -o {OUT}/out.cubin", ""),

@@ -736,9 +736,6 @@ pub(crate) fn kernels_used_cover(live: &BTreeSet<String>, dead: &BTreeSet<String
     Ok(cover)
 }
 
-/// Functions and variables a whole program may leave to the driver.
-const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
-
 /// Whole-program LTO (`-dlto`) and `-dlto --emit-ptx`, when every linked unit is
 /// LTO IR (anything else is nvlink's partial LTO).
 ///
@@ -1092,7 +1089,7 @@ fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
         .iter()
         .flat_map(|s| &s.externs)
         .map(String::as_str)
-        .find(|e| !defined.contains(e) && !SYSTEM_EXTERNS.contains(e))
+        .find(|e| !defined.contains(e) && !crate::input::load::SYSTEM_EXTERNS.contains(e))
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).

@@ -652,8 +652,12 @@ enum Sass {
     Uncompress,
 }
 
+/// Functions and variables a whole program may leave to the driver.
+pub(crate) const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
+
 /// libcudadevrt semantics: take the members that define a symbol still
-/// undefined, until nothing changes.
+/// undefined, until nothing changes; then, if a symbol is still undefined,
+/// the rest.
 pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
     use std::collections::HashSet;
     let note = |u: &Unit, defined: &mut HashSet<String>, undefined: &mut HashSet<String>| {
@@ -682,6 +686,15 @@ pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         let Some(u) = pos.and_then(|p| remaining[p].take()) else { break };
         note(&u, &mut defined, &mut undefined);
         chosen.push(u);
+    }
+    // A symbol still undefined when the library is searched, one it does not
+    // define and not one left to the driver (`malloc`, `vprintf`: thrust's
+    // objects), takes its member too (measured on the toolkit's one-member
+    // libcudadevrt: `-lcudadevrt -lxcall`, where `-lxcall` defines what the
+    // objects call, or a link that ends in an undefined reference, registers
+    // `cuda_device_runtime`; `-lcudadevrt` after `-lxcall` does not).
+    if undefined.iter().any(|s| !defined.contains(s) && !SYSTEM_EXTERNS.contains(&s.as_str())) {
+        chosen.extend(remaining.into_iter().flatten());
     }
     chosen
 }

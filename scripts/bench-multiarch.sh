@@ -8,7 +8,7 @@
 #   scripts/bench-multiarch.sh [ARCHS] [REPS]     e.g. "80 90 100" 1
 #   OBJECTS=twin scripts/bench-multiarch.sh 90    one arch, linked in process: cold LTO
 #
-# BIN_DIR (default target/release) holds nvlinkd and the nvlink shim; CUDA_HOME
+# BIN_DIR (default target/release) holds nvlinkd (and nvlinkd-nvvm) and the nvlink shim; CUDA_HOME
 # defaults to the project's toolkit, else /usr/local/cuda. No Rust toolchain is
 # needed, so it runs on a machine with more cores than CI's (the GPU machines).
 # Prints one row per repetition and the median ratio (plain / nvlinkd).

@@ -570,7 +570,16 @@ struct Worker {
     /// Whether it has served a request. NVVM requests run only in workers
     /// that have not (see [`WorkerPool::link`]).
     used: bool,
+    /// An NVVM worker ([`NVVM_WORKER`]): it serves one NVVM request only.
+    nvvm: bool,
 }
+
+/// The executable of NVVM workers, beside the pool's own: `nvlinkd worker`
+/// on jemalloc's `malloc` (`server/src/nvvm.rs`), which saves NVVM about 15%
+/// of its CPU time. Non-LTO links keep glibc's `malloc`: nvJitLink's
+/// crashes on damaged cubins (as nvlink's) depend on it. Without it, NVVM
+/// workers are `nvlinkd worker` too.
+pub const NVVM_WORKER: &str = "nvlinkd-nvvm";
 
 #[derive(Default)]
 struct State {
@@ -581,7 +590,7 @@ struct State {
     live: [usize; 2],
     /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
     /// a request for one waits for that worker rather than starting another.
-    prewarming: Vec<(LibSpec, Priority)>,
+    prewarming: Vec<(LibSpec, Priority, bool)>,
 }
 
 /// Deadlines of the requests in flight, watched by one thread.
@@ -596,6 +605,8 @@ pub struct WorkerPool {
     /// This pool, for the threads that start replacement workers.
     me: std::sync::Weak<WorkerPool>,
     config: PoolConfig,
+    /// [`NVVM_WORKER`] beside `config.exe`, or `config.exe`.
+    nvvm_exe: PathBuf,
     state: Mutex<State>,
     freed: Condvar,
     watch: Arc<(Mutex<Watch>, Condvar)>,
@@ -606,8 +617,11 @@ pub struct WorkerPool {
 
 impl WorkerPool {
     pub fn new(config: PoolConfig) -> Arc<WorkerPool> {
+        let nvvm_exe = config.exe.with_file_name(NVVM_WORKER);
+        let nvvm_exe = if nvvm_exe.is_file() { nvvm_exe } else { config.exe.clone() };
         Arc::new_cyclic(|me| WorkerPool {
             me: me.clone(),
+            nvvm_exe,
             config: PoolConfig { max: config.max.max(1), ..config },
             state: Mutex::new(State::default()),
             freed: Condvar::new(),
@@ -629,18 +643,18 @@ impl WorkerPool {
 
     /// Start a worker for `lib` ahead of the first link, if there is room.
     pub(crate) fn prewarm(&self, lib: &LibSpec) {
-        self.prewarm_class(lib, Priority::Foreground);
+        self.prewarm_class(lib, Priority::Foreground, false);
     }
 
-    /// Start an unused worker of `lib` and `class` unless one is idle or
-    /// starting already, or every slot of the class is taken.
-    fn prewarm_class(&self, lib: &LibSpec, class: Priority) {
+    /// Start an unused worker of `lib`, `class` and kind (NVVM or not) unless
+    /// one is idle or starting already, or every slot of the class is taken.
+    fn prewarm_class(&self, lib: &LibSpec, class: Priority, nvvm: bool) {
         let c = class as usize;
-        let key = (lib.clone(), class);
+        let key = (lib.clone(), class, nvvm);
         {
             let mut st = self.lock();
             if st.live[c] >= self.config.max
-                || st.idle.iter().any(|w| &w.lib == lib && w.class == class && !w.used)
+                || st.idle.iter().any(|w| &w.lib == lib && w.class == class && w.nvvm == nvvm && !w.used)
                 || st.prewarming.contains(&key)
             {
                 return;
@@ -648,7 +662,7 @@ impl WorkerPool {
             st.live[c] += 1;
             st.prewarming.push(key.clone());
         }
-        let spawned = self.spawn(lib, class);
+        let spawned = self.spawn(lib, class, nvvm);
         let mut st = self.lock();
         st.prewarming.retain(|k| k != &key);
         match spawned {
@@ -662,8 +676,8 @@ impl WorkerPool {
         self.freed.notify_all();
     }
 
-    /// End a worker that ran an NVVM compile, and start an unused one in its
-    /// place in the background, so that the next link does not wait for it.
+    /// End a worker that ran an NVVM compile, and start an unused NVVM worker
+    /// in its place in the background, so that the next link does not wait for it.
     fn retire(&self, mut w: Worker) {
         let _ = w.child.kill();
         let _ = w.child.wait();
@@ -672,7 +686,7 @@ impl WorkerPool {
             let (lib, class) = (w.lib.clone(), w.class);
             let _ = std::thread::Builder::new()
                 .name("nvlinkd-worker-start".into())
-                .spawn(move || me.prewarm_class(&lib, class));
+                .spawn(move || me.prewarm_class(&lib, class, true));
         }
     }
 
@@ -683,7 +697,8 @@ impl WorkerPool {
     /// from one compile to the next in a process: after a compile with
     /// `-Xnvvm=-opt=0` or `-Xnvvm=-Ofast-compile=max` (nvlink's `-Ofc max`),
     /// a later default compile of the benchmark's CUB units gave other code
-    /// for three kernels than nvlink, which runs one compile per process. Non-LTO
+    /// for three kernels than nvlink, which runs one compile per process. NVVM
+    /// workers are [`NVVM_WORKER`] processes, which serve nothing else. Non-LTO
     /// links (no NVVM) reuse warm workers, preferring those already used.
     pub fn link(
         &self,
@@ -740,15 +755,15 @@ impl WorkerPool {
         }
     }
 
-    /// An idle worker for `lib` (an unused one when `unused`; otherwise a
-    /// used one first, keeping unused ones for NVVM), or a new one when there
-    /// is room; waits while all `max` workers are busy.
+    /// An idle worker for `lib` (an unused NVVM worker when `unused`; otherwise a
+    /// used one first), or a new one when there is room; waits while all
+    /// `max` workers are busy.
     fn checkout(&self, lib: &LibSpec, class: Priority, unused: bool) -> Result<Worker, WorkerError> {
         let mut st = self.lock();
         let c = class as usize;
-        let key = (lib.clone(), class);
+        let key = (lib.clone(), class, unused);
         loop {
-            let fits = |w: &Worker| &w.lib == lib && w.class == class && !(unused && w.used);
+            let fits = |w: &Worker| &w.lib == lib && w.class == class && w.nvvm == unused && !(unused && w.used);
             let pick = match unused {
                 true => st.idle.iter().rposition(fits),
                 false => st.idle.iter().rposition(|w| fits(w) && w.used).or_else(|| st.idle.iter().rposition(fits)),
@@ -765,7 +780,7 @@ impl WorkerPool {
                 break;
             }
             // Full: retire an idle worker this request cannot use (another
-            // toolkit's, or a used one for NVVM), or wait.
+            // toolkit's, or of the other kind), or wait.
             if let Some(i) = st.idle.iter().rposition(|w| w.class == class) {
                 let mut other = st.idle.swap_remove(i);
                 drop(st);
@@ -778,7 +793,7 @@ impl WorkerPool {
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         drop(st);
-        self.spawn(lib, class).inspect_err(|_| self.release_slot(class))
+        self.spawn(lib, class, unused).inspect_err(|_| self.release_slot(class))
     }
 
     fn checkin(&self, w: Worker) {
@@ -791,8 +806,9 @@ impl WorkerPool {
         self.freed.notify_all();
     }
 
-    fn spawn(&self, lib: &LibSpec, class: Priority) -> Result<Worker, WorkerError> {
-        let mut cmd = Command::new(&self.config.exe);
+    fn spawn(&self, lib: &LibSpec, class: Priority, nvvm: bool) -> Result<Worker, WorkerError> {
+        let exe = if nvvm { &self.nvvm_exe } else { &self.config.exe };
+        let mut cmd = Command::new(exe);
         crate::sched::apply_to_command(&mut cmd, class);
         let mut child = cmd
             .arg("worker")
@@ -806,7 +822,7 @@ impl WorkerPool {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| WorkerError::Spawn(format!("cannot run {}: {e}", self.config.exe.display())))?;
+            .map_err(|e| WorkerError::Spawn(format!("cannot run {}: {e}", exe.display())))?;
         let pid = child.id();
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -836,6 +852,7 @@ impl WorkerPool {
             stdin: BufWriter::with_capacity(1 << 16, stdin),
             stdout: BufReader::with_capacity(1 << 16, stdout),
             used: false,
+            nvvm,
         };
         let hello = get::<1>(&mut w.stdout).and_then(|[t]| match t {
             0 => Ok(None),

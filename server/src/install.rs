@@ -69,6 +69,7 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
         std::fs::remove_file(&daemon_dst).map_err(|e| io("cannot replace", &daemon_dst, e))?;
     }
     install_binary(&me, &daemon_dst)?;
+    install_nvvm_worker(&me, &daemon_dst)?;
     let record = OverlayRecord {
         cuda_home: Some(cuda_home.clone()),
         real_nvlink: Some(real_nvlink.clone()),
@@ -87,6 +88,17 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
 fn sibling(exe: &Path, name: &str) -> Option<PathBuf> {
     let p = exe.parent()?.join(name);
     p.is_file().then_some(p)
+}
+
+/// The NVVM worker (`nvlinkd-nvvm`) beside `me`, installed beside the
+/// installed daemon `daemon` (without it, NVVM runs in `nvlinkd worker`).
+fn install_nvvm_worker(me: &Path, daemon: &Path) -> Result<(), String> {
+    let Some(src) = sibling(me, nvlinkd_core::worker::NVVM_WORKER) else { return Ok(()) };
+    let dst = daemon.with_file_name(nvlinkd_core::worker::NVVM_WORKER);
+    if dst.symlink_metadata().is_ok() {
+        std::fs::remove_file(&dst).map_err(|e| io("cannot replace", &dst, e))?;
+    }
+    install_binary(&src, &dst)
 }
 
 /// `nvlinkd install --in-place`: the toolkit's own `bin/nvlink` becomes the
@@ -137,6 +149,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
         }
     }
     install_binary(&me, &keep.join("nvlinkd"))?;
+    install_nvvm_worker(&me, &keep.join("nvlinkd"))?;
     let record = OverlayRecord {
         cuda_home: Some(root.clone()),
         real_nvlink: Some(real.clone()),

@@ -260,3 +260,76 @@ fn links_share_reads_of_unchanged_files_and_see_rewrites() {
     std::thread::sleep(Duration::from_millis(2100));
     check("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", "link after a rewrite");
 }
+
+/// NVVM compiles run in `nvlinkd-nvvm` workers, whose nvJitLink allocates
+/// through jemalloc (`server/src/nvvm.rs`); non-LTO links in `nvlinkd worker`,
+/// on glibc's malloc (nvJitLink's crash on a damaged cubin depends on it:
+/// [`crashing_input_fails_only_its_link`]). The worker holding each link
+/// (the test hook) is that executable, both answers are nvlink's, and with
+/// every symbol bound at load (`LD_BIND_NOW`) the dynamic linker's log shows
+/// libnvJitLink's `malloc`, `free`, `calloc`, `realloc` and `posix_memalign`
+/// bound to `nvlinkd-nvvm` itself in one, to the C library in the other.
+#[test]
+fn nvvm_workers_allocate_through_jemalloc() {
+    const LTO: &str =
+        "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    let daemon = nvlinkd_tests::env::nvlinkd();
+    let nvvm = daemon.with_file_name("nvlinkd-nvvm");
+    let work = TempDir::new("wk-alloc");
+    let hold = work.path().join("hold");
+    let d = Daemon::start_env(&["--no-speculate"], &[(HOLD, &hold.display().to_string())]);
+    for (args, exe) in [(LTO, &nvvm), (GOOD_LINK, &daemon)] {
+        let out = TempDir::new("wk-alloc-ref");
+        let expected = run(&real_nvlink(), &inv(args, corpus::dir(), &out), &[]);
+        assert_eq!(expected.code, 0, "nvlink: {}", String::from_utf8_lossy(&expected.stderr));
+        std::fs::write(&hold, b"").unwrap();
+        let (env, invocation) = (d.shim_env(), inv(args, corpus::dir(), &out));
+        let handle = std::thread::spawn(move || run(&shim(), &invocation, &env));
+        let pids = held_workers(&hold, 1);
+        let running = std::fs::read_link(format!("/proc/{}/exe", pids[0])).expect("worker executable");
+        std::fs::remove_file(&hold).unwrap();
+        same(&expected, &handle.join().unwrap(), args);
+        for p in pids {
+            let _ = std::fs::remove_file(format!("{}.{p}", hold.display()));
+        }
+        assert_eq!(&running, exe, "{args}: linked by {}", running.display());
+    }
+
+    let tk = nvlinkd_core::toolkit::Toolkit::open(nvlinkd_tests::env::cuda_home()).expect("toolkit");
+    let lib = tk.jitlink_spec();
+    for (exe, allocator) in [(&nvvm, nvvm.display().to_string()), (&daemon, "libc.so".to_string())] {
+        let log = work.path().join("ld");
+        let mut child = std::process::Command::new(exe)
+            .arg("worker")
+            .arg("--lib")
+            .arg(&lib.path)
+            .args(["--release", &format!("{}.{}", lib.major, lib.minor)])
+            .env("LD_DEBUG", "bindings")
+            .env("LD_DEBUG_OUTPUT", &log)
+            .env("LD_BIND_NOW", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("worker");
+        // The handshake: 0 once the library is loaded; then end it.
+        let mut loaded = [1u8];
+        std::io::Read::read_exact(&mut child.stdout.take().expect("stdout"), &mut loaded).expect("handshake");
+        assert_eq!(loaded, [0], "{} did not load {}", exe.display(), lib.path.display());
+        drop(child.stdin.take());
+        assert!(child.wait().expect("worker exit").success());
+        let text = std::fs::read_to_string(format!("{}.{}", log.display(), child.id())).expect("ld.so log");
+        for symbol in ["malloc", "free", "calloc", "realloc", "posix_memalign"] {
+            let bound: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("libnvJitLink") && l.contains(&format!("normal symbol `{symbol}'")))
+                .filter_map(|l| l.split(" to ").nth(1).and_then(|t| t.split(" [").next()))
+                .collect();
+            assert!(
+                !bound.is_empty() && bound.iter().all(|b| b.contains(&allocator)),
+                "{}: libnvJitLink's {symbol} bound to {bound:?}, not {allocator}",
+                exe.display()
+            );
+        }
+    }
+}

@@ -4,7 +4,9 @@
 //!   (a) cold LTO link of a CUB-heavy workload: nvlinkd with an empty cache vs
 //!       nvlink, and vs nvlink with its best split option;
 //!   (b) the same LTO link again (warm);
-//!   (c) the LTO link after one unit's device code changed;
+//!   (c) the LTO link after one unit's device code changed
+//!       (`NVLINKD_BENCH_ONLY=cold` runs only (a) and (c), wall and CPU time,
+//!       nvlink and nvlinkd in alternating order);
 //!   (d) a tiny non-LTO link, warm (and (d0) with a cache-less daemon: the
 //!       shim and daemon overhead against an nvlink process);
 //!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes,
@@ -225,7 +227,7 @@ fn print_rows(report: &Report) {
     println!("\n{:<52} {:>11} {:>11} {:>8}  output", "scenario", "nvlink", "nvlinkd", "ratio");
     for (name, a, b, note) in &report.rows {
         println!(
-            "{:<52} {:>8.3} s {:>8.3} s {:>7.1}x  {}",
+            "{:<52} {:>8.3} s {:>8.3} s {:>7.2}x  {}",
             name,
             a.as_secs_f64(),
             b.as_secs_f64(),
@@ -308,6 +310,12 @@ fn main() {
     // `NVLINKD_BENCH_ONLY=wan`: only the WAN rows (w).
     if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "wan") {
         wan_rows(&mut report, reps, &corpus, &work);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
+    }
+    // `NVLINKD_BENCH_ONLY=cold`: only the rows (a) and (c), with CPU times.
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "cold") {
+        cold_rows(&mut report, reps, &corpus, &work, &o);
         print_rows(&report);
         std::process::exit(if report.all_identical { 0 } else { 1 });
     }
@@ -811,6 +819,63 @@ fn recompiled_rows(report: &mut Report, corpus: &Path, work: &Path, o: &dyn Fn(&
         }
         let row = format!("(j) {name} relink of recompiled unchanged objects");
         report.row(&row, median(nv), median(nvd), identical, if identical { " (a hit)" } else { " or not a hit" });
+    }
+}
+
+/// Rows (a) and (c) alone, wall and CPU time (user + system: of the nvlink
+/// process; of the shim, the daemon and its workers and ptxas), nvlink first
+/// in even repetitions and nvlinkd first in odd ones.
+fn cold_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    let changed = LTO.replace("tu3_lto.o", "tu3_changed_lto.o");
+    // (nvlink wall, nvlink CPU, nvlinkd wall, nvlinkd CPU) of (a) and of (c).
+    let mut rows: [[Vec<Duration>; 4]; 2] = Default::default();
+    let mut identical = true;
+    for rep in 0..reps {
+        for (row, link) in [LTO, changed.as_str()].into_iter().enumerate() {
+            let d = fresh_daemon(corpus);
+            if row == 1 {
+                // (c): the cache holds the link before the change.
+                assert!(timed(&shim(), &args(LTO, &o("cold.before")), work, &d.shim_env()).ok);
+            }
+            let pid = d.pid().expect("daemon pid");
+            let nvlinkd = || {
+                let before = tree_cpu(pid);
+                let t = timed(&shim(), &args(link, &o("cold.nvlinkd")), work, &d.shim_env());
+                assert!(t.ok, "nvlinkd LTO link failed");
+                // Work after the answer (storing, the replacement worker) counts too.
+                std::thread::sleep(Duration::from_millis(300));
+                (t.wall, t.cpu + tree_cpu(pid) - before)
+            };
+            let nvlink = || {
+                let t = timed(&real_nvlink(), &args(link, &o("cold.nvlink")), work, &[]);
+                assert!(t.ok, "nvlink LTO link failed");
+                (t.wall, t.cpu)
+            };
+            let ((nw, nc), (dw, dc)) = if rep % 2 == 0 {
+                let n = nvlink();
+                (n, nvlinkd())
+            } else {
+                let d = nvlinkd();
+                (nvlink(), d)
+            };
+            let name = ["(a)", "(c)"][row];
+            println!(
+                "{name} nvlink {:.3} s wall, {:.3} s CPU; nvlinkd {:.3} s wall, {:.3} s CPU",
+                nw.as_secs_f64(),
+                nc.as_secs_f64(),
+                dw.as_secs_f64(),
+                dc.as_secs_f64()
+            );
+            for (v, x) in rows[row].iter_mut().zip([nw, nc, dw, dc]) {
+                v.push(x);
+            }
+            identical &= same(&o("cold.nvlink"), &o("cold.nvlinkd"));
+        }
+    }
+    for (row, name) in ["(a) cold LTO link", "(c) LTO link after a one-unit change"].into_iter().enumerate() {
+        let [nw, nc, dw, dc] = std::mem::take(&mut rows[row]);
+        report.row(name, median(nw), median(dw), identical, "");
+        report.row(&format!("{} CPU time (user + system)", &name[..3]), median(nc), median(dc), identical, "");
     }
 }
 

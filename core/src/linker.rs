@@ -115,6 +115,11 @@ const DECODE_MEMO_MAX: u64 = 256 << 20;
 /// Most bytes of local input files remembered by identity (`fs::ContentMemo`).
 const CONTENT_MEMO_MAX: u64 = 128 << 20;
 
+/// Most workers a toolkit gets started ahead of its links (`--jobs` bounds
+/// them too); beyond, a link starts the one it needs. Each idle worker holds
+/// about 6 MB of its own memory (the library's pages are shared).
+const PREWARM_WORKERS: usize = 8;
+
 /// A toolkit being opened, shared by the links waiting for it.
 type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
 
@@ -143,9 +148,12 @@ impl Toolkits {
                 // Before any link needs it (a few stats).
                 tk.identity();
                 if let Some(w) = &self.workers {
-                    // Start one worker now: loading nvJitLink costs tens of milliseconds.
+                    // Start the workers now (up to --jobs, at most
+                    // PREWARM_WORKERS), one after another: loading nvJitLink
+                    // costs tens of milliseconds, which a burst of first links
+                    // would otherwise pay on its way.
                     let (w, lib) = (w.clone(), tk.jitlink_spec());
-                    std::thread::spawn(move || w.prewarm(&lib));
+                    std::thread::spawn(move || w.prewarm(&lib, PREWARM_WORKERS));
                 }
                 Ok(tk)
             })

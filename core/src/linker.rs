@@ -89,6 +89,10 @@ pub struct Linker {
     /// Test hook (`NVLINKD_TEST_HOLD_SLOT`): an admitted link waits while this
     /// file exists (cancellably), so tests can fill every slot.
     test_hold_slot: Option<PathBuf>,
+    /// Test hook (`NVLINKD_TEST_HOLD_STORE`): one link at a time, about to store
+    /// its entry, waits while this file exists (and marks `<file>.storing`).
+    test_hold_store: Option<PathBuf>,
+    test_holding_store: std::sync::atomic::AtomicBool,
     /// Single flight for artifacts when there is no cache.
     no_cache_flights: Flights<Arc<[u8]>>,
     /// Decoded SASS members of inputs, kept across requests.
@@ -114,6 +118,11 @@ const SPECULATED_MAX: usize = 1024;
 const DECODE_MEMO_MAX: u64 = 256 << 20;
 /// Most bytes of local input files remembered by identity (`fs::ContentMemo`).
 const CONTENT_MEMO_MAX: u64 = 128 << 20;
+
+/// Most workers a toolkit gets started ahead of its links (`--jobs` bounds
+/// them too); beyond, a link starts the one it needs. Each idle worker holds
+/// about 6 MB of its own memory (the library's pages are shared).
+const PREWARM_WORKERS: usize = 8;
 
 /// A toolkit being opened, shared by the links waiting for it.
 type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
@@ -143,9 +152,12 @@ impl Toolkits {
                 // Before any link needs it (a few stats).
                 tk.identity();
                 if let Some(w) = &self.workers {
-                    // Start one worker now: loading nvJitLink costs tens of milliseconds.
+                    // Start the workers now (up to --jobs, at most
+                    // PREWARM_WORKERS), one after another: loading nvJitLink
+                    // costs tens of milliseconds, which a burst of first links
+                    // would otherwise pay on its way.
                     let (w, lib) = (w.clone(), tk.jitlink_spec());
-                    std::thread::spawn(move || w.prewarm(&lib));
+                    std::thread::spawn(move || w.prewarm(&lib, PREWARM_WORKERS));
                 }
                 Ok(tk)
             })
@@ -227,6 +239,8 @@ impl Linker {
             sched: Scheduler::new(jobs),
             outputs: Default::default(),
             test_hold_slot: std::env::var_os("NVLINKD_TEST_HOLD_SLOT").map(PathBuf::from),
+            test_hold_store: std::env::var_os("NVLINKD_TEST_HOLD_STORE").map(PathBuf::from),
+            test_holding_store: Default::default(),
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             contents: Arc::new(crate::fs::ContentMemo::new(config.cache_mem.min(CONTENT_MEMO_MAX))),
@@ -587,11 +601,11 @@ impl Linker {
         }
         // Only a link that must compute waits for a slot; one that waited looks
         // again (an identical link may have filled the cache meanwhile).
-        let _admitted = match self.admit(cancel) {
+        let admitted = match self.admit(cancel) {
             Ok(a) => a,
             Err(cancelled) => return *cancelled,
         };
-        if _admitted.as_ref().is_some_and(|a| a._slot.queued) {
+        if admitted.as_ref().is_some_and(|a| a._slot.queued) {
             if let Some(o) = self.lookup(cache, &keys, req, spec) {
                 if !req.speculative {
                     bump(&self.stats.cache_hits);
@@ -608,9 +622,15 @@ impl Linker {
         if self.test_pause_after_key > 0 {
             std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
         }
+        // The slot is held while the link computes, not while it stores its
+        // entry: the next link starts meanwhile (identical links still wait
+        // for the entry, on the flight).
+        let admitted = std::cell::RefCell::new(admitted);
         let mine = std::cell::RefCell::new(None);
         let entry = cache.flights.run(keys.content, || {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
+            drop(admitted.borrow_mut().take());
+            self.test_hold_store();
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if req.speculative && entry.is_none() {
                 // Nothing stored: a later real link that computes and stores
@@ -644,6 +664,23 @@ impl Linker {
             }
             None => self.compute_link(tk, req, memo, spec, mode, cancel),
         }
+    }
+
+    /// See `test_hold_store`: a test sees what happens while a link stores.
+    fn test_hold_store(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some(hold) = &self.test_hold_store else { return };
+        if !hold.exists() || self.test_holding_store.swap(true, SeqCst) {
+            return;
+        }
+        let mut mark = hold.clone().into_os_string();
+        mark.push(".storing");
+        let _ = std::fs::write(&mark, b"");
+        let t0 = std::time::Instant::now();
+        while hold.exists() && t0.elapsed() < std::time::Duration::from_secs(120) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        self.test_holding_store.store(false, SeqCst);
     }
 
     /// A speculative link is about to compute the entry under `key`.

@@ -641,9 +641,48 @@ impl WorkerPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start a worker for `lib` ahead of the first link, if there is room.
-    pub(crate) fn prewarm(&self, lib: &LibSpec) {
-        self.prewarm_class(lib, Priority::Foreground, false);
+    /// Start foreground workers for `lib` ahead of the first links, one after
+    /// another (the first is ready soonest), until `want` of them live (at
+    /// most `max`): a burst of links on a fresh daemon then finds them started
+    /// rather than starting them on its way (tens of milliseconds each).
+    pub(crate) fn prewarm(&self, lib: &LibSpec, want: usize) {
+        while self.grow(lib, Priority::Foreground, want) {}
+    }
+
+    /// Start one worker of `lib` and `class` unless `want` of the class live
+    /// already (or `max`) or one is starting; whether one was started.
+    fn grow(&self, lib: &LibSpec, class: Priority, want: usize) -> bool {
+        let c = class as usize;
+        let key = (lib.clone(), class, false);
+        {
+            let mut st = self.lock();
+            if st.live[c] >= want.min(self.config.max) || st.prewarming.contains(&key) {
+                return false;
+            }
+            st.live[c] += 1;
+            st.prewarming.push(key.clone());
+        }
+        self.started(key, self.spawn(lib, class, false))
+    }
+
+    /// Record the end of a background start of a worker for `key`.
+    fn started(&self, key: (LibSpec, Priority, bool), spawned: Result<Worker, WorkerError>) -> bool {
+        let mut st = self.lock();
+        st.prewarming.retain(|k| k != &key);
+        let ok = match spawned {
+            Ok(w) => {
+                st.idle.push(w);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("cannot start an nvJitLink worker: {e}");
+                st.live[key.1 as usize] -= 1;
+                false
+            }
+        };
+        drop(st);
+        self.freed.notify_all();
+        ok
     }
 
     /// Start an unused worker of `lib`, `class` and kind (NVVM or not) unless
@@ -662,18 +701,7 @@ impl WorkerPool {
             st.live[c] += 1;
             st.prewarming.push(key.clone());
         }
-        let spawned = self.spawn(lib, class, nvvm);
-        let mut st = self.lock();
-        st.prewarming.retain(|k| k != &key);
-        match spawned {
-            Ok(w) => st.idle.push(w),
-            Err(e) => {
-                tracing::warn!("cannot start an nvJitLink worker: {e}");
-                st.live[c] -= 1;
-            }
-        }
-        drop(st);
-        self.freed.notify_all();
+        self.started(key, self.spawn(lib, class, nvvm));
     }
 
     /// End a worker that ran an NVVM compile, and start an unused NVVM worker

@@ -361,3 +361,41 @@ fn progress_line_for_a_long_link() {
     let expected = run(&real_nvlink(), &inv(LINK, &reference), &[]);
     assert_eq!(std::fs::read(out.path().join("out.cubin")).ok().as_ref(), expected.files.get("out.cubin"));
 }
+
+/// A link holds its slot while it computes, not while it stores its entry:
+/// with `--jobs 1`, a second link computes and answers while the first one
+/// is held storing (`NVLINKD_TEST_HOLD_STORE`); then the first answers too,
+/// both with nvlink's bytes.
+#[test]
+fn a_link_storing_its_entry_leaves_its_slot_to_the_next() {
+    let work = TempDir::new("hold-store");
+    let hold = work.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let d = Daemon::start_env(&["--jobs", "1"], &[("NVLINKD_TEST_HOLD_STORE", &hold.display().to_string())]);
+    const OTHER: &str = "--arch=sm_90 vars_def.o vars_use.o -o {OUT}/out.cubin";
+    let (out_a, out_b) = (TempDir::new("store-a"), TempDir::new("store-b"));
+    let expected_a = run(&real_nvlink(), &inv(LINK, &out_a), &[]);
+    let expected_b = run(&real_nvlink(), &inv(OTHER, &out_b), &[]);
+
+    let (tx_a, rx_a) = std::sync::mpsc::channel();
+    let (a_inv, env) = (inv(LINK, &out_a), d.shim_env());
+    std::thread::spawn(move || tx_a.send(run(&shim(), &a_inv, &env)));
+    let storing = work.path().join("hold.storing");
+    let t0 = Instant::now();
+    while !storing.exists() {
+        assert!(t0.elapsed() < PATIENCE, "the first link never reached its store");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (tx_b, rx_b) = std::sync::mpsc::channel();
+    let (b_inv, env) = (inv(OTHER, &out_b), d.shim_env());
+    std::thread::spawn(move || tx_b.send(run(&shim(), &b_inv, &env)));
+    let b = rx_b.recv_timeout(Duration::from_secs(60));
+    let a_still_storing = matches!(rx_a.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty));
+    std::fs::remove_file(&hold).unwrap();
+    let b = b.expect("the second link waited for the first one's store (the slot was held while storing)");
+    assert!(a_still_storing, "the first link was not held in its store: the test proved nothing");
+    same(&expected_b, &b, "the link computed while another stored");
+    let a = rx_a.recv_timeout(PATIENCE).expect("the held link never answered");
+    same(&expected_a, &a, "the link held in its store");
+    assert_eq!(d.stat("in_process"), 2);
+}

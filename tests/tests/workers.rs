@@ -333,3 +333,32 @@ fn nvvm_workers_allocate_through_jemalloc() {
         }
     }
 }
+
+/// A fresh daemon starts its nvJitLink workers, as many as `--jobs`, before
+/// any link arrives (one after another, in the background): the first links
+/// of a burst find them running instead of each starting one on its way.
+#[test]
+fn a_fresh_daemon_starts_its_workers_before_the_first_link() {
+    let d = Daemon::start_with(&["--jobs", "3"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.stat("workers") < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 3 workers started without a link (only the first is started ahead of links?)",
+            d.stat("workers")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // No more than --jobs, and no link was needed for them.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.stat("workers"), 3);
+    assert_eq!(d.stat("requests"), 0);
+
+    // They serve links as any worker does: nvlink's bytes.
+    let out = TempDir::new("prewarmed-ref");
+    let expected = run(&real_nvlink(), &inv(GOOD_LINK, corpus::dir(), &out), &[]);
+    let out = TempDir::new("prewarmed");
+    let actual = run(&shim(), &inv(GOOD_LINK, corpus::dir(), &out), &d.shim_env());
+    same(&expected, &actual, "link on prewarmed workers");
+    assert_eq!(d.stat("in_process"), 1);
+}

@@ -76,6 +76,14 @@ pub struct LibSpec {
     pub minor: u32,
 }
 
+impl LibSpec {
+    /// The library at `path` of release `MAJOR.MINOR` (a worker's `--release`).
+    pub fn with_release(path: PathBuf, release: &str) -> Option<LibSpec> {
+        let (major, minor) = release.split_once('.')?;
+        Some(LibSpec { path, major: major.parse().ok()?, minor: minor.parse().ok()? })
+    }
+}
+
 // ---------------------------------------------------------------- wire format
 
 fn put_u32(w: &mut impl Write, v: u32) -> std::io::Result<()> {
@@ -653,20 +661,33 @@ impl WorkerPool {
     /// already (or `max`) or one is starting; whether one was started.
     fn grow(&self, lib: &LibSpec, class: Priority, want: usize) -> bool {
         let c = class as usize;
-        let key = (lib.clone(), class, false);
+        self.start_ahead(lib, class, false, |st| st.live[c] >= want.min(self.config.max))
+    }
+
+    /// Start an unused worker of `lib`, `class` and kind (NVVM or not) unless
+    /// one is idle or starting already, or every slot of the class is taken.
+    fn prewarm_class(&self, lib: &LibSpec, class: Priority, nvvm: bool) {
+        let c = class as usize;
+        let unused_idle =
+            |st: &State| st.idle.iter().any(|w| &w.lib == lib && w.class == class && w.nvvm == nvvm && !w.used);
+        self.start_ahead(lib, class, nvvm, |st| st.live[c] >= self.config.max || unused_idle(st));
+    }
+
+    /// Start a worker of `lib`, `class` and kind ahead of the links that will
+    /// need it, unless `enough` or one of them is starting already; whether
+    /// one was started (its slot is taken before, given back if it fails).
+    fn start_ahead(&self, lib: &LibSpec, class: Priority, nvvm: bool, enough: impl Fn(&State) -> bool) -> bool {
+        let c = class as usize;
+        let key = (lib.clone(), class, nvvm);
         {
             let mut st = self.lock();
-            if st.live[c] >= want.min(self.config.max) || st.prewarming.contains(&key) {
+            if enough(&st) || st.prewarming.contains(&key) {
                 return false;
             }
             st.live[c] += 1;
             st.prewarming.push(key.clone());
         }
-        self.started(key, self.spawn(lib, class, false))
-    }
-
-    /// Record the end of a background start of a worker for `key`.
-    fn started(&self, key: (LibSpec, Priority, bool), spawned: Result<Worker, WorkerError>) -> bool {
+        let spawned = self.spawn(lib, class, nvvm);
         let mut st = self.lock();
         st.prewarming.retain(|k| k != &key);
         let ok = match spawned {
@@ -676,32 +697,13 @@ impl WorkerPool {
             }
             Err(e) => {
                 tracing::warn!("cannot start an nvJitLink worker: {e}");
-                st.live[key.1 as usize] -= 1;
+                st.live[c] -= 1;
                 false
             }
         };
         drop(st);
         self.freed.notify_all();
         ok
-    }
-
-    /// Start an unused worker of `lib`, `class` and kind (NVVM or not) unless
-    /// one is idle or starting already, or every slot of the class is taken.
-    fn prewarm_class(&self, lib: &LibSpec, class: Priority, nvvm: bool) {
-        let c = class as usize;
-        let key = (lib.clone(), class, nvvm);
-        {
-            let mut st = self.lock();
-            if st.live[c] >= self.config.max
-                || st.idle.iter().any(|w| &w.lib == lib && w.class == class && w.nvvm == nvvm && !w.used)
-                || st.prewarming.contains(&key)
-            {
-                return;
-            }
-            st.live[c] += 1;
-            st.prewarming.push(key.clone());
-        }
-        self.started(key, self.spawn(lib, class, nvvm));
     }
 
     /// End a worker that ran an NVVM compile, and start an unused NVVM worker

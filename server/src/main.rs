@@ -494,13 +494,10 @@ fn main() -> ExitCode {
         Command::Exec { explain, args } => exec::run(args, explain),
         Command::Watch { socket, args } => runtime().block_on(watchcmd::run(&socket_or_default(socket), args)),
         Command::Worker { lib, release, mem } => {
-            let Some((major, minor)) =
-                release.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-            else {
+            let Some(lib) = nvlinkd_core::worker::LibSpec::with_release(lib, &release) else {
                 eprintln!("nvlinkd worker: bad --release {release}");
                 return ExitCode::from(2);
             };
-            let lib = nvlinkd_core::worker::LibSpec { path: lib, major, minor };
             ExitCode::from(nvlinkd_core::worker::serve(&lib, mem) as u8)
         }
     }

@@ -19,14 +19,11 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
-    let release =
-        value("--release").and_then(|r| r.split_once('.')).and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+    let lib = value("--lib").zip(value("--release"));
+    let lib = lib.and_then(|(lib, release)| nvlinkd_core::worker::LibSpec::with_release(lib.into(), release));
     let mem = value("--mem").map_or(Some(0), |m| m.parse().ok());
-    match (args.first().map(String::as_str), value("--lib"), release, mem) {
-        (Some("worker"), Some(lib), Some((major, minor)), Some(mem)) => {
-            let lib = nvlinkd_core::worker::LibSpec { path: lib.into(), major, minor };
-            ExitCode::from(nvlinkd_core::worker::serve(&lib, mem) as u8)
-        }
+    match (args.first().map(String::as_str), lib, mem) {
+        (Some("worker"), Some(lib), Some(mem)) => ExitCode::from(nvlinkd_core::worker::serve(&lib, mem) as u8),
         _ => {
             eprintln!("usage: nvlinkd-nvvm worker --lib LIB --release MAJOR.MINOR [--mem BYTES] (started by nvlinkd)");
             ExitCode::from(2)

@@ -388,9 +388,10 @@ fn suppressed_debug_info(spec: &Spec, mode: Mode, plan: &Plan) -> Result<BTreeSe
     for info in plan.units.iter().flat_map(|u| &u.modules).filter_map(|m| m.info.as_deref()) {
         let functions: BTreeSet<&str> = info.functions.iter().map(|f| f.name.as_str()).collect();
         for f in info.functions.iter().filter(|f| !p.live_functions.contains(&f.name)) {
-            let calls =
-                info.refs.iter().any(|r| r.from.as_deref() == Some(&f.name) && functions.contains(r.to.as_str()))
-                    || info.refs.iter().any(|r| r.from.as_deref() == Some(&f.name) && info.undefined.contains(&r.to));
+            let calls = info.refs.iter().any(|r| {
+                r.from.as_deref() == Some(&f.name)
+                    && (functions.contains(r.to.as_str()) || info.undefined.contains(&r.to))
+            });
             if !f.is_kernel || info.weak.contains(&f.name) || calls {
                 return no(
                     Reason::Options,

@@ -119,19 +119,19 @@ pub fn suppress_debug_info(cubin: &[u8], removed: &BTreeSet<String>) -> Result<V
     let idx = img.section_index(".nv.info").ok_or(FinalizeError::Missing(".nv.info"))?;
     let data = &img.sections[idx].data;
     let mut kept = Vec::with_capacity(data.len());
-    let mut at = 0;
-    while at < data.len() {
-        let head = data.get(at..at + 4).ok_or(FinalizeError::Missing("whole .nv.info entries"))?;
-        let (fmt, attr) = (head[0], head[1]);
-        let len = 4 + if fmt == 4 { u16::from_le_bytes([head[2], head[3]]) as usize } else { 0 };
-        let entry = data.get(at..at + len).ok_or(FinalizeError::Missing("whole .nv.info entries"))?;
+    let mut seen = 0;
+    for e in crate::input::cubin::info_entries(data) {
+        let entry = e.bytes.ok_or(FinalizeError::Missing("whole .nv.info entries"))?;
+        seen += entry.len();
         let sym = entry.get(4..8).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
         let named = sym.and_then(|i| names.get(i)).and_then(|n| std::str::from_utf8(n).ok());
-        let drop = fmt == 4 && attr == EIATTR_MIN_STACK_SIZE && named.is_some_and(|n| removed.contains(n));
+        let drop = e.format == 4 && e.attr == EIATTR_MIN_STACK_SIZE && named.is_some_and(|n| removed.contains(n));
         if !drop {
             kept.extend_from_slice(entry);
         }
-        at += len;
+    }
+    if seen != data.len() {
+        return Err(FinalizeError::Missing("whole .nv.info entries"));
     }
     img.sections[idx].data = kept;
     Ok(img.serialize())

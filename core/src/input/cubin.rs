@@ -52,29 +52,39 @@ const EIATTR_TOOLS_PATCH_FUNC: u8 = 0x4b;
 
 /// Whether an `.nv.info`-shaped section holds attribute `attr`, in any format.
 fn has_attribute(data: &[u8], attr: u8) -> bool {
+    info_entries(data).any(|e| e.attr == attr)
+}
+
+/// One entry of an `.nv.info`-shaped section ([`info_entries`]).
+pub(crate) struct InfoEntry<'a> {
+    pub format: u8,
+    pub attr: u8,
+    /// The 16-bit value (formats 1 to 3) or the size of what follows (format 4).
+    pub value: u16,
+    /// The whole entry, header included; `None` when the section ends inside it.
+    pub bytes: Option<&'a [u8]>,
+}
+
+/// The entries of an `.nv.info`-shaped section: format byte, attribute byte,
+/// then a 16-bit value (formats 1 to 3) or a 16-bit size and that many bytes
+/// (format 4). Ends where fewer than 4 bytes are left.
+pub(crate) fn info_entries(data: &[u8]) -> impl Iterator<Item = InfoEntry<'_>> {
     let mut at = 0;
-    while let (Some(&fmt), Some(&a), Some(v)) = (data.get(at), data.get(at + 1), data.get(at + 2..at + 4)) {
-        if a == attr {
-            return true;
-        }
-        at += 4 + if fmt == 4 { u16::from_le_bytes([v[0], v[1]]) as usize } else { 0 };
-    }
-    false
+    std::iter::from_fn(move || {
+        let head = data.get(at..at + 4)?;
+        let value = u16::from_le_bytes([head[2], head[3]]);
+        let len = 4 + if head[0] == 4 { value as usize } else { 0 };
+        let entry = InfoEntry { format: head[0], attr: head[1], value, bytes: data.get(at..at + len) };
+        at += len;
+        Some(entry)
+    })
 }
 
 /// The value of attribute `attr` in a `.nv.compat` section (0 when absent).
 /// Entries are `.nv.info` shaped: format byte, attribute byte, then a 16-bit
 /// value (formats 1 to 3) or a 16-bit size and that many bytes (format 4).
 fn compat_value(data: &[u8], attr: u8) -> u16 {
-    let mut at = 0;
-    while let (Some(&fmt), Some(&a), Some(v)) = (data.get(at), data.get(at + 1), data.get(at + 2..at + 4)) {
-        let value = u16::from_le_bytes([v[0], v[1]]);
-        if fmt != 4 && a == attr {
-            return value;
-        }
-        at += 4 + if fmt == 4 { value as usize } else { 0 };
-    }
-    0
+    info_entries(data).find(|e| e.format != 4 && e.attr == attr).map_or(0, |e| e.value)
 }
 
 pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {

@@ -173,22 +173,20 @@ impl Plan {
     /// debug link (`-g` keeps everything; `--suppress-debug-info` then treats
     /// the rest apart); `None` without host information.
     pub(crate) fn pruning_but_for_debug(&self, spec: &Spec) -> Option<Pruning> {
-        if !self.has_host_info(spec) {
-            return None;
-        }
+        self.has_host_info(spec).then(|| self.host_liveness(false))
+    }
+
+    /// What the host references keep (the units' kernel patterns as roots).
+    fn host_liveness(&self, partial_lto: bool) -> Pruning {
         let patterns: Vec<&str> =
             self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
-        Some(liveness(&self.units, &patterns, false))
+        liveness(&self.units, &patterns, partial_lto)
     }
 
     /// Decide what pruning keeps; every module must be a cubin by now (PTX
     /// compiled), since liveness follows the cubins' relocations.
     pub(crate) fn prune(&mut self, spec: &Spec, mode: Mode) {
-        self.pruning = self.prunes(spec, mode).then(|| {
-            let patterns: Vec<&str> =
-                self.units.iter().filter_map(|u| u.host_refs.as_ref()).flat_map(|h| h.kernel_patterns()).collect();
-            liveness(&self.units, &patterns, self.partial_lto)
-        });
+        self.pruning = self.prunes(spec, mode).then(|| self.host_liveness(self.partial_lto));
     }
 }
 

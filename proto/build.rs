@@ -2,6 +2,11 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/nvlinkd.proto");
     let fds = protox::compile(["proto/nvlinkd.proto"], ["proto"])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // File contents travel as `bytes::Bytes`: decoded without a copy (a slice
+    // of the received buffer) and sent in pieces that share one output.
+    tonic_prost_build::configure()
+        .bytes(".nvlinkd.v1.OutputFile.data")
+        .bytes(".nvlinkd.v1.FileReply.data")
+        .compile_fds(fds)?;
     Ok(())
 }

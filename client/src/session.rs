@@ -11,6 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytes::Bytes;
 use nvlinkd_proto::paths;
 use nvlinkd_proto::shared::{self, RELEVANT_ENV, WINDOW_BYTES};
 use nvlinkd_proto::v1::{
@@ -168,9 +169,9 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
     mark("request sent");
 
     let mut progress = ProgressLine::new(start_progress(args));
-    let mut outputs: Vec<OutputFile> = Vec::new();
+    let mut outputs: Vec<Received> = Vec::new();
     // The output file whose pieces are arriving.
-    let mut open: Option<OutputFile> = None;
+    let mut open: Option<Received> = None;
     let mut output_bytes = 0u64;
     loop {
         let next = tokio::select! {
@@ -206,9 +207,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                     return Err(violation(format!("the daemon sent more than {MAX_OUTPUT} bytes of output")));
                 }
                 match &mut open {
-                    Some(f) if f.path == piece.path && f.append == piece.append => {
-                        f.data.extend_from_slice(&piece.data)
-                    }
+                    Some(f) if f.path == piece.path && f.append == piece.append => f.pieces.push(piece.data),
                     Some(f) => {
                         return Err(violation(format!("the daemon left {} incomplete for {}", f.path, piece.path)))
                     }
@@ -220,8 +219,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                                 piece.path
                             )));
                         }
-                        // The first piece becomes the file (not copied).
-                        open = Some(OutputFile { more: false, ..piece });
+                        open = Some(Received::from(piece));
                     }
                 }
                 if !more {
@@ -240,7 +238,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                         return Err(violation(format!("the daemon asked to write {}, which nvlink would not", f.path)));
                     }
                 }
-                outputs.extend(result.outputs.iter().cloned());
+                outputs.extend(result.outputs.iter().cloned().map(Received::from));
                 if !result.fallback {
                     if !(0..=255).contains(&result.exit_code) {
                         return Err(violation(format!("exit status {} is not one nvlink returns", result.exit_code)));
@@ -368,12 +366,17 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> Vec<FileReply> {
         // all (`Unsupported`): the daemon declines the link and this shim runs
         // the real nvlink, which reads those its own way.
         file_request::Op::Read => match nvlinkd_fs::read_regular(path, MAX_FILE) {
-            Ok(data) if data.is_empty() => one(file_reply::Result::Data(data)),
+            Ok(data) if data.is_empty() => one(file_reply::Result::Data(Bytes::new())),
             Ok(data) => {
+                let data = Bytes::from(data);
                 let n = data.len().div_ceil(nvlinkd_proto::CHUNK_BYTES);
-                data.chunks(nvlinkd_proto::CHUNK_BYTES)
-                    .enumerate()
-                    .map(|(i, c)| FileReply { id, result: Some(file_reply::Result::Data(c.to_vec())), more: i + 1 < n })
+                (0..n)
+                    .map(|i| {
+                        let piece = data.slice(
+                            i * nvlinkd_proto::CHUNK_BYTES..data.len().min((i + 1) * nvlinkd_proto::CHUNK_BYTES),
+                        );
+                        FileReply { id, result: Some(file_reply::Result::Data(piece)), more: i + 1 < n }
+                    })
                     .collect()
             }
             Err(e) => one(err(&e)),
@@ -381,7 +384,22 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> Vec<FileReply> {
     }
 }
 
-fn finish(result: LinkResult, outputs: &[OutputFile], args: &[String], cwd: &Path) -> Result<i32, String> {
+/// An output file as it arrived: its pieces, in order, each a slice of the
+/// message that carried it (never copied into one buffer: they are written
+/// one after another).
+struct Received {
+    path: String,
+    append: bool,
+    pieces: Vec<Bytes>,
+}
+
+impl From<OutputFile> for Received {
+    fn from(f: OutputFile) -> Received {
+        Received { path: f.path, append: f.append, pieces: vec![f.data] }
+    }
+}
+
+fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, String> {
     if !result.cancelled.is_empty() {
         // Superseded by a newer link of the same output: the daemon's one-line
         // message, no output, a failure, and no nvlink run (the newer link is
@@ -394,7 +412,7 @@ fn finish(result: LinkResult, outputs: &[OutputFile], args: &[String], cwd: &Pat
     }
     for out in outputs {
         let path = PathBuf::from(&out.path);
-        let written = if out.append { append(&path, &out.data) } else { write_output(&path, &out.data) };
+        let written = if out.append { append(&path, &out.pieces) } else { write_output(&path, &out.pieces) };
         if let Err(failed) = written {
             // nvlink's words: the file as the command line named it, no OS error.
             let _ = std::io::stdout().write_all(&result.stdout);
@@ -437,16 +455,16 @@ enum WriteFailed {
     Write,
 }
 
-fn append(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
+fn append(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|_| WriteFailed::Open)?;
-    f.write_all(data).map_err(|_| WriteFailed::Write)
+    pieces.iter().try_for_each(|p| f.write_all(p)).map_err(|_| WriteFailed::Write)
 }
 
 /// Write an output where nvlink's `fopen(path, "w")` would: through symlinks
 /// (the link stays, its target gets the bytes; a dangling one names the file
 /// created), and into an existing device or FIFO (`-o /dev/null` writes to the
 /// device, never replaces it). A regular file is replaced atomically.
-fn write_output(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
+fn write_output(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
     let mut target = path.to_owned();
     for _ in 0..40 {
         match std::fs::read_link(&target) {
@@ -458,9 +476,9 @@ fn write_output(path: &Path, data: &[u8]) -> Result<(), WriteFailed> {
         Ok(m) if !m.is_file() && !m.is_dir() => {
             let mut f =
                 std::fs::OpenOptions::new().write(true).truncate(true).open(&target).map_err(|_| WriteFailed::Open)?;
-            f.write_all(data).and_then(|()| f.flush()).map_err(|_| WriteFailed::Write)
+            pieces.iter().try_for_each(|p| f.write_all(p)).and_then(|()| f.flush()).map_err(|_| WriteFailed::Write)
         }
-        _ => nvlinkd_fs::write_atomically(&target, data).map_err(|_| WriteFailed::Open),
+        _ => nvlinkd_fs::write_pieces_atomically(&target, pieces).map_err(|_| WriteFailed::Open),
     }
 }
 

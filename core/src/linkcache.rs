@@ -287,7 +287,7 @@ pub fn keys_of(req: &Request) -> Option<LinkKeys> {
 }
 
 /// The outputs of an outcome, by role.
-pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, Vec<u8>)>> {
+pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, bytes::Bytes)>> {
     let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
     let reg = spec.register_link_binaries.as_deref().map(|r| absolute(&req.cwd, r));
     outputs

@@ -551,7 +551,7 @@ impl Linker {
             Ok(script) => {
                 bump(&self.stats.frontend);
                 let outputs = match (script.file, out) {
-                    (Some(data), Some(path)) => vec![OutputFile { path, data, append: false }],
+                    (Some(data), Some(path)) => vec![OutputFile { path, data: data.into(), append: false }],
                     _ => Vec::new(),
                 };
                 Outcome::answer(EngineKind::Frontend, 0, report.stdout, report.stderr, outputs)
@@ -640,7 +640,7 @@ impl Linker {
             }
             if let Some(e) = &entry {
                 let _store = debug_span!("store").entered();
-                let bytes: Arc<[u8]> = e.encode().into();
+                let bytes = e.encode();
                 // The named entry is read only when the content entry says the
                 // result depends on names.
                 if e.name_sensitive && keys.named != keys.content {
@@ -956,7 +956,7 @@ impl Linker {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
         let outputs = match (errors.written, &spec.output) {
-            (Some(data), Some(o)) => vec![OutputFile { path: absolute(&req.cwd, o), data, append: false }],
+            (Some(data), Some(o)) => vec![OutputFile { path: absolute(&req.cwd, o), data: data.into(), append: false }],
             _ => Vec::new(),
         };
         Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, outputs)
@@ -984,7 +984,7 @@ impl Linker {
         emit_tool_warnings(&mut report, spec, plan);
         let mut outputs = Vec::new();
         if let Some(o) = &spec.output {
-            outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output, append: false });
+            outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output.into(), append: false });
         }
         if let Some(r) = &spec.register_link_binaries {
             let order = if plan.partial_lto { Mode::Executable } else { mode };
@@ -1167,7 +1167,7 @@ fn with_time_table(
     }
     let data = if file_is_new { format!("{}{table}", inprocess::TIME_HEADER) } else { table };
     if !data.is_empty() {
-        o.outputs.insert(0, OutputFile { path: absolute(&req.cwd, t), data: data.into_bytes(), append: true });
+        o.outputs.insert(0, OutputFile { path: absolute(&req.cwd, t), data: data.into_bytes().into(), append: true });
     }
     o
 }

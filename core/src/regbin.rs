@@ -42,7 +42,7 @@ pub fn output(path: &Path, spec: &Spec, mode: Mode, mut ids: Vec<String>, fs: &d
     if mode == Mode::LtoEmitPtx || keep_existing {
         return None;
     }
-    Some(OutputFile { path: PathBuf::from(path), data: render(&ids).into_bytes(), append: false })
+    Some(OutputFile { path: PathBuf::from(path), data: render(&ids).into_bytes().into(), append: false })
 }
 
 #[cfg(test)]

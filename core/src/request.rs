@@ -36,7 +36,9 @@ pub struct Request {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputFile {
     pub path: PathBuf,
-    pub data: Vec<u8>,
+    /// Shared, not copied, between the outcome, its cache entry and the
+    /// messages that carry it to the shim.
+    pub data: bytes::Bytes,
     /// Append rather than replace (`-time`).
     pub append: bool,
 }

@@ -131,6 +131,12 @@ fn read_rest(f: std::fs::File, data: &mut Vec<u8>, max: u64) -> io::Result<()> {
 /// The temporary file is created exclusively (`O_CREAT|O_EXCL`, which never
 /// follows a symlink): a name someone planted is skipped, never written through.
 pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    write_pieces_atomically(path, &[data])
+}
+
+/// [`write_atomically`] of the concatenation of `pieces` (an output as it
+/// arrived, in messages), without joining them in memory first.
+pub fn write_pieces_atomically<P: AsRef<[u8]>>(path: &Path, pieces: &[P]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -151,7 +157,9 @@ pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
         }
     };
     let result = (|| {
-        f.write_all(data)?;
+        for p in pieces {
+            f.write_all(p.as_ref())?;
+        }
         f.flush()?;
         drop(f);
         std::fs::rename(&tmp, path)

@@ -350,12 +350,11 @@ const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
 /// file). False when the shim is gone.
 fn send_output(channel: &LinkChannel, f: &nvlinkd_core::request::OutputFile) -> bool {
     let path = f.path.to_string_lossy().into_owned();
-    let mut pieces = f.data.chunks(nvlinkd_proto::CHUNK_BYTES).peekable();
-    let mut first = true;
-    while first || pieces.peek().is_some() {
-        first = false;
-        let data = pieces.next().unwrap_or_default().to_vec();
-        let more = pieces.peek().is_some();
+    // Pieces are slices of the one output (no copy until the message is encoded).
+    let n = f.data.len().div_ceil(nvlinkd_proto::CHUNK_BYTES).max(1);
+    for i in 0..n {
+        let data = f.data.slice(i * nvlinkd_proto::CHUNK_BYTES..f.data.len().min((i + 1) * nvlinkd_proto::CHUNK_BYTES));
+        let more = i + 1 < n;
         let msg = OutputFile { path: path.clone(), data, append: f.append, more };
         if channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_err() {
             return false;

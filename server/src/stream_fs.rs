@@ -143,7 +143,7 @@ impl LinkChannel {
             if !p.data.is_empty() {
                 let mut all = std::mem::take(&mut p.data);
                 all.extend_from_slice(d);
-                *d = all;
+                *d = all.into();
             }
         } else if reply.more {
             // Only contents come in pieces.
@@ -358,7 +358,9 @@ impl LinkFs {
                         None => None,
                     };
                     // Hashing and the disk write are blocking work.
-                    let _ = tokio::task::spawn_blocking(move || blobs.land(&digest, size, data, &flight)).await;
+                    let _ =
+                        tokio::task::spawn_blocking(move || blobs.land(&digest, size, data.map(Vec::from), &flight))
+                            .await;
                 });
             }
         }
@@ -409,7 +411,7 @@ impl LinkFs {
     /// The contents of `path` from the shim, by path.
     fn fetch(&self, st: &Stream, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
         match self.ask(st, path, file_request::Op::Read, limit)? {
-            file_reply::Result::Data(d) => Ok(d),
+            file_reply::Result::Data(d) => Ok(d.into()),
             file_reply::Result::Error(e) => Err(to_io(e)),
             file_reply::Result::Stat(_) => Err(io::Error::other("unexpected stat reply")),
         }

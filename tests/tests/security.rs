@@ -442,7 +442,7 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
                     file_reply::Result::Error(FileError { kind: 0, message: "No such file or directory".into() })
                 }
                 file_request::Op::Read => match std::fs::read(&real) {
-                    Ok(data) => file_reply::Result::Data(data),
+                    Ok(data) => file_reply::Result::Data(data.into()),
                     Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
                 },
             };
@@ -610,9 +610,9 @@ fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hos
             };
             let path = Path::new(&req.path);
             let result = match (req.op(), hostile.serve.get(path)) {
-                (file_request::Op::Read, Some(data)) => file_reply::Result::Data(data.clone()),
+                (file_request::Op::Read, Some(data)) => file_reply::Result::Data(data.clone().into()),
                 (file_request::Op::Read, None) => match std::fs::read(path) {
-                    Ok(data) => file_reply::Result::Data(data),
+                    Ok(data) => file_reply::Result::Data(data.into()),
                     Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
                 },
                 (file_request::Op::Stat, _) => match std::fs::metadata(path) {

@@ -54,8 +54,10 @@ pub struct LinkEntry {
     pub exit_code: i32,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
-    /// Output files by role (`output`, `register`), contents only.
-    pub files: Vec<(String, Vec<u8>)>,
+    /// Output files by role (`output`, `register`), contents only: shared
+    /// with the outcome that made the entry, or slices of the stored entry
+    /// it was read from (never copied to answer a hit).
+    pub files: Vec<(String, bytes::Bytes)>,
     /// Whether the result mentions input or output names (messages, verbose
     /// tool notes, path-derived module ids): then a hit also needs the same
     /// names and working directory.
@@ -64,11 +66,6 @@ pub struct LinkEntry {
 
 const ENTRY_VERSION: u32 = 1;
 
-fn put(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-    out.extend_from_slice(b);
-}
-
 fn take<'a>(data: &mut &'a [u8]) -> Option<&'a [u8]> {
     let len = u64::from_le_bytes(data.get(..8)?.try_into().ok()?) as usize;
     let b = data.get(8..8usize.checked_add(len)?)?;
@@ -76,23 +73,57 @@ fn take<'a>(data: &mut &'a [u8]) -> Option<&'a [u8]> {
     Some(b)
 }
 
+/// `pieces` concatenated into one shared buffer, written once: the stored
+/// form of a link's result is its output file plus a few bytes, and building
+/// it in a `Vec` first would copy the output twice (a `Vec` cannot become an
+/// `Arc<[u8]>` in place).
+fn concat(pieces: &[&[u8]]) -> std::sync::Arc<[u8]> {
+    let len = pieces.iter().map(|p| p.len()).sum();
+    let mut buf = std::sync::Arc::<[u8]>::new_uninit_slice(len);
+    let dst = std::sync::Arc::get_mut(&mut buf).expect("a new Arc is unique");
+    let mut at = 0;
+    for p in pieces {
+        let to = &mut dst[at..at + p.len()];
+        // SAFETY: `to` is exactly `p.len()` elements of a buffer no one else
+        // sees yet, and `MaybeUninit<u8>` has the layout of `u8`.
+        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), to.as_mut_ptr().cast::<u8>(), p.len()) };
+        at += p.len();
+    }
+    // SAFETY: the pieces' lengths sum to `len`, so every element was written above.
+    unsafe { buf.assume_init() }
+}
+
 impl LinkEntry {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&ENTRY_VERSION.to_le_bytes());
-        out.extend_from_slice(&self.exit_code.to_le_bytes());
-        out.push(u8::from(self.name_sensitive));
-        put(&mut out, &self.stdout);
-        put(&mut out, &self.stderr);
-        out.extend_from_slice(&(self.files.len() as u32).to_le_bytes());
-        for (role, data) in &self.files {
-            put(&mut out, role.as_bytes());
-            put(&mut out, data);
+    /// The stored form: `u32 version, i32 exit code, u8 name-sensitive`, stdout
+    /// and stderr, `u32` file count, then role and contents of each file;
+    /// every variable field is a `u64` length and its bytes.
+    pub(crate) fn encode(&self) -> std::sync::Arc<[u8]> {
+        let mut head = Vec::with_capacity(13);
+        head.extend_from_slice(&ENTRY_VERSION.to_le_bytes());
+        head.extend_from_slice(&self.exit_code.to_le_bytes());
+        head.push(u8::from(self.name_sensitive));
+        let count = (self.files.len() as u32).to_le_bytes();
+        let files = self.files.iter().flat_map(|(role, data)| [role.as_bytes(), &data[..]]);
+        let fields: Vec<&[u8]> = [&self.stdout[..], &self.stderr[..]].into_iter().chain(files).collect();
+        let lens: Vec<[u8; 8]> = fields.iter().map(|f| (f.len() as u64).to_le_bytes()).collect();
+        let mut pieces: Vec<&[u8]> = vec![&head];
+        for (i, (field, len)) in fields.iter().zip(&lens).enumerate() {
+            if i == 2 {
+                // The file count follows stdout and stderr.
+                pieces.push(&count);
+            }
+            pieces.extend([&len[..], field]);
         }
-        out
+        if fields.len() == 2 {
+            pieces.push(&count);
+        }
+        concat(&pieces)
     }
 
-    pub(crate) fn decode(mut data: &[u8]) -> Option<LinkEntry> {
+    /// The entry stored as `stored`; its files are slices of it.
+    pub(crate) fn decode(stored: &std::sync::Arc<[u8]>) -> Option<LinkEntry> {
+        let shared = bytes::Bytes::from_owner(stored.clone());
+        let mut data: &[u8] = stored;
         if u32::from_le_bytes(data.get(..4)?.try_into().ok()?) != ENTRY_VERSION {
             return None;
         }
@@ -106,7 +137,7 @@ impl LinkEntry {
         let mut files = Vec::with_capacity(n.min(16));
         for _ in 0..n {
             let role = String::from_utf8(take(&mut data)?.to_vec()).ok()?;
-            files.push((role, take(&mut data)?.to_vec()));
+            files.push((role, shared.slice_ref(take(&mut data)?)));
         }
         data.is_empty().then_some(LinkEntry { exit_code, stdout, stderr, files, name_sensitive })
     }
@@ -122,14 +153,17 @@ mod tests {
             exit_code: 255,
             stdout: b"out".to_vec(),
             stderr: b"nvlink error   : x\n".to_vec(),
-            files: vec![("output".into(), vec![1, 2, 3]), ("register".into(), b"#define".to_vec())],
+            files: vec![("output".into(), vec![1, 2, 3].into()), ("register".into(), b"#define".to_vec().into())],
             name_sensitive: true,
         };
         let b = e.encode();
-        assert_eq!(LinkEntry::decode(&b), Some(e));
+        assert_eq!(LinkEntry::decode(&b), Some(e.clone()));
         for len in 0..b.len() {
-            assert!(LinkEntry::decode(&b[..len]).is_none());
+            assert!(LinkEntry::decode(&b[..len].into()).is_none());
         }
+        // No files: the count still follows stderr.
+        let none = LinkEntry { files: Vec::new(), ..e };
+        assert_eq!(LinkEntry::decode(&none.encode()), Some(none));
     }
 
     #[test]

@@ -282,7 +282,7 @@ fn run_in(
                 if exit_code == 0 && is_output && data.is_empty() {
                     return Err(RunError::Environment("nvlink exited 0 and its output is empty".into()));
                 }
-                outputs.push(OutputFile { path: dest, data, append: false });
+                outputs.push(OutputFile { path: dest, data: data.into(), append: false });
             }
             Err(e) if exit_code == 0 && is_output => {
                 return Err(RunError::Environment(format!("nvlink exited 0 without its output: {e}")));

@@ -299,14 +299,14 @@ impl Sandbox {
                 if Some(&f.path) != out_path.as_ref() {
                     return Err(unsupported(format!("{} names the sandbox", f.path.display())));
                 }
-                f.data = unmirror_tkinfo(&f.data, &self.root)?;
+                f.data = unmirror_tkinfo(&f.data, &self.root)?.into();
             }
             mapped.push(f);
         }
         if let (Some((at, old)), Some(t)) = (&self.time, spec.time.as_deref()) {
             let data = std::fs::read(at).map_err(env_fault)?;
             let added = data.get(*old..).ok_or_else(|| unsupported("the -time file shrank"))?;
-            mapped.push(OutputFile { path: absolute(caller_cwd, t), data: strip(added, root), append: true });
+            mapped.push(OutputFile { path: absolute(caller_cwd, t), data: strip(added, root).into(), append: true });
         }
         Ok((strip(&stdout, root), strip(&stderr, root), mapped))
     }

@@ -34,7 +34,12 @@ type Out = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 
 fn output(path: String, data: &[u8]) -> ServerMessage {
     ServerMessage {
-        msg: Some(server_message::Msg::Output(OutputFile { path, data: data.to_vec(), append: false, more: false })),
+        msg: Some(server_message::Msg::Output(OutputFile {
+            path,
+            data: bytes::Bytes::copy_from_slice(data),
+            append: false,
+            more: false,
+        })),
     }
 }
 

@@ -176,7 +176,10 @@ impl<'a> Elf<'a> {
             let sh_name = sh.sh_name(e);
             let name = sections_table
                 .section_name(e, sh)
-                .map(|n| String::from_utf8_lossy(n).into_owned())
+                // `from_utf8` checks ASCII a word at a time; the lossy
+                // conversion walks byte by byte, and a CUB object has over
+                // a thousand section names of up to 400 bytes.
+                .map(|n| std::str::from_utf8(n).map_or_else(|_| String::from_utf8_lossy(n).into_owned(), str::to_owned))
                 .map_err(|_| ElfError::Malformed("section name"))?;
             let s = Section {
                 name,

@@ -73,6 +73,9 @@ pub struct HashMemo {
     /// By identity and digest function (see [`HashMemo::digest`]).
     hashes: dashmap::DashMap<(FileIdentity, usize), [u8; 32]>,
     settle: std::time::Duration,
+    /// Digests under way: the links of a burst that share an object read
+    /// and hash it once (settled files only, those a digest is remembered for).
+    flights: crate::cache::flight::Flights<[u8; 32]>,
 }
 
 /// How old a file's last change must be before its hash is remembered.
@@ -89,7 +92,7 @@ impl Default for HashMemo {
 impl HashMemo {
     /// A memo that remembers files unchanged for `settle` (tests use zero).
     pub(crate) fn with_settle(settle: std::time::Duration) -> Self {
-        HashMemo { hashes: dashmap::DashMap::new(), settle }
+        HashMemo { hashes: dashmap::DashMap::new(), settle, flights: Default::default() }
     }
 
     /// Hashes remembered.
@@ -114,15 +117,47 @@ impl HashMemo {
         if let Some(h) = before.and_then(|id| self.hashes.get(&(id, which)).map(|h| *h)) {
             return Ok(h);
         }
+        let Some(id) = before.filter(|id| settled(id, self.settle)) else {
+            return self.compute(fs, path, f, before).map(|(h, _)| h);
+        };
+        // A concurrent caller digesting the same settled file: wait for its
+        // digest as if it were remembered already (the same rule: the link
+        // reads the file later only if its identity is still this one).
+        let mut mine = None;
+        let shared = self.flights.run(flight_key(&id, which), || {
+            let computed = self.compute(fs, path, f, before);
+            let remembered = computed.as_ref().ok().and_then(|(h, kept)| kept.then_some(*h));
+            mine = Some(computed);
+            remembered
+        });
+        match (mine, shared) {
+            (Some(computed), _) => computed.map(|(h, _)| h),
+            (None, Some(h)) => Ok(h),
+            // The leader's digest was not remembered (its read failed, or the
+            // file changed meanwhile): digest it here.
+            (None, None) => self.compute(fs, path, f, before).map(|(h, _)| h),
+        }
+    }
+
+    /// Read and digest the file, and remember the digest when the file kept
+    /// the identity `before` through the read and has settled (the flag).
+    fn compute(
+        &self,
+        fs: &dyn InputFs,
+        path: &Path,
+        f: fn(&[u8]) -> [u8; 32],
+        before: Option<FileIdentity>,
+    ) -> io::Result<([u8; 32], bool)> {
         let data = fs.read(path)?;
         let hash = f(&data);
-        if let Some(id) = before.filter(|id| fs.identity(path) == Some(*id) && settled(id, self.settle)) {
+        let kept = before.filter(|id| fs.identity(path) == Some(*id) && settled(id, self.settle));
+        if let Some(id) = kept {
             if self.hashes.len() >= HASH_MEMO_ENTRIES {
                 self.hashes.clear();
             }
-            self.hashes.insert((id, which), hash);
+            self.hashes.insert((id, f as usize), hash);
         }
-        Ok(hash)
+        Ok((hash, kept.is_some()))
     }
 }
 
@@ -207,6 +242,14 @@ impl ContentMemo {
 
 fn whole(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
+}
+
+/// The flight of one file version's digest by one function.
+fn flight_key(id: &FileIdentity, which: usize) -> crate::cache::Key {
+    let mut k = blake3::Hasher::new();
+    k.update(&id.dev.to_le_bytes()).update(&id.ino.to_le_bytes()).update(&id.size.to_le_bytes());
+    k.update(&id.mtime_ns.to_le_bytes()).update(&id.ctime_ns.to_le_bytes()).update(&which.to_le_bytes());
+    *k.finalize().as_bytes()
 }
 
 fn settled(id: &FileIdentity, settle: std::time::Duration) -> bool {

@@ -103,18 +103,32 @@ const STT_FILE: u8 = 4;
 pub(crate) fn key_digest(data: &[u8]) -> [u8; 32] {
     let names = if data.starts_with(b"!<arch>\n") { archive_tmpxft_names(data) } else { tmpxft_names(data) };
     match names {
-        Some(ranges) if !ranges.is_empty() => {
-            let mut masked = data.to_vec();
-            for r in ranges {
-                masked[r].fill(0xff);
-            }
-            *blake3::Hasher::new_derive_key("nvlinkd 2026 host object, nvcc temporary file names masked")
-                .update(&masked)
-                .finalize()
-                .as_bytes()
-        }
+        Some(ranges) if !ranges.is_empty() => masked_digest(data, ranges),
         _ => *blake3::hash(data).as_bytes(),
     }
+}
+
+/// The digest of `data` with every byte of `ranges` (in bounds) replaced by
+/// 0xff, hashed as the bytes stream by: an object is megabytes and its names
+/// a few dozen bytes, so it is not copied to be masked.
+fn masked_digest(data: &[u8], mut ranges: Vec<Range<usize>>) -> [u8; 32] {
+    const FILL: [u8; 64] = [0xff; 64];
+    ranges.sort_by_key(|r| r.start);
+    let mut h = blake3::Hasher::new_derive_key("nvlinkd 2026 host object, nvcc temporary file names masked");
+    let mut at = 0;
+    for r in ranges {
+        let start = r.start.max(at);
+        let end = r.end.max(start);
+        h.update(&data[at..start]);
+        let mut left = end - start;
+        while left > 0 {
+            let n = left.min(FILL.len());
+            h.update(&FILL[..n]);
+            left -= n;
+        }
+        at = end;
+    }
+    *h.update(&data[at..]).finalize().as_bytes()
 }
 
 /// The same in each member of a regular archive (a static library of objects
@@ -289,6 +303,29 @@ mod tests {
         data[60..62].copy_from_slice(&4u16.to_le_bytes());
         data[62..64].copy_from_slice(&3u16.to_le_bytes());
         data
+    }
+
+    #[test]
+    fn masked_digest_hashes_the_masked_copy() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let cases: Vec<Vec<Range<usize>>> = vec![
+            vec![10..20],
+            vec![990..1000, 0..1],
+            vec![100..200, 150..160, 180..300, 5..5],
+            vec![0..1000],
+            vec![400..410, 400..410, 50..60],
+        ];
+        for ranges in cases {
+            let mut copy = data.clone();
+            for r in &ranges {
+                copy[r.clone()].fill(0xff);
+            }
+            let naive = *blake3::Hasher::new_derive_key("nvlinkd 2026 host object, nvcc temporary file names masked")
+                .update(&copy)
+                .finalize()
+                .as_bytes();
+            assert_eq!(masked_digest(&data, ranges.clone()), naive, "{ranges:?}");
+        }
     }
 
     #[test]

@@ -488,6 +488,7 @@ fn tuned(endpoint: Endpoint) -> Endpoint {
     endpoint
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
+        .max_frame_size(shared::FRAME_BYTES)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))

@@ -15,6 +15,11 @@ pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
 /// input files (tens of MB) flow without waiting for window updates.
 pub const WINDOW_BYTES: u32 = 32 << 20;
 
+/// Largest HTTP/2 frame each end accepts (HTTP/2's default is 16 KiB): a
+/// message of file contents (up to `CHUNK_BYTES`) then crosses in one or a
+/// few frames instead of 64, each a wakeup and a copy on both sides.
+pub const FRAME_BYTES: u32 = 1 << 20;
+
 /// Connects `endpoint` over the unix socket at `path` (tonic's endpoints speak
 /// TCP; the URI is a placeholder that no one resolves).
 pub async fn connect_unix(endpoint: Endpoint, path: PathBuf) -> Result<Channel, tonic::transport::Error> {

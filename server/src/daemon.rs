@@ -287,6 +287,7 @@ fn builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .initial_stream_window_size(Some(shared::WINDOW_BYTES))
         .initial_connection_window_size(Some(shared::WINDOW_BYTES))
+        .max_frame_size(Some(shared::FRAME_BYTES))
 }
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {

@@ -317,6 +317,49 @@ mod tests {
         assert_eq!(memo.hash(&LocalFs, &p).unwrap(), *blake3::hash(b"other contents").as_bytes());
     }
 
+    /// The local filesystem, counting reads; each read takes a while.
+    struct SlowCounting(std::sync::atomic::AtomicUsize);
+
+    impl InputFs for SlowCounting {
+        fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            LocalFs.read(path)
+        }
+        fn stat(&self, path: &Path) -> io::Result<FileStat> {
+            LocalFs.stat(path)
+        }
+        fn identity(&self, path: &Path) -> Option<FileIdentity> {
+            LocalFs.identity(path)
+        }
+    }
+
+    #[test]
+    fn concurrent_digests_of_a_settled_file_read_it_once() {
+        let p = temp_file("burst", b"an object every link of a burst names");
+        let want = *blake3::hash(b"an object every link of a burst names").as_bytes();
+        let memo = HashMemo::with_settle(std::time::Duration::ZERO);
+        let fs = SlowCounting(Default::default());
+        std::thread::scope(|s| {
+            let links: Vec<_> = (0..4).map(|_| s.spawn(|| memo.hash(&fs, &p).unwrap())).collect();
+            for l in links {
+                assert_eq!(l.join().unwrap(), want);
+            }
+        });
+        assert_eq!(fs.0.load(std::sync::atomic::Ordering::SeqCst), 1, "one read for four concurrent links");
+        // A file that has not settled is read by each link (its digest is
+        // not remembered, so not shared either).
+        let fresh = HashMemo::default();
+        let fs = SlowCounting(Default::default());
+        std::thread::scope(|s| {
+            let links: Vec<_> = (0..2).map(|_| s.spawn(|| fresh.hash(&fs, &p).unwrap())).collect();
+            for l in links {
+                assert_eq!(l.join().unwrap(), want);
+            }
+        });
+        assert_eq!(fs.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[test]
     fn a_remembered_hash_follows_rewrites() {
         let p = temp_file("rewrite", b"first contents");

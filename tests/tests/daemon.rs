@@ -218,3 +218,43 @@ fn stop_returns_once_the_daemon_has_exited() {
     assert!(child.try_wait().unwrap().is_some(), "nvlinkd stop returned while the daemon still ran");
     assert!(!d.socket().exists(), "socket left behind");
 }
+
+/// An output larger than one message piece (`CHUNK_BYTES`, 1 MiB): the daemon
+/// sends it as slices of one buffer and the shim writes the pieces one after
+/// another, computed and again from the cache (slices of the stored entry);
+/// the file is nvlink's, byte for byte. The program is nvcc's own: a kernel
+/// over a 2.5 MiB initialized device array (its zeros compress: the object is
+/// 9 KB), so the cubin spans three pieces.
+#[test]
+fn an_output_of_several_pieces_arrives_whole() {
+    let src = TempDir::new("pieces-src");
+    let cu = src.path().join("big.cu");
+    std::fs::write(
+        &cu,
+        "#define N (2560 * 1024)\n\
+         __device__ unsigned char table[N] = {1, 2, 3};\n\
+         __global__ void sum(unsigned *out) { unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }\n",
+    )
+    .unwrap();
+    let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
+        .args(["-rdc=true", "-arch=sm_90", "-c", "big.cu", "-o", "big.o"])
+        .current_dir(src.path())
+        .output()
+        .expect("run nvcc");
+    assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    let link = "--arch=sm_90 big.o -o {OUT}/out.cubin";
+    let out = TempDir::new("pieces");
+    let invocation = Invocation::templated(link, src.path(), &out);
+    let expected = run(&real_nvlink(), &invocation, &[]);
+    assert_eq!(expected.code, 0, "nvlink: {}", String::from_utf8_lossy(&expected.stderr));
+    let size = expected.files.get("out.cubin").map_or(0, Vec::len);
+    assert!(size > 2 * nvlinkd_proto::CHUNK_BYTES, "the cubin is {size} bytes: not three pieces");
+    let d = Daemon::start();
+    let env = d.shim_env();
+    for (what, hits) in [("computed", 0), ("from the cache", 1)] {
+        let actual = run(&shim(), &invocation, &env);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{what}: {:?}", cmp.problems);
+        assert_eq!(d.stats()["cache_hits"], hits, "{what}");
+    }
+}

@@ -366,19 +366,9 @@ fn serve_file(id: u64, path: &Path, op: file_request::Op) -> Vec<FileReply> {
         // all (`Unsupported`): the daemon declines the link and this shim runs
         // the real nvlink, which reads those its own way.
         file_request::Op::Read => match nvlinkd_fs::read_regular(path, MAX_FILE) {
-            Ok(data) if data.is_empty() => one(file_reply::Result::Data(Bytes::new())),
-            Ok(data) => {
-                let data = Bytes::from(data);
-                let n = data.len().div_ceil(nvlinkd_proto::CHUNK_BYTES);
-                (0..n)
-                    .map(|i| {
-                        let piece = data.slice(
-                            i * nvlinkd_proto::CHUNK_BYTES..data.len().min((i + 1) * nvlinkd_proto::CHUNK_BYTES),
-                        );
-                        FileReply { id, result: Some(file_reply::Result::Data(piece)), more: i + 1 < n }
-                    })
-                    .collect()
-            }
+            Ok(data) => nvlinkd_proto::pieces(&Bytes::from(data))
+                .map(|(piece, more)| FileReply { id, result: Some(file_reply::Result::Data(piece)), more })
+                .collect(),
             Err(e) => one(err(&e)),
         },
     }

@@ -15,5 +15,13 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// message; files larger than this travel in several (see the proto).
 pub const CHUNK_BYTES: usize = 1 << 20;
 
+/// A file's contents as the messages carry it: `CHUNK_BYTES` pieces, slices
+/// of `data` (not copies), each with whether more follow; an empty file is one
+/// empty piece.
+pub fn pieces(data: &bytes::Bytes) -> impl Iterator<Item = (bytes::Bytes, bool)> + '_ {
+    let n = data.len().div_ceil(CHUNK_BYTES).max(1);
+    (0..n).map(move |i| (data.slice(i * CHUNK_BYTES..data.len().min((i + 1) * CHUNK_BYTES)), i + 1 < n))
+}
+
 pub mod paths;
 pub mod shared;

@@ -351,10 +351,7 @@ const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
 fn send_output(channel: &LinkChannel, f: &nvlinkd_core::request::OutputFile) -> bool {
     let path = f.path.to_string_lossy().into_owned();
     // Pieces are slices of the one output (no copy until the message is encoded).
-    let n = f.data.len().div_ceil(nvlinkd_proto::CHUNK_BYTES).max(1);
-    for i in 0..n {
-        let data = f.data.slice(i * nvlinkd_proto::CHUNK_BYTES..f.data.len().min((i + 1) * nvlinkd_proto::CHUNK_BYTES));
-        let more = i + 1 < n;
+    for (data, more) in nvlinkd_proto::pieces(&f.data) {
         let msg = OutputFile { path: path.clone(), data, append: f.append, more };
         if channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_err() {
             return false;

@@ -103,19 +103,13 @@ impl LinkEntry {
         head.extend_from_slice(&self.exit_code.to_le_bytes());
         head.push(u8::from(self.name_sensitive));
         let count = (self.files.len() as u32).to_le_bytes();
-        let files = self.files.iter().flat_map(|(role, data)| [role.as_bytes(), &data[..]]);
-        let fields: Vec<&[u8]> = [&self.stdout[..], &self.stderr[..]].into_iter().chain(files).collect();
-        let lens: Vec<[u8; 8]> = fields.iter().map(|f| (f.len() as u64).to_le_bytes()).collect();
-        let mut pieces: Vec<&[u8]> = vec![&head];
-        for (i, (field, len)) in fields.iter().zip(&lens).enumerate() {
-            if i == 2 {
-                // The file count follows stdout and stderr.
-                pieces.push(&count);
-            }
-            pieces.extend([&len[..], field]);
-        }
-        if fields.len() == 2 {
-            pieces.push(&count);
+        let len = |b: &[u8]| (b.len() as u64).to_le_bytes();
+        let (out_len, err_len) = (len(&self.stdout), len(&self.stderr));
+        let file_lens: Vec<[[u8; 8]; 2]> =
+            self.files.iter().map(|(role, data)| [len(role.as_bytes()), len(data)]).collect();
+        let mut pieces: Vec<&[u8]> = vec![&head, &out_len, &self.stdout, &err_len, &self.stderr, &count];
+        for ((role, data), [role_len, data_len]) in self.files.iter().zip(&file_lens) {
+            pieces.extend([&role_len[..], role.as_bytes(), &data_len[..], data]);
         }
         concat(&pieces)
     }
@@ -157,6 +151,22 @@ mod tests {
             name_sensitive: true,
         };
         let b = e.encode();
+        // The stored format, field by field (entries on disk and in the shared tier).
+        let field = |f: &[u8]| [&(f.len() as u64).to_le_bytes()[..], f].concat();
+        let want = [
+            &1u32.to_le_bytes()[..],
+            &255i32.to_le_bytes(),
+            &[1],
+            &field(b"out"),
+            &field(b"nvlink error   : x\n"),
+            &2u32.to_le_bytes(),
+            &field(b"output"),
+            &field(&[1, 2, 3]),
+            &field(b"register"),
+            &field(b"#define"),
+        ]
+        .concat();
+        assert_eq!(&b[..], &want[..]);
         assert_eq!(LinkEntry::decode(&b), Some(e.clone()));
         for len in 0..b.len() {
             assert!(LinkEntry::decode(&b[..len].into()).is_none());

@@ -10,7 +10,8 @@
 //!   (d) a tiny non-LTO link, warm (and (d0) with a cache-less daemon: the
 //!       shim and daemon overhead against an nvlink process);
 //!   (e) 8 concurrent distinct links through one daemon vs 8 nvlink processes,
-//!       wall and CPU time (`NVLINKD_BENCH_ONLY=burst` runs only (e));
+//!       wall and CPU time, and how long the machine's cores sat idle during
+//!       each burst (`NVLINKD_BENCH_ONLY=burst` runs only (e));
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
 //!       1000 warm links;
 //!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
@@ -897,6 +898,7 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
     for _ in 0..reps {
         let d = fresh_daemon(corpus);
         let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+            let idle0 = machine_idle();
             let t = Instant::now();
             let cpu: Duration = std::thread::scope(|s| {
                 let hs: Vec<_> = links
@@ -913,23 +915,27 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("burst thread")).sum()
             });
-            (t.elapsed(), cpu)
+            let wall = t.elapsed();
+            (wall, cpu, machine_idle().zip(idle0).map(|(b, a)| b.saturating_sub(a)))
         };
         let pid = d.pid().expect("daemon pid");
         let before = tree_cpu(pid);
-        let (d_wall, shims) = run_all(&shim(), &d.shim_env(), "nvlinkd");
+        let (d_wall, shims, d_idle) = run_all(&shim(), &d.shim_env(), "nvlinkd");
         // Work the daemon does after the answers (storing, a replacement worker) counts too.
         std::thread::sleep(Duration::from_millis(300));
         let daemon = tree_cpu(pid) - before;
-        let (p_wall, p_cpu) = run_all(&real_nvlink(), &[], "nvlink");
+        let (p_wall, p_cpu, p_idle) = run_all(&real_nvlink(), &[], "nvlink");
+        let idle = |i: Option<Duration>| i.map_or("?".to_owned(), |i| format!("{:.3}", i.as_secs_f64()));
         println!(
-            "(e) nvlink {:.3} s wall, {:.3} s CPU; nvlinkd {:.3} s wall, {:.3} s CPU (shims {:.3} s, daemon and workers {:.3} s)",
+            "(e) nvlink {:.3} s wall, {:.3} s CPU, cores idle {} s; nvlinkd {:.3} s wall, {:.3} s CPU (shims {:.3} s, daemon and workers {:.3} s), cores idle {} s",
             p_wall.as_secs_f64(),
             p_cpu.as_secs_f64(),
+            idle(p_idle),
             d_wall.as_secs_f64(),
             (shims + daemon).as_secs_f64(),
             shims.as_secs_f64(),
-            daemon.as_secs_f64()
+            daemon.as_secs_f64(),
+            idle(d_idle)
         );
         d8.push(d_wall);
         dcpu.push(shims + daemon);
@@ -941,6 +947,46 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
     }
     report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
     report.row("(e) the same, CPU time (user + system)", median(pcpu), median(dcpu), identical, "");
+}
+
+/// Time all cores of the machine have spent idle so far: the residency of
+/// every cpuidle state of every CPU (microseconds, updated as a CPU leaves a
+/// state). Over a burst, idle cores on a loaded machine are time the links
+/// waited on one another (hand-offs between shim, daemon and worker) rather
+/// than computed. None where the kernel has no cpuidle.
+fn machine_idle() -> Option<Duration> {
+    // A CPU's residency counts an idle period only once the CPU leaves it:
+    // wake every CPU first (a short spin on each), so that idle time up to
+    // now is counted, and none before it is counted later.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..cpus {
+            s.spawn(|| {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(2) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+    });
+    let mut us = 0u64;
+    let mut any = false;
+    for cpu in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
+        let name = cpu.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else { continue };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        for state in std::fs::read_dir(cpu.path().join("cpuidle")).into_iter().flatten().flatten() {
+            if let Some(t) =
+                std::fs::read_to_string(state.path().join("time")).ok().and_then(|t| t.trim().parse::<u64>().ok())
+            {
+                us += t;
+                any = true;
+            }
+        }
+    }
+    any.then(|| Duration::from_micros(us))
 }
 
 /// The (g) burst's links: distinct non-LTO links of two or three CUB units

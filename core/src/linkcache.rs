@@ -67,7 +67,7 @@ fn replay<T: Clone>(r: &Memo<T>) -> io::Result<T> {
 /// How recent a change may be for an identity to still be ambiguous: a write
 /// within the same timestamp tick as the stat that saw the file could leave
 /// size and times as they were.
-const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+pub const TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl<'a> MemoFs<'a> {
     pub fn new(inner: &'a dyn InputFs) -> Self {
@@ -107,6 +107,10 @@ impl<'a> MemoFs<'a> {
         let (Ok(reads), Ok(stats), Ok(ids)) = (self.reads.lock(), self.stats.lock(), self.identities.lock()) else {
             return false;
         };
+        let doubt = |path: &Path, why: &str| {
+            tracing::debug!(path = %path.display(), why, "the real nvlink's view is in doubt: result not cached");
+            false
+        };
         let fresh = |id: &FileIdentity| {
             let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(id.ctime_ns().max(0) as u64);
             self.opened.duration_since(t).map(|age| age < TICK).unwrap_or(true)
@@ -114,15 +118,18 @@ impl<'a> MemoFs<'a> {
         for (path, read) in reads.iter() {
             match (read, ids.get(path).copied().flatten()) {
                 (Ok(_), Some(id)) => {
-                    if fresh(&id) || crate::fs::LocalFs.identity(path) != Some(id) {
-                        return false;
+                    if fresh(&id) {
+                        return doubt(path, "changed too recently to tell versions apart");
+                    }
+                    if crate::fs::LocalFs.identity(path) != Some(id) {
+                        return doubt(path, "changed since it was read");
                     }
                 }
                 // Read without an identity: cannot tell.
-                (Ok(_), None) => return false,
+                (Ok(_), None) => return doubt(path, "read without an identity"),
                 (Err(_), _) => {
                     if std::fs::metadata(path).is_ok() {
-                        return false;
+                        return doubt(path, "appeared since it failed to read");
                     }
                 }
             }
@@ -132,11 +139,14 @@ impl<'a> MemoFs<'a> {
             match (st, now) {
                 (Ok(a), Ok(b)) if *a == b => {}
                 (Err(_), Err(_)) => {}
-                _ => return false,
+                _ => return doubt(path, "its stat changed"),
             }
             if let Some(Some(id)) = ids.get(path) {
-                if fresh(id) || crate::fs::LocalFs.identity(path) != Some(*id) {
-                    return false;
+                if fresh(id) {
+                    return doubt(path, "changed too recently to tell versions apart");
+                }
+                if crate::fs::LocalFs.identity(path) != Some(*id) {
+                    return doubt(path, "changed since it was stat'ed");
                 }
             }
         }

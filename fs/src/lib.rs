@@ -127,9 +127,8 @@ fn read_rest(f: std::fs::File, data: &mut Vec<u8>, max: u64) -> io::Result<()> {
 }
 
 /// Write `data` to a temporary file beside `path`, then rename it into place
-/// (the shim's outputs, `nvlinkd watch`'s outputs).
-/// The temporary file is created exclusively (`O_CREAT|O_EXCL`, which never
-/// follows a symlink): a name someone planted is skipped, never written through.
+/// (the shim's outputs, `nvlinkd watch`'s outputs), with the mode nvlink's
+/// file would have ([`output_mode`]). See [`stage`] for the temporary file.
 pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
     write_pieces_atomically(path, &[data])
 }
@@ -137,18 +136,77 @@ pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
 /// [`write_atomically`] of the concatenation of `pieces` (an output as it
 /// arrived, in messages), without joining them in memory first.
 pub fn write_pieces_atomically<P: AsRef<[u8]>>(path: &Path, pieces: &[P]) -> std::io::Result<()> {
+    let mode = output_mode(path);
+    let staged = stage(path, pieces)?;
+    commit(&staged, path, mode).inspect_err(|_| discard(&staged))
+}
+
+/// Where nvlink's `fopen(path, "w")` writes: the end of the chain of symlinks
+/// at `path` (a relative link is read from its own directory; a dangling one
+/// names the file created), at most 40 links deep, as the kernel resolves them.
+pub fn output_target(path: &Path) -> std::path::PathBuf {
+    let mut target = path.to_owned();
+    for _ in 0..40 {
+        match std::fs::read_link(&target) {
+            Ok(next) => target = target.parent().unwrap_or(Path::new("/")).join(next),
+            Err(_) => break,
+        }
+    }
+    target
+}
+
+/// The mode of the file nvlink leaves at `target` (already resolved, see
+/// [`output_target`]): nvlink truncates an existing file in place, so it keeps
+/// its permission bits; a new one is created `0666` less the umask.
+pub fn output_mode(target: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(target) {
+        Ok(m) if m.is_file() => m.permissions().mode() & 0o777,
+        _ => 0o666 & !umask(),
+    }
+}
+
+/// This process's umask (read by setting it and putting it back: callers are
+/// the shim, which creates no file meanwhile).
+pub fn umask() -> u32 {
+    // SAFETY: umask only swaps the process's file creation mask.
+    let mask = unsafe { libc::umask(0o022) };
+    // SAFETY: as above, putting the mask back.
+    unsafe { libc::umask(mask) };
+    mask
+}
+
+/// A complete output file written beside its target under a temporary name,
+/// not yet renamed into place. Device and inode name exactly this file: the
+/// shim renames a file the daemon staged only if it is still this one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Staged {
+    pub path: std::path::PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
+/// Write the concatenation of `pieces` to a new file beside `target`, named
+/// `.<name>.nvlinkd-<pid>-<n>.tmp`, mode 0600 until [`commit`] gives it its
+/// final mode. The file is created exclusively (`O_CREAT|O_EXCL`, which never
+/// follows a symlink): a name someone planted is skipped, never written
+/// through. A failed write removes the file.
+pub fn stage<P: AsRef<[u8]>>(target: &Path, pieces: &[P]) -> std::io::Result<Staged> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut attempt = 0u32;
     let (tmp, mut f) = loop {
-        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{attempt}.tmp", std::process::id()));
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{n}.tmp", std::process::id()));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o666)
+            .mode(0o600)
             .open(&tmp)
         {
             Ok(f) => break (tmp, f),
@@ -156,16 +214,74 @@ pub fn write_pieces_atomically<P: AsRef<[u8]>>(path: &Path, pieces: &[P]) -> std
             Err(e) => return Err(e),
         }
     };
-    let result = (|| {
+    let written = (|| {
         for p in pieces {
             f.write_all(p.as_ref())?;
         }
         f.flush()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
+        let m = f.metadata()?;
+        Ok(Staged { path: tmp.clone(), dev: m.dev(), ino: m.ino(), size: m.size() })
     })();
-    if result.is_err() {
+    if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    written
+}
+
+/// Whether `staged` is a name [`stage`] gives a file beside `target`.
+pub fn is_staged_name(staged: &Path, target: &Path) -> bool {
+    let (Some(name), Some(own)) = (staged.file_name(), target.file_name()) else { return false };
+    let (name, own) = (name.to_string_lossy(), own.to_string_lossy());
+    staged.parent() == target.parent()
+        && name
+            .strip_prefix(&format!(".{own}.nvlinkd-"))
+            .is_some_and(|rest| rest.ends_with(".tmp") && !rest.contains('/'))
+}
+
+/// Give the staged file `mode` and rename it to `target` — only if it is still
+/// the file staged (a regular file, same device, inode and size, owned by this
+/// user; opened without following a symlink). Fails with `InvalidData` when it
+/// is not, leaving whatever is there alone.
+pub fn commit(staged: &Staged, target: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&staged.path)?;
+    let m = f.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_file() || m.dev() != staged.dev || m.ino() != staged.ino || m.size() != staged.size || m.uid() != me {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not the staged output file"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    std::fs::rename(&staged.path, target)
+}
+
+/// The bytes of a staged file, if it is still the one staged (checked as
+/// [`commit`] checks it).
+pub fn read_staged(staged: &Staged) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&staged.path)?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.dev() != staged.dev || m.ino() != staged.ino || m.size() != staged.size {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not the staged output file"));
+    }
+    let mut data = Vec::with_capacity(staged.size as usize);
+    f.by_ref().take(staged.size).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// Remove a staged file that was not committed, if it is still the one staged.
+pub fn discard(staged: &Staged) {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::symlink_metadata(&staged.path) {
+        if m.is_file() && m.dev() == staged.dev && m.ino() == staged.ino {
+            let _ = std::fs::remove_file(&staged.path);
+        }
+    }
 }

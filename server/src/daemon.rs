@@ -354,6 +354,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let auth_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let blobs =
         Arc::new(crate::blobs::BlobStore::open(Some(&opts.cache_dir), opts.limits.blob_mem, opts.limits.blob_size));
+    let staged = Arc::new(crate::staging::Counters::default());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
@@ -369,6 +370,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             slow_link_ms,
             events: opts.events.clone(),
             blobs: blobs.clone(),
+            staged: staged.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)

@@ -10,6 +10,7 @@ mod metrics;
 mod remote;
 mod service;
 mod speculate;
+mod staging;
 mod stream_fs;
 mod watch;
 mod watchcmd;

@@ -122,6 +122,8 @@ pub struct Service {
     pub events: Hub,
     /// Remote shims' input files by digest, shared by the listeners (`blobs.rs`).
     pub blobs: Arc<BlobStore>,
+    /// Outputs written here for local shims (`staging.rs`).
+    pub staged: Arc<crate::staging::Counters>,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -152,6 +154,7 @@ impl Service {
         mut inbound: Streaming<ClientMessage>,
         tx: Outbound,
         active: ActiveLink,
+        same_user: bool,
     ) -> Result<(), Status> {
         let mut shutdown = self.shutdown.subscribe();
         let first = tokio::select! {
@@ -192,6 +195,12 @@ impl Service {
         // nvlink engine serving the link (nothing of it is cached).
         let cancel = Cancel::with_priority(priority);
         let cancel_on_close = cancel.clone();
+        // Outputs written here for the shim to rename (`staging.rs`); what it
+        // leaves is removed once its stream ends.
+        let staging = (self.local && same_user && start.accepts_staged && req.shared_fs)
+            .then(|| Arc::new(crate::staging::Staging::default()));
+        let cleanup = staging.clone();
+        let reply_timeout = self.limits.reply_timeout;
         tokio::spawn(async move {
             let why = loop {
                 tokio::select! {
@@ -211,6 +220,19 @@ impl Service {
                 cancel_on_close.cancel();
             }
             reader.close(why);
+            drop(reader);
+            if let Some(staging) = cleanup {
+                // The shim renames staged outputs before it ends its side of
+                // the stream (a shim that never does is given up on after the
+                // reply timeout).
+                if why == "the link is done" {
+                    let _ = tokio::time::timeout(reply_timeout, async {
+                        while let Ok(Some(_)) = inbound.message().await {}
+                    })
+                    .await;
+                }
+                tokio::task::spawn_blocking(move || staging.finish());
+            }
         });
 
         // What a remote shim announced: stats and contents (by digest) of its files.
@@ -219,6 +241,7 @@ impl Service {
         let linker = self.linker.clone();
         let watcher = self.watcher.clone();
         let slow = self.slow_link_ms;
+        let staged = self.staged.clone();
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
             let _active = active;
@@ -301,7 +324,7 @@ impl Service {
                         None => {
                             // Output files first, in bounded pieces; the result closes the link.
                             output_bytes = o.outputs.iter().map(|f| f.data.len()).sum();
-                            let sent = o.outputs.iter().all(|f| send_output(&channel, f));
+                            let sent = o.outputs.iter().all(|f| send_output(&channel, f, staging.as_deref(), &staged));
                             if !sent {
                                 return;
                             }
@@ -348,11 +371,27 @@ const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
 
 /// Send one output file in `CHUNK_BYTES` pieces (one empty piece for an empty
 /// file). False when the shim is gone.
-fn send_output(channel: &LinkChannel, f: &nvlinkd_core::request::OutputFile) -> bool {
+fn send_output(
+    channel: &LinkChannel,
+    f: &nvlinkd_core::request::OutputFile,
+    staging: Option<&crate::staging::Staging>,
+    counters: &crate::staging::Counters,
+) -> bool {
     let path = f.path.to_string_lossy().into_owned();
+    if let Some(staged) = staging.filter(|_| !f.append).and_then(|st| st.stage(&f.path, &f.data, counters)) {
+        let msg = OutputFile {
+            path,
+            staged: staged.path.to_string_lossy().into_owned(),
+            staged_dev: staged.dev,
+            staged_ino: staged.ino,
+            staged_size: staged.size,
+            ..Default::default()
+        };
+        return channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_ok();
+    }
     // Pieces are slices of the one output (no copy until the message is encoded).
     for (data, more) in nvlinkd_proto::pieces(&f.data) {
-        let msg = OutputFile { path: path.clone(), data, append: f.append, more };
+        let msg = OutputFile { path: path.clone(), data, append: f.append, more, ..Default::default() };
         if channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_err() {
             return false;
         }
@@ -374,6 +413,7 @@ fn link_result(o: &Outcome) -> LinkResult {
                 data: f.data.clone(),
                 append: f.append,
                 more: false,
+                ..Default::default()
             })
             .collect(),
         fallback: o.fallback.is_some(),
@@ -489,8 +529,10 @@ impl Nvlinkd for Service {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         let active = self.activity.begin();
+        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        let same_user = crate::staging::same_user(peer);
         tokio::spawn(async move {
-            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active).await {
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user).await {
                 let _ = tx.try_send(Err(status));
             }
         });
@@ -575,7 +617,8 @@ impl Nvlinkd for Service {
         let rest = json.strip_prefix('{').unwrap_or(&json);
         let failures = self.auth_failures.load(Ordering::Relaxed);
         let blobs: String = self.blobs.counters().iter().map(|(k, v)| format!("\"{k}\":{v},")).collect();
-        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{blobs}{rest}") }))
+        let staged: String = self.staged.counters().iter().map(|(k, v)| format!("\"{k}\":{v},")).collect();
+        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{blobs}{staged}{rest}") }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

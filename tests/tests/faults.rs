@@ -800,3 +800,108 @@ fn outputs_are_written_where_nvlink_writes_them() {
         }
     }
 }
+
+/// A local link's large output is written by the daemon beside the output and
+/// renamed into place by the shim (`server/src/staging.rs`), and must end as
+/// nvlink's file: its bytes, under umask 027 its mode for a new file (0640),
+/// an existing file's own mode (nvlink truncates in place), through a symlink
+/// (which stays), and no other file in the directory. A client that takes a
+/// staged output and vanishes leaves no temporary file either: the daemon
+/// removes it when the stream ends.
+#[test]
+fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
+    use std::os::unix::fs::MetadataExt;
+    let src = TempDir::new("stg-src");
+    // 256 KiB of device data: the cubin is past staging's 64 KiB threshold.
+    std::fs::write(
+        src.path().join("big.cu"),
+        "#define N (256 * 1024)\n\
+         __device__ unsigned char table[N] = {1, 2, 3};\n\
+         __global__ void sum(unsigned *out) { unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }\n",
+    )
+    .unwrap();
+    let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
+        .args(["-rdc=true", "-arch=sm_90", "-c", "big.cu", "-o", "big.o"])
+        .current_dir(src.path())
+        .output()
+        .expect("run nvcc");
+    assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    let d = Daemon::start();
+    let link = |program: &Path, env: &[(String, String)], out: &Path| {
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c").arg("umask 027; exec \"$0\" \"$@\"").arg(program).args(["--arch=sm_90", "big.o", "-o"]);
+        cmd.arg(out).current_dir(src.path()).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+        cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).output().expect("run a link")
+    };
+    type Setup = fn(&Path);
+    let cases: &[(&str, Setup)] = &[
+        ("new file", |_| {}),
+        ("existing file of mode 0600", |dir| {
+            std::fs::write(dir.join("out"), b"old").unwrap();
+            std::fs::set_permissions(dir.join("out"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        }),
+        ("symlink to an existing file", |dir| {
+            std::fs::write(dir.join("target"), b"old").unwrap();
+            std::fs::set_permissions(dir.join("target"), std::fs::Permissions::from_mode(0o604)).unwrap();
+            std::os::unix::fs::symlink("target", dir.join("out")).unwrap();
+        }),
+    ];
+    let staged_before = d.stat("outputs_staged");
+    for &(case, setup) in cases {
+        let mut seen = Vec::new();
+        for (program, env) in [(real_nvlink(), Vec::new()), (shim(), d.shim_env())] {
+            let dir = TempDir::new("stg-out");
+            setup(dir.path());
+            let o = link(&program, &env, &dir.path().join("out"));
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into())
+                .collect();
+            names.sort();
+            let mode = std::fs::metadata(dir.path().join("out")).map(|m| m.mode() & 0o7777).unwrap_or(0);
+            seen.push((o.status.code(), o.stderr, names, output_state(&dir.path().join("out")), mode));
+        }
+        let (expected, actual) = (&seen[0], &seen[1]);
+        assert_eq!(expected.0, Some(0), "{case}: nvlink: {}", String::from_utf8_lossy(&expected.1));
+        assert_eq!((expected.0, &expected.1), (actual.0, &actual.1), "{case}: {}", String::from_utf8_lossy(&actual.1));
+        assert_eq!(expected.2, actual.2, "{case}: the files in the directory");
+        assert_eq!(expected.3 .0, actual.3 .0, "{case}: what the output path is");
+        let verdict = compare::file(expected.3 .1.as_deref().unwrap(), actual.3 .1.as_deref().unwrap_or_default());
+        assert!(!matches!(verdict, compare::Verdict::Differ(_)), "{case}: {verdict:?}");
+        assert_eq!(format!("{:o}", expected.4), format!("{:o}", actual.4), "{case}: the output's mode");
+    }
+    assert_eq!(d.stat("outputs_staged"), staged_before + cases.len() as u64, "every shim link staged its output");
+
+    // A client that takes the staged output and goes away.
+    let out = TempDir::new("stg-vanish");
+    let target = out.path().join("out.cubin");
+    let cwd_meta = std::fs::metadata(src.path()).unwrap();
+    let staged = runtime().block_on(async {
+        let mut client = NvlinkdClient::new(connect(&d.socket()).await);
+        let start = Start {
+            args: ["--arch=sm_90", "big.o", "-o", &target.display().to_string()].map(String::from).to_vec(),
+            cwd: src.path().display().to_string(),
+            cwd_dev: cwd_meta.dev(),
+            cwd_ino: cwd_meta.ino(),
+            accepts_staged: true,
+            ..Default::default()
+        };
+        let (tx, rx) = mpsc::channel::<ClientMessage>(8);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+        loop {
+            match inbound.message().await {
+                Ok(Some(ServerMessage { msg: Some(server_message::Msg::Output(f)) })) if !f.staged.is_empty() => {
+                    let staged = PathBuf::from(f.staged);
+                    assert!(staged.is_file(), "the staged file is not there");
+                    break staged;
+                }
+                Ok(Some(_)) => continue,
+                other => panic!("no staged output: {other:?}"),
+            }
+        }
+    });
+    assert_eq!(staged.parent(), Some(out.path()), "staged beside the output");
+    assert!(eventually(Duration::from_secs(20), || !staged.exists()), "{} left behind", staged.display());
+    assert!(!target.exists(), "the output was written without the shim");
+}

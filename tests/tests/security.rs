@@ -217,7 +217,7 @@ fn the_shim_obeys_no_hostile_daemon() {
     let absolute = TempDir::new("sec-hostile-abs");
     let planted = absolute.path().join("planted");
     let escaped = out.path().parent().unwrap().join("out.cubin");
-    for mode in ["read-secret", "write-parent", "write-absolute", "exit-256", "exit-0-no-output", "silent"] {
+    for mode in ["read-secret", "write-parent", "write-absolute", "exit-256", "exit-0-no-output", "stage", "silent"] {
         let hostile = HostileDaemon::start(mode, &planted);
         let env = |fallback: &str| {
             vec![

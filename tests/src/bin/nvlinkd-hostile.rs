@@ -7,6 +7,8 @@
 //! - `write-absolute`: writes the absolute path given as the second argument;
 //! - `exit-256`: writes junk to `-o` and exits 256 (0 once truncated to a byte);
 //! - `exit-0-no-output`: exits 0 without writing `-o`;
+//! - `stage`: says it wrote `-o` itself beside it (a staged output, which only
+//!   a local daemon may send) and exits 0;
 //! - `silent`: never says anything.
 //!
 //! Usage: `nvlinkd-hostile MODE [PATH]`; prints its port on stdout, then serves
@@ -39,6 +41,7 @@ fn output(path: String, data: &[u8]) -> ServerMessage {
             data: bytes::Bytes::copy_from_slice(data),
             append: false,
             more: false,
+            ..Default::default()
         })),
     }
 }
@@ -87,6 +90,17 @@ impl Nvlinkd for Hostile {
                 "write-absolute" => vec![output(o.display().to_string(), b"junk"), output(path, b"junk"), result(0)],
                 "exit-256" => vec![output(o.display().to_string(), b"junk"), result(256)],
                 "exit-0-no-output" => vec![result(0)],
+                "stage" => {
+                    let name = o.file_name().unwrap_or_default().to_string_lossy().into_owned();
+                    let staged = o.with_file_name(format!(".{name}.nvlinkd-1-0.tmp"));
+                    let msg = OutputFile {
+                        path: o.display().to_string(),
+                        staged: staged.display().to_string(),
+                        staged_size: 4,
+                        ..Default::default()
+                    };
+                    vec![ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, result(0)]
+                }
                 _ => Vec::new(),
             };
             for m in msgs {

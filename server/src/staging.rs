@@ -1,0 +1,107 @@
+//! Outputs the daemon writes itself, for a shim on this machine.
+//!
+//! A link's output goes back to the shim in `CHUNK_BYTES` messages, and the
+//! shim writes it: for a 1 MB cubin the shim spends about 2 ms of CPU (most of
+//! it first touches of its receive buffers), a tenth of a cold link's. A shim
+//! that shares this filesystem, as this user and group, can instead rename a
+//! file the daemon wrote beside the output (`nvlinkd_fs::stage`): the bytes
+//! cross no socket and the file is created by the user that nvlink would have
+//! created it as.
+//!
+//! When: the unix socket, the shim's working directory the daemon's own
+//! (`Request::shared_fs`), the peer's uid and gid (`SO_PEERCRED`) the daemon's
+//! effective ones, a shim that `accepts_staged`, a file to replace, not to
+//! append to, of at least [`MIN_BYTES`]. Anything else, or a failed write
+//! (no room, no permission: the shim's own write then fails as nvlink's
+//! would), goes back in messages as before.
+//!
+//! Nothing is left behind: the shim renames what it takes and removes what
+//! it does not; what a shim that died leaves is removed here when its stream
+//! ends ([`Staging::finish`]), if it is still the file staged.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use nvlinkd_fs::Staged;
+
+/// Smaller outputs go back in messages (a staged file costs a few syscalls
+/// on both sides, worth it only where the copies cost more).
+pub const MIN_BYTES: usize = 64 << 10;
+
+/// Counters for `nvlinkd stats`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn counters(&self) -> [(&'static str, u64); 2] {
+        [
+            ("outputs_staged", self.files.load(Ordering::Relaxed)),
+            ("output_bytes_staged", self.bytes.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+/// Whether a peer of the unix socket is this process's user and group.
+pub fn same_user(cred: Option<tokio::net::unix::UCred>) -> bool {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    cred.is_some_and(|c| c.uid() == uid && c.gid() == gid)
+}
+
+/// The files staged for one link.
+#[derive(Debug, Default)]
+pub struct Staging {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    files: Vec<Staged>,
+    /// The stream ended: nothing more is staged.
+    finished: bool,
+}
+
+impl Staging {
+    /// Write `data` beside the output `path` for the shim to rename (see the
+    /// module docs for when); None: send it in messages.
+    pub fn stage(&self, path: &Path, data: &[u8], counters: &Counters) -> Option<Staged> {
+        if data.len() < MIN_BYTES {
+            return None;
+        }
+        let target = nvlinkd_fs::output_target(path);
+        // A device, a FIFO or a directory: the shim writes (or fails) as nvlink would.
+        match std::fs::metadata(&target) {
+            Ok(m) if !m.is_file() => return None,
+            _ => {}
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.finished {
+            return None;
+        }
+        match nvlinkd_fs::stage(&target, &[data]) {
+            Ok(staged) => {
+                counters.files.fetch_add(1, Ordering::Relaxed);
+                counters.bytes.fetch_add(staged.size, Ordering::Relaxed);
+                state.files.push(staged.clone());
+                Some(staged)
+            }
+            Err(e) => {
+                tracing::debug!(output = %path.display(), "output not staged ({e}): sent in messages");
+                None
+            }
+        }
+    }
+
+    /// The stream ended: remove whatever the shim did not rename.
+    pub fn finish(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.finished = true;
+        for staged in state.files.drain(..) {
+            nvlinkd_fs::discard(&staged);
+        }
+    }
+}

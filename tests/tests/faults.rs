@@ -805,7 +805,8 @@ fn outputs_are_written_where_nvlink_writes_them() {
 /// renamed into place by the shim (`server/src/staging.rs`), and must end as
 /// nvlink's file: its bytes, under umask 027 its mode for a new file (0640),
 /// an existing file's own mode (nvlink truncates in place), through a symlink
-/// (which stays), and no other file in the directory. A client that takes a
+/// (which stays), no other file in the directory, and in place in a
+/// directory that takes no new file. A client that takes a
 /// staged output and vanishes leaves no temporary file either: the daemon
 /// removes it when the stream ends.
 #[test]
@@ -871,6 +872,29 @@ fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
         assert_eq!(format!("{:o}", expected.4), format!("{:o}", actual.4), "{case}: the output's mode");
     }
     assert_eq!(d.stat("outputs_staged"), staged_before + cases.len() as u64, "every shim link staged its output");
+
+    // A directory that takes no new file (immutable, which binds root too)
+    // with a writable output in it: nvlink writes the file in place, so must
+    // the shim (nothing can be staged or renamed there).
+    let mut seen = Vec::new();
+    for (program, env) in [(real_nvlink(), Vec::new()), (shim(), d.shim_env())] {
+        let dir = TempDir::new("stg-imm");
+        std::fs::write(dir.path().join("out"), b"old").unwrap();
+        let chattr = |flag: &str| std::process::Command::new("chattr").arg(flag).arg(dir.path()).status();
+        if !chattr("+i").is_ok_and(|s| s.success()) {
+            eprintln!("SKIP: chattr +i is refused here (an immutable directory)");
+            break;
+        }
+        let o = link(&program, &env, &dir.path().join("out"));
+        let _ = chattr("-i");
+        seen.push((o.status.code(), o.stderr, std::fs::read(dir.path().join("out")).unwrap()));
+    }
+    if let [expected, actual] = &seen[..] {
+        assert_eq!(expected.0, Some(0), "immutable directory: nvlink: {}", String::from_utf8_lossy(&expected.1));
+        assert_eq!((expected.0, &expected.1), (actual.0, &actual.1), "immutable directory");
+        let verdict = compare::file(&expected.2, &actual.2);
+        assert!(!matches!(verdict, compare::Verdict::Differ(_)), "immutable directory: {verdict:?}");
+    }
 
     // A client that takes the staged output and goes away.
     let out = TempDir::new("stg-vanish");

@@ -323,10 +323,11 @@ impl Service {
                         }
                         None => {
                             // Output files first, in bounded pieces; the result closes the link.
-                            output_bytes = o.outputs.iter().map(|f| f.data.len()).sum();
-                            let sent = o.outputs.iter().all(|f| send_output(&channel, f, staging.as_deref(), &staged));
-                            if !sent {
-                                return;
+                            for f in &o.outputs {
+                                match send_output(&channel, f, staging.as_deref(), &staged) {
+                                    Some(bytes) => output_bytes += bytes,
+                                    None => return,
+                                }
                             }
                             LinkResult {
                                 exit_code: o.exit_code,
@@ -370,13 +371,14 @@ impl Service {
 const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
 
 /// Send one output file in `CHUNK_BYTES` pieces (one empty piece for an empty
-/// file). False when the shim is gone.
+/// file), or staged beside it for a local shim (`staging.rs`). The bytes sent
+/// in messages (0 for a staged file); None when the shim is gone.
 fn send_output(
     channel: &LinkChannel,
     f: &nvlinkd_core::request::OutputFile,
     staging: Option<&crate::staging::Staging>,
     counters: &crate::staging::Counters,
-) -> bool {
+) -> Option<usize> {
     let path = f.path.to_string_lossy().into_owned();
     if let Some(staged) = staging.filter(|_| !f.append).and_then(|st| st.stage(&f.path, &f.data, counters)) {
         let msg = OutputFile {
@@ -387,16 +389,16 @@ fn send_output(
             staged_size: staged.size,
             ..Default::default()
         };
-        return channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_ok();
+        return channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).ok().map(|_| 0);
     }
     // Pieces are slices of the one output (no copy until the message is encoded).
     for (data, more) in nvlinkd_proto::pieces(&f.data) {
         let msg = OutputFile { path: path.clone(), data, append: f.append, more, ..Default::default() };
         if channel.send(ServerMessage { msg: Some(server_message::Msg::Output(msg)) }, false).is_err() {
-            return false;
+            return None;
         }
     }
-    true
+    Some(f.data.len())
 }
 
 /// The answer of an outcome as the shim (or `nvlinkd watch`) receives it.

@@ -431,6 +431,7 @@ impl Drop for Unused<'_> {
 }
 
 fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, String> {
+    let _unused = Unused(outputs);
     if !result.cancelled.is_empty() {
         // Superseded by a newer link of the same output: the daemon's one-line
         // message, no output, a failure, and no nvlink run (the newer link is
@@ -438,7 +439,6 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
         let _ = std::io::stderr().write_all(&result.stderr);
         return Ok(if result.exit_code == 0 { 1 } else { result.exit_code });
     }
-    let _unused = Unused(outputs);
     if result.fallback {
         return Err(format!("daemon declined: {}", result.fallback_reason));
     }

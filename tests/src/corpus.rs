@@ -56,6 +56,26 @@ impl Recompiled {
     }
 }
 
+/// Compile `big.cu` into `big.o` in `dir` with the real nvcc (`-rdc=true
+/// -arch=sm_90`): a kernel summing an initialized `__device__` array of
+/// `bytes` bytes. Its zeros compress, so the object stays small while the
+/// linked cubin holds the whole array (large outputs from a tiny source).
+pub fn big_array_object(dir: &std::path::Path, bytes: usize) -> PathBuf {
+    let source = format!(
+        "#define N ({bytes})\n\
+         __device__ unsigned char table[N] = {{1, 2, 3}};\n\
+         __global__ void sum(unsigned *out) {{ unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }}\n"
+    );
+    std::fs::write(dir.join("big.cu"), source).expect("write big.cu");
+    let nvcc = Command::new(cuda_home().join("bin/nvcc"))
+        .args(["-rdc=true", "-arch=sm_90", "-c", "big.cu", "-o", "big.o"])
+        .current_dir(dir)
+        .output()
+        .expect("run nvcc");
+    assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    dir.join("big.o")
+}
+
 /// The directory holding the built benchmark workload (`tests/bench/build.sh`).
 pub fn workload() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

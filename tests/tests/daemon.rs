@@ -232,21 +232,8 @@ fn stop_returns_once_the_daemon_has_exited() {
 #[test]
 fn an_output_of_several_pieces_arrives_whole() {
     let src = TempDir::new("pieces-src");
-    let cu = src.path().join("big.cu");
-    std::fs::write(
-        &cu,
-        "#define N (2560 * 1024)\n\
-         __device__ unsigned char table[N] = {1, 2, 3};\n\
-         __global__ void sum(unsigned *out) { unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }\n",
-    )
-    .unwrap();
-    let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
-        .args(["-rdc=true", "-arch=sm_90", "-c", "big.cu", "-o", "big.o"])
-        .current_dir(src.path())
-        .output()
-        .expect("run nvcc");
-    assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
-    let written = std::fs::metadata(src.path().join("big.o")).unwrap();
+    let object = corpus::big_array_object(src.path(), 2560 * 1024);
+    let written = std::fs::metadata(object).unwrap();
     let ctime = std::time::UNIX_EPOCH + std::time::Duration::new(written.ctime() as u64, written.ctime_nsec() as u32);
     let settled = ctime + 2 * nvlinkd_core::linkcache::TICK;
     if let Ok(wait) = settled.duration_since(std::time::SystemTime::now()) {

@@ -814,19 +814,7 @@ fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
     use std::os::unix::fs::MetadataExt;
     let src = TempDir::new("stg-src");
     // 256 KiB of device data: the cubin is past staging's 64 KiB threshold.
-    std::fs::write(
-        src.path().join("big.cu"),
-        "#define N (256 * 1024)\n\
-         __device__ unsigned char table[N] = {1, 2, 3};\n\
-         __global__ void sum(unsigned *out) { unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }\n",
-    )
-    .unwrap();
-    let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
-        .args(["-rdc=true", "-arch=sm_90", "-c", "big.cu", "-o", "big.o"])
-        .current_dir(src.path())
-        .output()
-        .expect("run nvcc");
-    assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    corpus::big_array_object(src.path(), 256 * 1024);
     let d = Daemon::start();
     let link = |program: &Path, env: &[(String, String)], out: &Path| {
         let mut cmd = std::process::Command::new("/bin/sh");

@@ -243,7 +243,25 @@ pub fn is_staged_name(staged: &Path, target: &Path) -> bool {
 /// user; opened without following a symlink). Fails with `InvalidData` when it
 /// is not, leaving whatever is there alone.
 pub fn commit(staged: &Staged, target: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
+    open_staged(staged)?.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    std::fs::rename(&staged.path, target)
+}
+
+/// The bytes of a staged file, if it is still the one staged (checked as
+/// [`commit`] checks it).
+pub fn read_staged(staged: &Staged) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut data = Vec::with_capacity(staged.size as usize);
+    open_staged(staged)?.take(staged.size).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+/// The staged file, opened for reading without following a symlink, if it is
+/// still the file staged: a regular file of the same device, inode and size,
+/// owned by this user. `InvalidData` when it is not.
+fn open_staged(staged: &Staged) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
@@ -254,26 +272,7 @@ pub fn commit(staged: &Staged, target: &Path, mode: u32) -> std::io::Result<()> 
     if !m.is_file() || m.dev() != staged.dev || m.ino() != staged.ino || m.size() != staged.size || m.uid() != me {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not the staged output file"));
     }
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    std::fs::rename(&staged.path, target)
-}
-
-/// The bytes of a staged file, if it is still the one staged (checked as
-/// [`commit`] checks it).
-pub fn read_staged(staged: &Staged) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(&staged.path)?;
-    let m = f.metadata()?;
-    if !m.is_file() || m.dev() != staged.dev || m.ino() != staged.ino || m.size() != staged.size {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not the staged output file"));
-    }
-    let mut data = Vec::with_capacity(staged.size as usize);
-    f.by_ref().take(staged.size).read_to_end(&mut data)?;
-    Ok(data)
+    Ok(f)
 }
 
 /// Remove a staged file that was not committed, if it is still the one staged.

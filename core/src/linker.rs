@@ -473,6 +473,17 @@ impl Linker {
         Ok(Some(admitted))
     }
 
+    /// Wait for a plan permit (`sched.rs`, two stages): a link that must
+    /// compute decodes its inputs and plans while others compute, and waits
+    /// for a compute slot only then ([`Linker::admit`] in `compute_link`).
+    /// Err with the answer when it was cancelled while queued.
+    fn admit_plan(&self, cancel: &Cancel) -> Result<Slot<'_>, Box<Outcome>> {
+        match self.sched.admit_plan(cancel.priority(), cancel) {
+            Some(permit) => Ok(permit),
+            None => Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued")))),
+        }
+    }
+
     fn link_controlled(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
         if !req.speculative {
             bump(&self.stats.requests);
@@ -577,8 +588,8 @@ impl Linker {
         cancel: &Cancel,
     ) -> Outcome {
         let Some(cache) = &self.cache else {
-            let _admitted = match self.admit(cancel) {
-                Ok(a) => a,
+            let _planning = match self.admit_plan(cancel) {
+                Ok(p) => p,
                 Err(cancelled) => return *cancelled,
             };
             return self.compute_link(tk, req, memo, spec, mode, cancel);
@@ -586,8 +597,8 @@ impl Linker {
         let keys =
             debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
         let Some(keys) = keys else {
-            let _admitted = match self.admit(cancel) {
-                Ok(a) => a,
+            let _planning = match self.admit_plan(cancel) {
+                Ok(p) => p,
                 Err(cancelled) => return *cancelled,
             };
             return self.compute_link(tk, req, memo, spec, mode, cancel);
@@ -599,13 +610,14 @@ impl Linker {
             }
             return o;
         }
-        // Only a link that must compute waits for a slot; one that waited looks
+        // Only a link that must compute waits, first for a plan permit, then
+        // (in `compute_link`) for a compute slot; one that waited here looks
         // again (an identical link may have filled the cache meanwhile).
-        let admitted = match self.admit(cancel) {
-            Ok(a) => a,
+        let planning = match self.admit_plan(cancel) {
+            Ok(p) => p,
             Err(cancelled) => return *cancelled,
         };
-        if admitted.as_ref().is_some_and(|a| a._slot.queued) {
+        if planning.queued {
             if let Some(o) = self.lookup(cache, &keys, req, spec) {
                 if !req.speculative {
                     bump(&self.stats.cache_hits);
@@ -622,14 +634,15 @@ impl Linker {
         if self.test_pause_after_key > 0 {
             std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
         }
-        // The slot is held while the link computes, not while it stores its
+        // The slot (taken and given back in `compute_link`) and the plan
+        // permit are held while the link computes, not while it stores its
         // entry: the next link starts meanwhile (identical links still wait
         // for the entry, on the flight).
-        let admitted = std::cell::RefCell::new(admitted);
+        let planning = std::cell::RefCell::new(Some(planning));
         let mine = std::cell::RefCell::new(None);
         let entry = cache.flights.run(keys.content, || {
             let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
-            drop(admitted.borrow_mut().take());
+            drop(planning.borrow_mut().take());
             self.test_hold_store();
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             if req.speculative && entry.is_none() {
@@ -788,6 +801,11 @@ impl Linker {
         let mut plan = match self.plan_link(tk, req, fs, spec, cancel) {
             Ok(plan) => plan,
             Err(answered) => return *answered,
+        };
+        // Planned: now a compute slot (`sched.rs`; the plan permit goes back).
+        let _admitted = match self.admit(cancel) {
+            Ok(a) => a,
+            Err(cancelled) => return *cancelled,
         };
         let timings = std::sync::Mutex::new(Vec::new());
         let linked = self.link_in_process(tk, spec, mode, &mut plan, cancel, &timings);
@@ -1012,7 +1030,8 @@ impl Linker {
     /// shares its filesystem, otherwise on the link's files mirrored into a
     /// sandbox (`engine/sandbox.rs`).
     fn run_nvlink(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, cancel: &Cancel) -> Outcome {
-        // Routed from a computing link, this link holds its slot already.
+        // Routed after its plan was admitted to compute, the link holds its
+        // slot already; routed from its plan, it waits for one here.
         let _admitted = match self.admit(cancel) {
             Ok(a) => a,
             Err(cancelled) => return *cancelled,

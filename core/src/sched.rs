@@ -3,9 +3,9 @@
 //! Why here, in the synchronous core, and why only there: a link costs CPU only
 //! once the whole-link cache missed (or there is no key); a cache hit, `--help`,
 //! `--version` and nvlink's option errors are answered in microseconds and must
-//! never wait behind compiles. So `Linker` asks [`Scheduler::admit`] for a slot
-//! right after the whole-link lookup missed (and before running the real nvlink
-//! for links that have no key), not the service when a stream arrives. The core
+//! never wait behind compiles. So `Linker` asks for a plan permit right after
+//! the whole-link lookup missed, and for a compute slot once planned (and
+//! before running the real nvlink), not the service when a stream arrives. The core
 //! is synchronous (no tokio), so this is a small priority semaphore on a
 //! `Mutex`/`Condvar`.
 //!
@@ -25,6 +25,28 @@
 //!   `worker.rs`), its ptxas and nvlink children are started at it, and its
 //!   parallel work runs on a second `--jobs` thread pool whose threads are at
 //!   it. The kernel then gives the CPU to foreground work first.
+//!
+//! Two stages ([`Stage`]), each with its own budget, so that the daemon's
+//! side of one link overlaps the worker side of another without admitting
+//! more links to compute:
+//!
+//! - a **plan permit** ([`Scheduler::admit_plan`], taken where the whole-link
+//!   cache missed) lets a link decode its inputs and build its plan on the
+//!   daemon's threads: `jobs` permits per class, with the rules above;
+//! - a **compute slot** ([`Scheduler::admit`], taken once the plan is built,
+//!   or before the real nvlink runs) lets it link: nvJitLink or NVVM in a
+//!   worker, ptxas, finalize. Admission gives the plan permit back, so at most
+//!   `jobs` links compute and at most `jobs` more hold a plan: memory stays
+//!   bounded however many links arrive, and a slot that frees finds its next
+//!   link planned. Measured on 8 concurrent distinct links on 2 cores (README,
+//!   row (e)): with one admission for both, the plans of queued links waited
+//!   for slots while cores idled.
+//!
+//! Background links compute only while no foreground link waits at either
+//! stage or holds a plan permit: a foreground link that is still planning
+//! computes next, as it would have with one admission. Events and the
+//! `queued` counter see both stages; `link_queued` is announced once per link,
+//! `link_admitted` when it computes.
 //!
 //! A link waiting for a slot is dropped as soon as it is cancelled (its shim
 //! went away, or a newer link superseded it): the waiter checks its
@@ -74,26 +96,57 @@ impl Priority {
     }
 }
 
+/// Where a link waits: for a plan permit, then for a compute slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Decoding its inputs and building its plan on the daemon's threads;
+    /// held until the link is admitted to compute (or ends without).
+    Plan = 0,
+    /// Linking: nvJitLink or NVVM in a worker, ptxas, the real nvlink, finalize.
+    Compute = 1,
+}
+
 #[derive(Default)]
 struct State {
-    /// Links computing, per class.
-    running: [usize; 2],
-    /// Links waiting: (class, arrival).
-    waiting: BTreeSet<(Priority, u64)>,
+    /// Links holding a permit, per stage and class.
+    running: [[usize; 2]; 2],
+    /// Links waiting, per stage: (class, arrival).
+    waiting: [BTreeSet<(Priority, u64)>; 2],
     next: u64,
+}
+
+impl State {
+    fn holding(&self, stage: Stage, class: Priority) -> usize {
+        self.running[stage as usize][class as usize]
+    }
+
+    fn holding_all(&self, stage: Stage) -> usize {
+        self.running[stage as usize].iter().sum()
+    }
+
+    /// Whether a foreground link waits at `stage`.
+    fn foreground_waits(&self, stage: Stage) -> bool {
+        self.waiting[stage as usize].first().is_some_and(|w| w.0 == Priority::Foreground)
+    }
 }
 
 /// The bounded queue of links that must compute (see the module docs).
 pub struct Scheduler {
     jobs: usize,
+    /// Plan permits per class (`jobs`: each computing link may have one
+    /// successor planned and ready).
+    planners: usize,
     state: Mutex<State>,
     freed: Condvar,
 }
 
-/// A computing link's slot; freed on drop.
+/// A link's permit for a stage; given back on drop.
 pub struct Slot<'a> {
     sched: &'a Scheduler,
     class: Priority,
+    stage: Stage,
+    /// The link's handle (a plan permit goes back when it is admitted to compute).
+    cancel: Cancel,
     /// How long the link waited for it.
     pub waited: Duration,
     /// Whether it had to wait in the queue at all.
@@ -102,80 +155,139 @@ pub struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.sched.lock().running[self.class as usize] -= 1;
+        let mut st = self.sched.lock();
+        let gone = match self.stage {
+            Stage::Compute => true,
+            // Not counted twice: admission to compute gave it back already.
+            Stage::Plan => self.cancel.end_planning(),
+        };
+        if gone {
+            st.running[self.stage as usize][self.class as usize] -= 1;
+        }
+        drop(st);
         self.sched.freed.notify_all();
     }
 }
 
 impl Scheduler {
-    /// At most `jobs` foreground links compute at once (see the module docs).
+    /// At most `jobs` foreground links compute at once, and at most `jobs`
+    /// more hold a plan (see the module docs).
     pub fn new(jobs: usize) -> Scheduler {
-        Scheduler { jobs: jobs.max(1), state: Mutex::default(), freed: Condvar::new() }
+        let jobs = jobs.max(1);
+        Scheduler { jobs, planners: jobs, state: Mutex::default(), freed: Condvar::new() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wait for a slot of class `priority`; None when `cancel` fired first
-    /// (the link is then dropped from the queue and computes nothing).
+    /// Wait for a compute slot of class `priority`; None when `cancel` fired
+    /// first (the link is then dropped from the queue and computes nothing).
+    /// A plan permit the link holds is given back on admission.
     pub fn admit(&self, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
+        self.enter(Stage::Compute, priority, cancel)
+    }
+
+    /// Wait for a plan permit of class `priority` (see the module docs); None
+    /// when `cancel` fired first.
+    pub fn admit_plan(&self, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
+        self.enter(Stage::Plan, priority, cancel)
+    }
+
+    fn enter(&self, stage: Stage, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
         let t0 = Instant::now();
         let mut st = self.lock();
         let me = (priority, st.next);
         st.next += 1;
-        st.waiting.insert(me);
-        let mut announced = false;
+        st.waiting[stage as usize].insert(me);
+        let mut queued = false;
         loop {
             if cancel.is_cancelled() {
-                st.waiting.remove(&me);
+                st.waiting[stage as usize].remove(&me);
                 drop(st);
                 // Others may start now that this one no longer waits ahead of them.
                 self.freed.notify_all();
                 return None;
             }
-            if self.may_start(&st, me) {
-                st.waiting.remove(&me);
-                st.running[priority as usize] += 1;
+            if self.may_start(&st, stage, me) {
+                st.waiting[stage as usize].remove(&me);
+                st.running[stage as usize][priority as usize] += 1;
+                match stage {
+                    Stage::Plan => cancel.start_planning(),
+                    Stage::Compute => {
+                        if cancel.end_planning() {
+                            st.running[Stage::Plan as usize][priority as usize] -= 1;
+                        }
+                    }
+                }
                 drop(st);
-                // A background link may now be first in line behind this one.
+                // A background link may now be first in line behind this one,
+                // and a plan permit may have come free.
                 self.freed.notify_all();
                 let waited = t0.elapsed();
-                tracing::debug!(sched = "admitted", priority = priority.name(), waited_ms = ms(waited), "admitted");
-                return Some(Slot { sched: self, class: priority, waited, queued: announced });
+                if stage == Stage::Compute {
+                    tracing::debug!(sched = "admitted", priority = priority.name(), waited_ms = ms(waited), "admitted");
+                } else {
+                    tracing::trace!(priority = priority.name(), waited_ms = ms(waited), "plan permit");
+                }
+                return Some(Slot { sched: self, class: priority, stage, cancel: cancel.clone(), waited, queued });
             }
-            if !announced {
-                announced = true;
-                let (fg, bg) = (st.running[0], st.running[1]);
-                tracing::debug!(sched = "queued", priority = priority.name(), fg, bg, "waiting for a slot");
+            if !queued {
+                queued = true;
+                if cancel.announce_queued() {
+                    let (fg, bg) = (
+                        st.holding(Stage::Compute, Priority::Foreground),
+                        st.holding(Stage::Compute, Priority::Background),
+                    );
+                    tracing::debug!(sched = "queued", priority = priority.name(), fg, bg, "waiting for a slot");
+                }
             }
             st = self.freed.wait_timeout(st, CANCEL_POLL).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
-    fn may_start(&self, st: &State, me: (Priority, u64)) -> bool {
+    fn may_start(&self, st: &State, stage: Stage, me: (Priority, u64)) -> bool {
         // First in line among its own class (arrival order within a class) ...
-        let first_of_class = st.waiting.range((me.0, 0)..).next() == Some(&me);
+        let first_of_class = st.waiting[stage as usize].range((me.0, 0)..).next() == Some(&me);
+        let limit = match stage {
+            Stage::Plan => self.planners,
+            Stage::Compute => self.jobs,
+        };
         first_of_class
             && match me.0 {
                 // ... foreground ignores background work ...
-                Priority::Foreground => st.running[0] < self.jobs,
-                // ... background fills idle slots only, after every foreground waiter.
+                Priority::Foreground => st.holding(stage, Priority::Foreground) < limit,
+                // ... background fills idle slots only, after every foreground
+                // waiter; and it computes only while no foreground link is
+                // planning or waiting to plan (that link computes next).
                 Priority::Background => {
-                    st.running[0] + st.running[1] < self.jobs && st.waiting.first().is_some_and(|w| w.0 == me.0)
+                    st.holding_all(stage) < limit
+                        && !st.foreground_waits(stage)
+                        && (stage == Stage::Plan
+                            || (st.holding(Stage::Plan, Priority::Foreground) == 0
+                                && !st.foreground_waits(Stage::Plan)))
                 }
             }
     }
 
-    /// Links waiting for a slot now.
+    /// Links waiting for a permit or a slot now.
     pub fn queued(&self) -> u64 {
-        self.lock().waiting.len() as u64
+        let st = self.lock();
+        (st.waiting[0].len() + st.waiting[1].len()) as u64
     }
 
     /// Links computing now: (foreground, background).
     pub fn running(&self) -> (u64, u64) {
         let st = self.lock();
-        (st.running[0] as u64, st.running[1] as u64)
+        (
+            st.holding(Stage::Compute, Priority::Foreground) as u64,
+            st.holding(Stage::Compute, Priority::Background) as u64,
+        )
+    }
+
+    /// Links holding a plan permit now (planning, or planned and waiting to compute).
+    pub fn planning(&self) -> u64 {
+        self.lock().holding_all(Stage::Plan) as u64
     }
 }
 
@@ -271,6 +383,73 @@ mod tests {
         assert_eq!(s.queued(), 0);
         drop(busy);
         assert_eq!(s.running(), (0, 0));
+    }
+
+    /// Plan permits: `jobs` per class beside the computing links, given back
+    /// on admission to compute (counted once), a waiter takes the one freed.
+    #[test]
+    fn plan_permits_are_bounded_and_given_back_on_admission() {
+        let s = Scheduler::new(1);
+        let a = Cancel::new();
+        let a_plan = s.admit_plan(Priority::Foreground, &a).unwrap();
+        assert_eq!(s.planning(), 1);
+        let a_slot = s.admit(Priority::Foreground, &a).unwrap();
+        assert_eq!((s.planning(), s.running()), (0, (1, 0)), "admission to compute kept the plan permit");
+        drop(a_plan);
+        assert_eq!(s.planning(), 0, "a permit given back on admission was counted back twice");
+        let b = Cancel::new();
+        let b_plan = s.admit_plan(Priority::Foreground, &b).unwrap();
+        std::thread::scope(|scope| {
+            let c = scope.spawn(|| s.admit_plan(Priority::Foreground, &Cancel::new()).map(|p| p.queued));
+            while s.queued() == 0 {
+                std::thread::yield_now();
+            }
+            // C waits for B's permit; B waits for A's slot.
+            let b_wait = scope.spawn(|| s.admit(Priority::Foreground, &b).map(|slot| slot.queued));
+            while s.queued() < 2 {
+                std::thread::yield_now();
+            }
+            assert!(!c.is_finished(), "a plan permit beyond the bound");
+            drop(a_slot);
+            assert_eq!(b_wait.join().unwrap(), Some(true));
+            assert_eq!(c.join().unwrap(), Some(true), "the permit B gave back did not go to C");
+        });
+        drop(b_plan);
+        assert_eq!((s.queued(), s.planning(), s.running()), (0, 0, (0, 0)));
+    }
+
+    /// A foreground link that holds a plan permit computes before a
+    /// background link that planned first, even with the slot idle meanwhile.
+    #[test]
+    fn background_does_not_compute_ahead_of_a_planning_foreground_link() {
+        let s = Scheduler::new(1);
+        let (b, f) = (Cancel::with_priority(Priority::Background), Cancel::new());
+        let b_plan = s.admit_plan(Priority::Background, &b).unwrap();
+        // Foreground ignores the background permit.
+        let f_plan = s.admit_plan(Priority::Foreground, &f).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|scope| {
+            let (tx2, s, b) = (tx, &s, &b);
+            let bg = scope.spawn(move || {
+                let slot = s.admit(Priority::Background, b);
+                tx2.send("b").unwrap();
+                slot.is_some()
+            });
+            let t0 = Instant::now();
+            while s.queued() == 0 && !bg.is_finished() && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(CANCEL_POLL * 2);
+            assert!(rx.try_recv().is_err(), "background computed while a foreground link was planning");
+            let f_slot = s.admit(Priority::Foreground, &f).unwrap();
+            assert!(rx.try_recv().is_err(), "background computed beside the foreground link");
+            drop(f_slot);
+            let got = rx.recv_timeout(Duration::from_secs(10));
+            b.cancel();
+            assert!(bg.join().unwrap() && got.is_ok(), "background never computed after the foreground link");
+        });
+        drop((b_plan, f_plan));
+        assert_eq!((s.queued(), s.planning(), s.running()), (0, 0, (0, 0)));
     }
 
     #[test]

@@ -409,6 +409,12 @@ struct CancelInner {
     /// Whether the link holds a scheduler slot now (nested admissions of the
     /// same link take none).
     admitted: std::sync::atomic::AtomicBool,
+    /// Whether the link holds a plan permit now (`sched.rs`, [`Stage::Plan`](crate::sched::Stage)):
+    /// given back when it is admitted to compute, or when it ends without.
+    planning: std::sync::atomic::AtomicBool,
+    /// Whether `link_queued` was announced for it (once per link, whichever
+    /// stage it waited at first).
+    announced: std::sync::atomic::AtomicBool,
 }
 
 /// A link's control handle: its priority class, and the power to stop it. A
@@ -471,6 +477,22 @@ impl Cancel {
 
     pub(crate) fn end_admission(&self) {
         self.0.admitted.store(false, Ordering::Release);
+    }
+
+    /// Mark the link as holding a plan permit (`sched.rs`).
+    pub(crate) fn start_planning(&self) {
+        self.0.planning.store(true, Ordering::Release);
+    }
+
+    /// Give the plan permit up: true when the link held one (called under the
+    /// scheduler's lock, so that exactly one caller counts it back).
+    pub(crate) fn end_planning(&self) -> bool {
+        self.0.planning.swap(false, Ordering::AcqRel)
+    }
+
+    /// True the first time only: the link's wait is announced once.
+    pub(crate) fn announce_queued(&self) -> bool {
+        !self.0.announced.swap(true, Ordering::AcqRel)
     }
 
     fn stop(&self, why: u8) {

@@ -68,9 +68,19 @@ fn held_daemon(hold: &Path, extra: &[&str]) -> Daemon {
     Daemon::start_env(extra, &[("NVLINKD_TEST_HOLD_SLOT", &hold.display().to_string())])
 }
 
-/// `-o` names an output file per tag, so that links do not supersede each other.
+/// `-o` names an output file per tag, so that links do not supersede each
+/// other, and the inputs differ per tag: identical links (the same inputs and
+/// options, another output name) wait for the first one's result on its
+/// flight, never for a slot, and so are never queued.
 fn link_to(tag: &str) -> String {
-    LINK.replace("out.cubin", &format!("{tag}.cubin"))
+    let inputs = match tag {
+        "b1" | "queued" => "scale.o accumulate.o",
+        "f1" => "-w accumulate.o scale.o",
+        "b2" => "-w scale.o accumulate.o",
+        "f2" => "vars_def.o vars_use.o",
+        _ => "accumulate.o scale.o",
+    };
+    LINK.replace("accumulate.o scale.o", inputs).replace("out.cubin", &format!("{tag}.cubin"))
 }
 
 fn str_field<'a>(v: &'a Value, f: &str) -> &'a str {

@@ -132,10 +132,9 @@ impl State {
 
 /// The bounded queue of links that must compute (see the module docs).
 pub struct Scheduler {
+    /// Compute slots, and plan permits, per class (each computing link may
+    /// have one successor planned and ready).
     jobs: usize,
-    /// Plan permits per class (`jobs`: each computing link may have one
-    /// successor planned and ready).
-    planners: usize,
     state: Mutex<State>,
     freed: Condvar,
 }
@@ -173,8 +172,7 @@ impl Scheduler {
     /// At most `jobs` foreground links compute at once, and at most `jobs`
     /// more hold a plan (see the module docs).
     pub fn new(jobs: usize) -> Scheduler {
-        let jobs = jobs.max(1);
-        Scheduler { jobs, planners: jobs, state: Mutex::default(), freed: Condvar::new() }
+        Scheduler { jobs: jobs.max(1), state: Mutex::default(), freed: Condvar::new() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -249,19 +247,15 @@ impl Scheduler {
     fn may_start(&self, st: &State, stage: Stage, me: (Priority, u64)) -> bool {
         // First in line among its own class (arrival order within a class) ...
         let first_of_class = st.waiting[stage as usize].range((me.0, 0)..).next() == Some(&me);
-        let limit = match stage {
-            Stage::Plan => self.planners,
-            Stage::Compute => self.jobs,
-        };
         first_of_class
             && match me.0 {
                 // ... foreground ignores background work ...
-                Priority::Foreground => st.holding(stage, Priority::Foreground) < limit,
+                Priority::Foreground => st.holding(stage, Priority::Foreground) < self.jobs,
                 // ... background fills idle slots only, after every foreground
                 // waiter; and it computes only while no foreground link is
                 // planning or waiting to plan (that link computes next).
                 Priority::Background => {
-                    st.holding_all(stage) < limit
+                    st.holding_all(stage) < self.jobs
                         && !st.foreground_waits(stage)
                         && (stage == Stage::Plan
                             || (st.holding(Stage::Plan, Priority::Foreground) == 0

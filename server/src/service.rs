@@ -618,9 +618,9 @@ impl Nvlinkd for Service {
         let json = self.linker.stats_json();
         let rest = json.strip_prefix('{').unwrap_or(&json);
         let failures = self.auth_failures.load(Ordering::Relaxed);
-        let blobs: String = self.blobs.counters().iter().map(|(k, v)| format!("\"{k}\":{v},")).collect();
-        let staged: String = self.staged.counters().iter().map(|(k, v)| format!("\"{k}\":{v},")).collect();
-        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{blobs}{staged}{rest}") }))
+        let (blobs, staged) = (self.blobs.counters(), self.staged.counters());
+        let daemon: String = blobs.iter().chain(&staged).map(|(k, v)| format!("\"{k}\":{v},")).collect();
+        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{daemon}{rest}") }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

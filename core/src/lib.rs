@@ -19,6 +19,7 @@ pub mod finalize;
 pub mod fs;
 pub mod fuzz;
 pub mod ghls;
+pub mod heap;
 pub mod input;
 pub mod jitlink;
 pub mod linkcache;

@@ -287,7 +287,9 @@ pub const HOLD_ENV: &str = "NVLINKD_TEST_WORKER_HOLD";
 /// The worker's main loop (`nvlinkd worker`): load the library, then answer
 /// requests on stdin until it closes. Returns the process exit status.
 pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
-    keep_freed_memory();
+    // Before the library loads: it allocates too (see heap.rs; no reserve
+    // here).
+    crate::heap::configure(None, KEEP_FREE);
     // SAFETY: dup/dup2 on the standard descriptors of this single-threaded
     // process: the protocol moves to a fresh descriptor, fd 1 becomes a copy of
     // fd 2 so that whatever the library prints cannot enter the protocol.
@@ -356,18 +358,10 @@ pub fn serve(lib: &LibSpec, mem_limit: u64) -> i32 {
     }
 }
 
-/// Let glibc's malloc keep what a request freed for the next one (blocks
-/// under 32 MiB from the heap, up to 128 MiB of free heap kept) instead of
-/// handing it back to the kernel and faulting it in again, page by page: a
-/// worker serves one request at a time, so it holds at most about one
-/// request's peak.
-fn keep_freed_memory() {
-    // SAFETY: mallopt only sets allocator parameters, before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
-    }
-}
+/// Free heap a worker keeps from one request for the next (blocks under 32
+/// MiB come from the heap, see heap.rs): a worker serves one request at a
+/// time, so it holds at most about one request's peak.
+const KEEP_FREE: usize = 128 << 20;
 
 // ---------------------------------------------------------------- cancellation
 

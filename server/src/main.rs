@@ -70,6 +70,10 @@ struct ServeArgs {
     /// Bytes of cached results kept on disk
     #[arg(long, default_value_t = 10 << 30)]
     cache_size: u64,
+    /// Bytes of heap the daemon touches at start and keeps, so that its first
+    /// links reuse memory instead of faulting new pages in (0: glibc's defaults)
+    #[arg(long, default_value_t = nvlinkd_core::heap::DAEMON_RESERVE)]
+    heap_reserve: u64,
     /// Bytes of remote shims' input files (blobs, by digest) kept in memory
     #[arg(long, default_value_t = 512 << 20)]
     blob_mem: u64,
@@ -241,6 +245,8 @@ impl ServeArgs {
             self.cache_mem.to_string(),
             "--cache-size".into(),
             self.cache_size.to_string(),
+            "--heap-reserve".into(),
+            self.heap_reserve.to_string(),
             "--blob-mem".into(),
             self.blob_mem.to_string(),
             "--blob-size".into(),
@@ -408,6 +414,9 @@ fn main() -> ExitCode {
     let socket_or_default = |s: Option<PathBuf>| s.unwrap_or_else(control::default_socket);
     match cli.command {
         Command::Serve(a) => {
+            // First, while this is the only thread (core/src/heap.rs).
+            let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+            nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             // A listener that would serve anyone refuses to start before anything else.
             let remote = match a.remote() {
                 Ok(r) => r,

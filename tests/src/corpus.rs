@@ -60,11 +60,16 @@ impl Recompiled {
 /// -arch=sm_90`): a kernel summing an initialized `__device__` array of
 /// `bytes` bytes. Its zeros compress, so the object stays small while the
 /// linked cubin holds the whole array (large outputs from a tiny source).
-pub fn big_array_object(dir: &std::path::Path, bytes: usize) -> PathBuf {
+/// With `launched`, host code launches the kernel (nvlinkd links it in
+/// process); without, no host code references it (nvlinkd leaves that link to
+/// the real nvlink).
+pub fn big_array_object(dir: &std::path::Path, bytes: usize, launched: bool) -> PathBuf {
+    let launch = if launched { "void launch(unsigned *out) { sum<<<1, 32>>>(out); }\n" } else { "" };
     let source = format!(
         "#define N ({bytes})\n\
          __device__ unsigned char table[N] = {{1, 2, 3}};\n\
-         __global__ void sum(unsigned *out) {{ unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }}\n"
+         __global__ void sum(unsigned *out) {{ unsigned s = 0; for (int i = threadIdx.x; i < N; i += blockDim.x) s += table[i]; atomicAdd(out, s); }}\n\
+         {launch}"
     );
     std::fs::write(dir.join("big.cu"), source).expect("write big.cu");
     let nvcc = Command::new(cuda_home().join("bin/nvcc"))

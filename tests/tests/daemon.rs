@@ -232,7 +232,7 @@ fn stop_returns_once_the_daemon_has_exited() {
 #[test]
 fn an_output_of_several_pieces_arrives_whole() {
     let src = TempDir::new("pieces-src");
-    let object = corpus::big_array_object(src.path(), 2560 * 1024);
+    let object = corpus::big_array_object(src.path(), 2560 * 1024, false);
     let written = std::fs::metadata(object).unwrap();
     let ctime = std::time::UNIX_EPOCH + std::time::Duration::new(written.ctime() as u64, written.ctime_nsec() as u32);
     let settled = ctime + 2 * nvlinkd_core::linkcache::TICK;
@@ -255,4 +255,47 @@ fn an_output_of_several_pieces_arrives_whole() {
         let stats = d.stats();
         assert_eq!(stats["cache_hits"], hits, "{what}: {stats}\n{}", d.log());
     }
+}
+
+/// Minor page faults so far of process `pid`, from /proc.
+fn minor_faults(pid: u32) -> u64 {
+    // The fields after the command name (which may hold spaces): minflt is the 10th.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
+    fields[7].parse().expect("minflt")
+}
+
+/// The heap reserve (`core/src/heap.rs`, `serve --heap-reserve`): a fresh
+/// daemon links in memory it touched when it started. A link of a 1 MiB
+/// cubin, in process, right after a small link has run the code paths once:
+/// without the reserve (`--heap-reserve 0`) the daemon faults the link's
+/// buffers in page by page (thousands of faults), with it hardly at all. Both
+/// answers are nvlink's, byte for byte.
+#[test]
+fn a_fresh_daemon_links_in_memory_it_touched_at_start() {
+    let src = TempDir::new("heap-src");
+    corpus::big_array_object(src.path(), 1 << 20, true);
+    let out = TempDir::new("heap");
+    let big = Invocation::templated("--arch=sm_90 big.o -o {OUT}/out.cubin", src.path(), &out);
+    let small = inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/small.cubin", &out);
+    let expected = run(&real_nvlink(), &big, &[]);
+    assert_eq!(expected.code, 0, "nvlink: {}", String::from_utf8_lossy(&expected.stderr));
+    let mut faults = Vec::new();
+    for reserve in ["64MiB by default", "0"] {
+        let d = if reserve == "0" { Daemon::start_with(&["--heap-reserve", "0"]) } else { Daemon::start() };
+        let env = d.shim_env();
+        assert_eq!(run(&shim(), &small, &env).code, 0, "the small link failed:\n{}", d.log());
+        let pid = d.pid().expect("daemon pid");
+        let before = minor_faults(pid);
+        let actual = run(&shim(), &big, &env);
+        let after = minor_faults(pid);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "reserve {reserve}: {:?}", cmp.problems);
+        assert_eq!(d.stat("in_process"), 2, "reserve {reserve}: not linked in process:\n{}", d.log());
+        eprintln!("reserve {reserve}: the link faulted {} pages into the daemon", after - before);
+        faults.push(after - before);
+    }
+    let (warm, cold) = (faults[0], faults[1]);
+    assert!(cold > 500, "without the reserve the link faulted only {cold} pages in: it no longer measures the reserve");
+    assert!(warm * 4 < cold, "the daemon's reserve was not used: {warm} faults, {cold} without");
 }

@@ -814,7 +814,7 @@ fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
     use std::os::unix::fs::MetadataExt;
     let src = TempDir::new("stg-src");
     // 256 KiB of device data: the cubin is past staging's 64 KiB threshold.
-    corpus::big_array_object(src.path(), 256 * 1024);
+    corpus::big_array_object(src.path(), 256 * 1024, false);
     let d = Daemon::start();
     let link = |program: &Path, env: &[(String, String)], out: &Path| {
         let mut cmd = std::process::Command::new("/bin/sh");

@@ -64,7 +64,8 @@ pub fn configure(arenas: Option<usize>, keep_free: usize) {
     }
 }
 
-/// The daemon's heap: `reserve` bytes over `min(jobs, MAX_ARENAS)` arenas.
+/// The daemon's heap: `reserve` bytes over `min(jobs, MAX_ARENAS)` arenas
+/// (at least one 8 MiB chunk each); 0 leaves malloc as it is.
 pub fn warm_daemon(reserve: u64, jobs: usize) {
     if reserve == 0 {
         return;

@@ -414,9 +414,6 @@ fn main() -> ExitCode {
     let socket_or_default = |s: Option<PathBuf>| s.unwrap_or_else(control::default_socket);
     match cli.command {
         Command::Serve(a) => {
-            // First, while this is the only thread (core/src/heap.rs).
-            let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
-            nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             // A listener that would serve anyone refuses to start before anything else.
             let remote = match a.remote() {
                 Ok(r) => r,
@@ -425,6 +422,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            // Then the heap, while this is the only thread (core/src/heap.rs).
+            let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+            nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             let cache_dir = a.cache_dir();
             let events = events::Hub::default();
             let _guard = daemon::init_logging(&cache_dir, &events);
@@ -463,10 +463,7 @@ fn main() -> ExitCode {
                 speculation: daemon::Speculation {
                     multi_arch: !a.no_speculate,
                     watch: a.watch,
-                    max_running: a
-                        .max_speculative
-                        .or(a.jobs)
-                        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
+                    max_running: a.max_speculative.unwrap_or(jobs),
                 },
             };
             let rt = runtime();

@@ -5,9 +5,9 @@
 //! fatbin members it decompresses, the cubin it gets back from its worker and
 //! finalizes, the entry it stores. On a daemon that has just started, every
 //! one of those pages is new: the kernel zeroes it and maps it on its first
-//! write, one fault per 4 KiB page. In a burst of links on a fresh daemon (a build's first device
-//! links, each arch of a multi-arch build) the faults were a quarter of the
-//! daemon's CPU time, and its threads queued on the process's address-space
+//! write, one fault per 4 KiB page. In a burst of links on a fresh daemon (a
+//! build's first device links, each arch of a multi-arch build) the faults
+//! were a quarter of the daemon's CPU time, and its threads queued on the process's address-space
 //! lock behind each other's faults and glibc's heap growth; a daemon warmed by
 //! two earlier links of other programs ran the same burst about 20% faster
 //! than a fresh one. Eight nvlink processes pay the same faults, but each in
@@ -24,8 +24,8 @@
 //! it. The daemon holds the reserve as resident memory from its start, and
 //! its links reuse it instead of faulting new pages in.
 //!
-//! The workers get [`configure`] (one arena: they are single-threaded) but no
-//! reserve. They run nvJitLink, NVIDIA code that reads out of bounds on some
+//! The workers get [`configure`] (with glibc's arena bound: they are
+//! single-threaded) but no reserve. They run nvJitLink, NVIDIA code that reads out of bounds on some
 //! damaged inputs: on the damaged cubin nvlink dies of SIGSEGV on, a worker
 //! with 16 MiB touched ahead read mapped memory instead, and wrote an output
 //! where nvlink writes none (test `workers.rs`,

@@ -7,28 +7,28 @@
 //! one of those pages is new: the kernel zeroes it and maps it on its first
 //! write, one fault per 4 KiB page. In a burst of links on a fresh daemon (a
 //! build's first device links, each arch of a multi-arch build) the faults
-//! were a quarter of the daemon's CPU time, and its threads queued on the process's address-space
-//! lock behind each other's faults and glibc's heap growth; a daemon warmed by
-//! two earlier links of other programs ran the same burst about 20% faster
-//! than a fresh one. Eight nvlink processes pay the same faults, but each in
+//! were a quarter of the daemon's CPU time, and its threads queued on the
+//! process's address-space lock behind each other's faults and glibc's heap
+//! growth; a daemon warmed by two earlier links of other programs ran the
+//! same burst about 20% faster than a fresh one. Eight nvlink processes pay the same faults, but each in
 //! its own address space.
 //!
-//! So, before it starts any other thread, a process [`configure`]s malloc:
+//! So, before it starts any other thread, a process `configure`s malloc:
 //! blocks under 32 MiB come from the heap (by default glibc gives a block
 //! over 128 KiB a mapping of its own, unmapped when freed, so that every
 //! output buffer faults in anew), free memory at the top of a heap is kept up
 //! to a bound, and the daemon's arenas are few (one per job, at most
 //! [`MAX_ARENAS`]) so that the warm memory is where its threads allocate.
-//! Then [`prefault`] touches the reserve, `--heap-reserve` ([`DAEMON_RESERVE`]
+//! Then `prefault` touches the reserve, `--heap-reserve` ([`DAEMON_RESERVE`]
 //! by default; 0 leaves glibc's defaults alone), once in each arena and frees
 //! it. The daemon holds the reserve as resident memory from its start, and
 //! its links reuse it instead of faulting new pages in.
 //!
-//! The workers get [`configure`] (with glibc's arena bound: they are
-//! single-threaded) but no reserve. They run nvJitLink, NVIDIA code that reads out of bounds on some
-//! damaged inputs: on the damaged cubin nvlink dies of SIGSEGV on, a worker
-//! with 16 MiB touched ahead read mapped memory instead, and wrote an output
-//! where nvlink writes none (test `workers.rs`,
+//! The workers get `configure` (with glibc's arena bound: they are
+//! single-threaded) but no reserve. They run nvJitLink, NVIDIA code that
+//! reads out of bounds on some damaged inputs: on the damaged cubin nvlink
+//! dies of SIGSEGV on, a worker with 16 MiB touched ahead read mapped memory
+//! instead, and wrote an output where nvlink writes none (test `workers.rs`,
 //! `crashing_input_fails_only_its_link`). The daemon runs no NVIDIA code, so
 //! its heap's layout changes no link's result.
 
@@ -53,7 +53,7 @@ const CHUNK: usize = 8 << 20;
 /// `keep_free` bytes of free memory kept at the top of each heap, and at most
 /// `arenas` arenas (None: glibc's default). Call it before the process starts
 /// any thread (a worker: before nvJitLink loads).
-pub fn configure(arenas: Option<usize>, keep_free: usize) {
+pub(crate) fn configure(arenas: Option<usize>, keep_free: usize) {
     // SAFETY: mallopt only sets allocator parameters; no other thread runs yet.
     unsafe {
         if let Some(n) = arenas {
@@ -78,7 +78,7 @@ pub fn warm_daemon(reserve: u64, jobs: usize) {
 
 /// Touch `share` bytes in each of `arenas` arenas (after [`configure`]), then
 /// free them: they stay in the heaps, mapped.
-pub fn prefault(share: usize, arenas: usize) {
+fn prefault(share: usize, arenas: usize) {
     // One thread per arena besides this one (which has its own), all holding
     // their memory together: a thread takes a new arena on its first
     // allocation while fewer than the maximum exist, and a thread that starts

@@ -235,3 +235,12 @@ impl Drop for Daemon {
         self.stop();
     }
 }
+
+/// Field `n` of `/proc/<pid>/stat`, numbered as in proc(5) (3: state, 10:
+/// minor faults, 19: nice, 41: scheduling policy), read after the command
+/// name, which may hold spaces and parentheses. None once the process is gone.
+pub fn proc_stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // What follows the name starts at field 3.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(n.checked_sub(3)?).map(str::to_string)
+}

@@ -5,7 +5,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
-use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::daemon::{proc_stat_field, Daemon};
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 
@@ -257,12 +257,9 @@ fn an_output_of_several_pieces_arrives_whole() {
     }
 }
 
-/// Minor page faults so far of process `pid`, from /proc.
+/// Minor page faults so far of process `pid`.
 fn minor_faults(pid: u32) -> u64 {
-    // The fields after the command name (which may hold spaces): minflt is the 10th.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
-    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
-    fields[7].parse().expect("minflt")
+    proc_stat_field(pid, 10).expect("the daemon's /proc stat").parse().expect("minflt")
 }
 
 /// The heap reserve (`core/src/heap.rs`, `serve --heap-reserve`): a fresh

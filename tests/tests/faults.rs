@@ -20,7 +20,7 @@ use nvlinkd_proto::v1::{
 };
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
-use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::daemon::{proc_stat_field, Daemon};
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tokio::sync::mpsc;
@@ -645,9 +645,7 @@ fn an_auto_started_daemon_exits_when_idle() {
 
 /// Exited but not reaped (its parent, `nvlinkd start`, is gone: init reaps it).
 fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
-        .unwrap_or(false)
+    proc_stat_field(pid, 3).is_some_and(|state| state.starts_with('Z'))
 }
 
 /// A link whose shim goes away while nvJitLink computes it: the closed stream

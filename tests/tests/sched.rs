@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
-use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::daemon::{proc_stat_field, Daemon};
 use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
 use nvlinkd_tests::events::Events;
 use nvlinkd_tests::run::{run, Invocation, Run};
@@ -290,12 +290,10 @@ fn a_newer_link_of_the_same_output_supersedes_the_older() {
     same(&expected, &run(&shim(), &inv(LTO, &out), &d.shim_env()), "the LTO link after its supersession");
 }
 
-/// Scheduling policy of a process (field 41 of /proc/PID/stat).
+/// Nice value and scheduling policy of a process (fields 19 and 41 of /proc/PID/stat).
 fn policy(pid: u32) -> (i64, i64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    // Fields after the command: state is field 3, nice 19, policy 41.
-    (rest[19 - 3].parse().unwrap(), rest[41 - 3].parse().unwrap())
+    let field = |n| proc_stat_field(pid, n).unwrap().parse().unwrap();
+    (field(19), field(41))
 }
 
 fn held_worker(hold: &Path) -> u32 {

@@ -19,6 +19,10 @@ pub const EM_CUDA: u16 = elf::EM_CUDA.0;
 pub const ET_REL: u16 = elf::ET_REL.0;
 /// `st_other` bit that marks a kernel (an entry function) in a cubin.
 pub const STO_CUDA_ENTRY: u8 = 0x10;
+/// `st_info` type of CUDA objects (`CUDA_OBJECT` in cuobjdump).
+pub const STT_CUDA_OBJECT: u8 = 13;
+/// `st_other` bit of a `CUDA_OBJECT` in shared memory (cuobjdump's `SHARED`).
+pub const STO_CUDA_SHARED: u8 = 0x40;
 /// `sh_type` of NOBITS sections: they take no space in the file.
 pub const SHT_NOBITS: u32 = elf::SHT_NOBITS.0;
 /// `sh_type` of the symbol table.
@@ -102,6 +106,11 @@ impl Symbol {
     }
     pub(crate) fn is_entry(&self) -> bool {
         self.other & STO_CUDA_ENTRY != 0
+    }
+    /// An `extern __shared__` array: a shared `CUDA_OBJECT` without a section.
+    /// It is dynamic shared memory, sized at launch; nothing defines it.
+    pub(crate) fn is_dynamic_shared(&self) -> bool {
+        self.kind() == STT_CUDA_OBJECT && self.other & STO_CUDA_SHARED != 0 && !self.is_defined()
     }
 }
 

@@ -19,7 +19,8 @@ pub struct CubinInfo {
     pub defined: Vec<String>,
     /// Weak definitions among them.
     pub weak: Vec<String>,
-    /// Global symbols referenced but not defined.
+    /// Global symbols referenced but not defined (weak references and
+    /// `extern __shared__` arrays aside).
     pub undefined: Vec<String>,
     /// Kernel (entry function) names, local ones included.
     pub kernels: Vec<String>,
@@ -127,11 +128,21 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
             if s.is_weak() {
                 info.weak.push(s.name.clone());
             }
-        } else if !s.is_weak() {
+        } else if !s.is_weak() && !s.is_dynamic_shared() {
+            // Neither a weak reference nor an `extern __shared__` array
+            // (dynamic shared memory) asks a library for a definition:
+            // nvlink takes no libcudadevrt member for either.
             info.undefined.push(s.name.clone());
         }
     }
     Ok(info)
+}
+
+/// Debug and line information (`-G`, `-lineinfo`): `.debug_*`, `.nv.debug_*`
+/// and NVIDIA's `.nv_debug_line_sass`, `.nv_debug_ptx_txt.<N>`. Their
+/// relocations name every function and keep none alive.
+fn is_debug_section(name: &str) -> bool {
+    name.starts_with(".debug") || name.starts_with(".nv.debug") || name.starts_with(".nv_debug")
 }
 
 const SHT_RELA: u32 = 4;
@@ -152,7 +163,7 @@ fn relocation_refs(elf: &Elf<'_>, symbols: &[crate::elf::Symbol]) -> Result<Vec<
     let mut refs = Vec::new();
     for rs in elf.sections.iter().filter(|s| s.sh_type == SHT_RELA || s.sh_type == SHT_REL) {
         let target = elf.sections.get(rs.info as usize).ok_or(ElfError::Malformed("relocation target"))?;
-        if target.name.starts_with(".debug") || target.name.starts_with(".nv.debug") {
+        if is_debug_section(&target.name) {
             continue;
         }
         let from = target.name.strip_prefix(".text.").map(str::to_owned);

@@ -95,6 +95,8 @@ pub enum ValueKind {
     Enum(&'static [&'static str]),
     /// A number, and then one of the listed values (`-m`).
     NumberIn(&'static [&'static str]),
+    /// `true` or `false` (nvlink: `'<v>': expected true or false`).
+    Bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -249,7 +251,8 @@ pub static OPTIONS: &[OptionDef] = &[
     def(Opt::Nvvmpath, "nvvmpath", "nvvmpath", Single, Text),
     def(Opt::SplitCompile, "split-compile", "split-compile", Single, Number),
     def(Opt::SplitCompileExtended, "split-compile-extended", "split-compile-extended", Single, Number),
-    def(Opt::OfastCompile, "Ofast-compile", "Ofc", Single, Enum(&["0", "min", "mid", "max"])),
+    // Checked by the mode, where nvlink checks it (`Spec::mode`).
+    def(Opt::OfastCompile, "Ofast-compile", "Ofc", Single, Text),
     flag(Opt::SuppressDebugInfo, "suppress-debug-info", "suppress-debug-info"),
     flag(Opt::LinkAsToolsPatch, "link-as-tools-patch", "astoolspatch"),
     def(Opt::Xptxas, "Xptxas", "Xptxas", List, Text),
@@ -260,13 +263,7 @@ pub static OPTIONS: &[OptionDef] = &[
     flag(Opt::UseHostInfo, "use-host-info", "use-host-info"),
     flag(Opt::IgnoreHostInfo, "ignore-host-info", "ignore-host-info"),
     flag(Opt::RelocatableLink, "relocatable-link", "r"),
-    def(
-        Opt::DeviceStackProtector,
-        "device-stack-protector",
-        "device-stack-protector",
-        Single,
-        Enum(&["true", "false"]),
-    ),
+    def(Opt::DeviceStackProtector, "device-stack-protector", "device-stack-protector", Single, Bool),
     def(Opt::OptionsFile, "options-file", "optf", List, Text),
     flag(Opt::EmitPtx, "emit-ptx", "emit-ptx"),
     defaults_to(
@@ -281,30 +278,18 @@ pub static OPTIONS: &[OptionDef] = &[
     hidden(flag(Opt::ForceWholeLto, "force-whole-lto", "force-whole-lto")),
     hidden(flag(Opt::Shared, "shared", "shared")),
     hidden(def(Opt::ToolName, "tool-name", "tool-name", Single, Text)),
-    hidden(def(Opt::VerboseTkinfo, "verbose-tkinfo", "verbose-tkinfo", Single, Enum(&["true", "false"]))),
+    hidden(def(Opt::VerboseTkinfo, "verbose-tkinfo", "verbose-tkinfo", Single, Bool)),
     hidden(def(Opt::Xlinker, "host-linker-options", "Xlinker", List, Text)),
     hidden(def(Opt::DotFile, "dot-file", "dot", Single, Text)),
     hidden(flag(Opt::DontReserveNullPointer, "dont-reserve-null-pointer", "dont-reserve-null-pointer")),
-    hidden(def(
-        Opt::DisableSmemReservation,
-        "disable-smem-reservation",
-        "disable-smem-reservation",
-        Single,
-        Enum(&["true", "false"]),
-    )),
+    hidden(def(Opt::DisableSmemReservation, "disable-smem-reservation", "disable-smem-reservation", Single, Bool)),
     hidden(flag(Opt::AllowUndefinedGlobals, "allow-undefined-globals", "allow-undefined-globals")),
     hidden(def(Opt::SyscallConstOffset, "syscall-const-offset", "syscall-const-offset", Single, Number)),
     hidden(flag(Opt::ForceRela, "force-rela", "force-rela")),
     hidden(flag(Opt::Uumn, "uumn", "uumn")),
     hidden(def(Opt::CudaApiVersion, "cuda-api-version", "cuda-api-version", Single, Text)),
     hidden(def(Opt::NvHost, "nv-host", "nv-host", Single, Text)),
-    hidden(def(
-        Opt::EnableExtendedSmem,
-        "enable-extended-smem",
-        "enable-extended-smem",
-        Single,
-        Enum(&["true", "false"]),
-    )),
+    hidden(def(Opt::EnableExtendedSmem, "enable-extended-smem", "enable-extended-smem", Single, Bool)),
     hidden(flag(Opt::NoCache, "no-cache", "no-cache")),
     hidden(flag(Opt::War4860824, "war4860824", "war4860824")),
     hidden(def(

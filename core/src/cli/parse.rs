@@ -42,8 +42,9 @@ pub struct Parsed {
     pub warnings: Vec<Diagnostic>,
 }
 
-/// Most nesting of `--options-file` we follow (nvlink recurses; a loop must end).
-const MAX_OPTIONS_FILE_DEPTH: usize = 32;
+/// Most `--options-file`s open at once: nvlink opens 15 nested files and
+/// refuses the 16th, before opening it (a file that includes itself ends so).
+const MAX_OPTIONS_FILE_DEPTH: usize = 15;
 
 struct Parser<'a> {
     fs: &'a dyn InputFs,
@@ -126,7 +127,7 @@ impl Parser<'_> {
 
     fn options_file(&mut self, file: &str, depth: usize) -> Result<(), Diagnostic> {
         if depth >= MAX_OPTIONS_FILE_DEPTH {
-            return Err(Diagnostic::fatal(format!("Could not open options file '{file}'")));
+            return Err(Diagnostic::fatal(format!("Too many options file opened '{file}'")));
         }
         let bytes = self
             .fs
@@ -180,6 +181,8 @@ fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
             parse_number(v)?;
             check_value(&OptionDef { kind: ValueKind::Enum(allowed), ..*def }, v)
         }
+        ValueKind::Bool if v == "true" || v == "false" => Ok(()),
+        ValueKind::Bool => Err(Diagnostic::fatal(format!("'{v}': expected true or false"))),
         ValueKind::Enum(allowed) => {
             if allowed.contains(&v) {
                 Ok(())
@@ -292,6 +295,38 @@ mod tests {
         );
         assert_eq!(p(&["-m32"]).unwrap_err(), "nvlink fatal   : Value '32' is not defined for option 'machine'");
         assert_eq!(p(&["--maxrregcount=abc"]).unwrap_err(), "nvlink fatal   : 'abc': expected a number");
+        assert_eq!(p(&["-device-stack-protector=x"]).unwrap_err(), "nvlink fatal   : 'x': expected true or false");
+        assert_eq!(p(&["-verbose-tkinfo=TRUE"]).unwrap_err(), "nvlink fatal   : 'TRUE': expected true or false");
+        assert!(p(&["-device-stack-protector", "false"]).is_ok());
+    }
+
+    /// nvlink opens 15 nested options files and refuses the 16th by name,
+    /// before opening it; any number of files one after another is fine.
+    #[test]
+    fn options_files_nest_fifteen_deep() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-optf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let chain = |n: usize, last: &str| {
+            for i in 1..=n {
+                let next = if i < n { format!("-optf c{}.opts", i + 1) } else { last.to_owned() };
+                std::fs::write(dir.join(format!("c{i}.opts")), next).unwrap();
+            }
+            let args = vec!["-optf".to_owned(), "c1.opts".to_owned()];
+            parse(&args, &LocalFs, &dir).map_err(|d| d.to_string())
+        };
+        assert!(chain(15, "-arch=sm_90").is_ok());
+        assert_eq!(chain(16, "-arch=sm_90").unwrap_err(), "nvlink fatal   : Too many options file opened 'c16.opts'");
+        assert_eq!(
+            chain(15, "-optf missing.opts").unwrap_err(),
+            "nvlink fatal   : Too many options file opened 'missing.opts'"
+        );
+        std::fs::write(dir.join("self.opts"), "-optf self.opts").unwrap();
+        let args: Vec<String> = ["-optf", "self.opts"].map(str::to_owned).to_vec();
+        let got = parse(&args, &LocalFs, &dir).map_err(|d| d.to_string());
+        assert_eq!(got.unwrap_err(), "nvlink fatal   : Too many options file opened 'self.opts'");
+        let siblings: Vec<String> = (0..20).flat_map(|_| ["-optf".to_owned(), "c15.opts".to_owned()]).collect();
+        assert!(parse(&siblings, &LocalFs, &dir).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -126,7 +126,10 @@ impl Spec {
                 Opt::Help => s.help = true,
                 Opt::IgnoreHostInfo => s.ignore_host_info = true,
                 Opt::KeepSystemLibraries => s.keep_system_libraries = true,
-                Opt::KernelsUsed => s.kernels_used.push(text()),
+                // An empty list names nothing: nvlink acts as if the option
+                // were absent (and prunes by the host references).
+                Opt::KernelsUsed if names_any(&text()) => s.kernels_used.push(text()),
+                Opt::KernelsUsed => {}
                 Opt::Library => s.libraries.push(text()),
                 Opt::LibraryPath => s.library_paths.push(text()),
                 Opt::LinkAsToolsPatch => s.link_as_tools_patch = true,
@@ -148,7 +151,8 @@ impl Spec {
                 Opt::Time => s.time = v,
                 Opt::UidxFile => s.uidx_file = v,
                 Opt::UseHostInfo => s.use_host_info = true,
-                Opt::VariablesUsed => s.variables_used.push(text()),
+                Opt::VariablesUsed if names_any(&text()) => s.variables_used.push(text()),
+                Opt::VariablesUsed => {}
                 Opt::Verbose => s.verbose = true,
                 Opt::Verbose2 => s.verbose2 = true,
                 Opt::Version => s.version = true,
@@ -185,7 +189,11 @@ impl Spec {
         if self.arch.is_none() {
             return Err(Diagnostic::fatal("Unknown arch name '(null)'"));
         }
-        if self.output.is_none() {
+        // A virtual target (`compute_XY`, what `nvcc -arch=compute_XY -rdc`
+        // links, or `lto_XY`) needs no `-o`: for `compute_XY` nvlink writes
+        // only the registration file; `lto_XY` is refused below.
+        let is_virtual = self.virtual_target() || self.arch.as_deref().is_some_and(|a| a.starts_with("lto_"));
+        if self.output.is_none() && !is_virtual {
             return Err(Diagnostic::fatal("Must specify output file with -o option"));
         }
         let conflict = |a: &str, b: &str| Err(Diagnostic::fatal(format!("Conflicting options '{a}' and '{b}'")));
@@ -217,6 +225,18 @@ impl Spec {
         if self.lto && self.nvvmpath.is_none() && !self.inputs.is_empty() {
             return Err(Diagnostic::fatal("-nvvmpath should be specified with -lto"));
         }
+        // Then, with inputs (without, the plan's "No input files" comes first),
+        // the -Ofc level and a target nvlink cannot link for (`lto_XY`).
+        if !self.inputs.is_empty() {
+            if self.ofast_compile.as_deref().is_some_and(|l| !matches!(l, "0" | "min" | "mid" | "max")) {
+                return Err(Diagnostic::fatal("Invalid argument for option '--Ofast-compile'"));
+            }
+            if let Some(arch) = self.arch.as_deref().filter(|a| a.starts_with("lto_")) {
+                return Err(Diagnostic::fatal(format!(
+                    "Link target of '{arch}' is virtual target that is not JIT-able; use 'sm_' target instead"
+                )));
+            }
+        }
         Ok(match (self.lto, self.emit_ptx, self.relocatable || self.force_partial_lto) {
             (true, true, _) => Mode::LtoEmitPtx,
             (true, false, true) => Mode::LtoPartial,
@@ -224,6 +244,12 @@ impl Spec {
             (false, _, _) if self.relocatable => Mode::Relocatable,
             _ => Mode::Executable,
         })
+    }
+
+    /// Whether `--arch` names a virtual target (`compute_XY`): nvlink links
+    /// no device code for it, it writes the registration file alone.
+    pub fn virtual_target(&self) -> bool {
+        self.arch.as_deref().is_some_and(|a| a.starts_with("compute_"))
     }
 
     /// The device target of `--arch sm_*` (None for `compute_*`/`lto_*`).
@@ -235,6 +261,11 @@ impl Spec {
     pub fn sm(&self) -> Option<u32> {
         arch_number(self.arch.as_deref()?)
     }
+}
+
+/// Whether a comma list names anything.
+fn names_any(list: &str) -> bool {
+    list.split(',').any(|n| !n.is_empty())
 }
 
 #[cfg(test)]
@@ -282,6 +313,22 @@ mod tests {
             ),
             ("-arch=sm_90 -o x -dlto a.o", Err("-nvvmpath should be specified with -lto".into())),
             ("-arch=sm_90 -o x -dlto", Ok(Mode::LtoWhole)),
+            // -Ofc's level is checked after -nvvmpath, and only with inputs.
+            ("-arch=sm_90 -o x -dlto -Ofc=bogus a.o", Err("-nvvmpath should be specified with -lto".into())),
+            ("-arch=sm_90 -o x -dlto -Ofc=bogus", Ok(Mode::LtoWhole)),
+            (
+                "-arch=sm_90 -o x -dlto -nvvmpath=/n -Ofc=MAX a.o",
+                Err("Invalid argument for option '--Ofast-compile'".into()),
+            ),
+            ("-arch=sm_90 -o x -Ofc=bogus a.o", conflict("--Ofast-compile", "no -dlto")),
+            // Virtual targets: compute_XY needs no -o; lto_XY cannot be linked.
+            ("-arch=compute_90 a.o", Ok(Mode::Executable)),
+            ("-arch=compute_90 -o x a.o", Ok(Mode::Executable)),
+            (
+                "-arch=lto_80 a.o",
+                Err("Link target of 'lto_80' is virtual target that is not JIT-able; use 'sm_' target instead".into()),
+            ),
+            ("-arch=lto_80", Ok(Mode::Executable)),
             // The modes.
             ("-arch=sm_90 -o x a.o", Ok(Mode::Executable)),
             ("-arch=sm_90 -o x -g -suppress-debug-info a.o", Ok(Mode::Executable)),

@@ -209,6 +209,7 @@ fn check_options_but(spec: &Spec, suppress_ok: bool) -> Result<(), Declined> {
             "--dump-callgraph (nvlink's EDG demangler and its merge's node numbers)",
         ),
         (spec.verbose, "-v (nvlink's report prints an uninitialized barrier count)"),
+        (spec.extra_warnings, "-extrawarn (nvlink's warnings on address-taken functions without calls)"),
         (spec.tool_name.is_some() || spec.verbose_tkinfo.is_some(), "hidden tkinfo options"),
         (!spec.unmodelled.is_empty(), "hidden options"),
     ];

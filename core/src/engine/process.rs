@@ -18,7 +18,8 @@
 //! caller nor the cache. A run is taken as an environment fault when the scratch
 //! directory cannot be prepared, nvlink cannot be started or is killed by a
 //! signal, its messages speak of a full, read-only or missing disk or name the
-//! scratch directory, or it exits 0 without writing a non-empty `-o` file. Such a
+//! scratch directory, or it exits 0 without writing a non-empty `-o` file (but
+//! for a virtual target, `compute_XY`, where nvlink writes none). Such a
 //! run is retried once in another scratch directory (the system's temporary
 //! directory) and otherwise reported as an error: the linker answers "fall
 //! back" (the shim runs nvlink itself) and caches nothing. A signal is not
@@ -246,7 +247,9 @@ fn run_in(
     // A background link's nvlink runs at idle CPU priority (`sched.rs`).
     crate::sched::apply_to_command(&mut cmd, cancel.priority());
     cmd.args(&args).current_dir(&req.cwd).env_clear();
-    for (k, v) in &req.env {
+    // Of the caller's environment, only what the link depends on (the
+    // request holds nothing else; checked again here, where a process starts).
+    for (k, v) in req.env.iter().filter(|(k, _)| crate::request::LINK_ENV.contains(&k.as_str())) {
         cmd.env(k, v);
     }
     if let Ok(path) = std::env::var("PATH") {
@@ -284,7 +287,8 @@ fn run_in(
                 }
                 outputs.push(OutputFile { path: dest, data: data.into(), append: false });
             }
-            Err(e) if exit_code == 0 && is_output => {
+            // For a virtual target (`compute_XY`) nvlink writes no `-o` file.
+            Err(e) if exit_code == 0 && is_output && !spec.virtual_target() => {
                 return Err(RunError::Environment(format!("nvlink exited 0 without its output: {e}")));
             }
             Err(_) => {}

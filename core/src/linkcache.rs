@@ -237,6 +237,10 @@ pub fn keys(
         }
     }
     k.u64(u64::from(spec.output.is_some())).u64(u64::from(spec.register_link_binaries.is_some()));
+    // Every variable a link depends on (`request::LINK_ENV`, all the request holds).
+    for (name, value) in &req.env {
+        k.str(name).str(value);
+    }
     if spec.lto {
         // Under -dlto nvlink leaves an existing registration file alone.
         let exists = spec.register_link_binaries.as_deref().map(|r| fs.stat(&absolute(&req.cwd, r)).is_ok());

@@ -5,6 +5,15 @@ use std::path::PathBuf;
 
 use crate::declined::Declined;
 
+/// The environment variables a link's result depends on, and the only ones a
+/// [`Request`] carries: `LIBRARY_PATH` (nvlink searches `-l` libraries there
+/// after the `-L` directories). It is part of the link's cache key. Nothing
+/// else a client sends reaches nvlink, ptxas or a worker: not the loader's
+/// variables (`LD_PRELOAD`, `LD_LIBRARY_PATH`, `LD_AUDIT`, …), `GCONV_PATH`,
+/// `MALLOC_*`, `TMPDIR` (each run gets its own scratch directory), nor
+/// `CUDA_HOME` (the daemon links with its own toolkits).
+pub const LINK_ENV: &[&str] = &["LIBRARY_PATH"];
+
 /// An nvlink invocation.
 #[derive(Clone, Debug, Default)]
 pub struct Request {
@@ -12,7 +21,7 @@ pub struct Request {
     pub args: Vec<String>,
     /// The invoking process's working directory (absolute).
     pub cwd: PathBuf,
-    /// The relevant part of its environment.
+    /// Its environment, of [`LINK_ENV`] only (see [`Request::link_env`]).
     pub env: BTreeMap<String, String>,
     /// The identity of the toolkit the caller stands for ([`Release::identity`]
     /// of its nvlink), when it knows it: the linker links with its own toolkit
@@ -30,6 +39,14 @@ pub struct Request {
     /// belongs to the background priority class, and it does not count as a
     /// request in the stats.
     pub speculative: bool,
+}
+
+impl Request {
+    /// What a request keeps of the environment a caller sent: the variables
+    /// of [`LINK_ENV`], nothing else, whatever the caller put there.
+    pub fn link_env(sent: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
+        sent.into_iter().filter(|(k, _)| LINK_ENV.contains(&k.as_str())).collect()
+    }
 }
 
 /// A file to write on the caller's side.

@@ -7,9 +7,9 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Environment variables that change what nvlink does; only these travel from
-/// the invoking process to the daemon (`nvlink` reads them; nothing else of the
-/// caller's environment may change a link).
-pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH", "CUDA_HOME", "TMPDIR"];
+/// the invoking process to the daemon, and the daemon keeps only these of what
+/// a client sends (`nvlinkd_core::request::LINK_ENV`, the same list).
+pub const RELEVANT_ENV: &[&str] = &["LIBRARY_PATH"];
 
 /// HTTP/2 stream and connection windows, on both ends: large enough that whole
 /// input files (tens of MB) flow without waiting for window updates.

@@ -140,7 +140,8 @@ impl Service {
         LinkRequest {
             args: start.args.clone(),
             cwd,
-            env: start.env.clone().into_iter().collect(),
+            // Only what a link depends on: never a loader variable of the client's.
+            env: nvlinkd_core::request::Request::link_env(start.env.clone()),
             toolkit: Some(start.toolkit_release.clone()).filter(|t| !t.is_empty()),
             shared_fs,
             speculative: false,

@@ -30,6 +30,13 @@ fn main() -> ExitCode {
         Err(_) => return fallback::run("arguments are not UTF-8"),
     };
     let tk = toolkit::Toolkit::discover();
+    // The caller's own descriptors (`-o /dev/stdout`) are this process's:
+    // the real nvlink writes them here, whatever daemon there is.
+    if let Ok(cwd) = std::env::current_dir() {
+        if policy::names_caller_descriptors(&args, &cwd) {
+            return fallback::exec_real(&tk, "the command line names the caller's own descriptors");
+        }
+    }
     // A host linker script comes from the caller's host tools (`gcc`, `ld`):
     // with a remote daemon, the real nvlink makes it here.
     if session::remote() {

@@ -182,6 +182,28 @@ pub fn host_linker_script(args: &[String], cwd: &Path) -> bool {
     tokens.iter().filter_map(|t| option_name(t)).any(|n| matches!(n, "ghls" | "gen-host-linker-script"))
 }
 
+/// Whether the command line names a file of the calling process itself:
+/// `/dev/stdout`, `/dev/stderr`, `/dev/stdin`, `/dev/fd/N`, `/proc/self/…`,
+/// `/proc/thread-self/…` or `/dev/tty`, directly, through a symbolic link, or
+/// relative to the working directory (`-o stdout` in `/dev`), also in an
+/// options file. Such a name means the caller's descriptors, which only a
+/// process of the caller's has: the real nvlink runs here for it, never a
+/// daemon (whose `/dev/stdout` is its own).
+pub fn names_caller_descriptors(args: &[String], cwd: &Path) -> bool {
+    const OWN: &[&str] =
+        &["/dev/stdout", "/dev/stderr", "/dev/stdin", "/dev/fd", "/dev/tty", "/proc/self", "/proc/thread-self"];
+    let own = |p: &Path| OWN.iter().any(|o| p.starts_with(o));
+    let mut tokens = Vec::new();
+    expand(args, cwd, &mut tokens, 0);
+    tokens.iter().any(|t| {
+        let values = [Some(t.as_str()), t.split_once('=').map(|(_, v)| v)];
+        values.into_iter().flatten().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).any(|v| {
+            let path = cwd.join(v);
+            own(&path) || std::fs::read_link(&path).is_ok_and(|target| own(&path.parent().unwrap_or(cwd).join(target)))
+        })
+    })
+}
+
 /// The command line with the contents of its options files (read here),
 /// recursively up to [`MAX_DEPTH`].
 fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
@@ -264,6 +286,31 @@ mod tests {
         assert!(!p.may_write(Path::new("/w/t.csv"), false));
         let help = Policy::new(&args(&["--help", "-o", "x"]), cwd, None, None);
         assert_eq!(help.output(), None);
+    }
+
+    #[test]
+    fn the_callers_own_descriptors_are_recognised() {
+        let cwd = Path::new("/nonexistent");
+        for yes in [
+            &["-o", "/dev/stdout", "a.o"][..],
+            &["--output-file=/dev/fd/1"],
+            &["--register-link-binaries=/proc/self/fd/2"],
+            &["-time", "/dev/stderr"],
+            &["/dev/stdin"],
+        ] {
+            assert!(names_caller_descriptors(&args(yes), cwd), "{yes:?}");
+        }
+        assert!(names_caller_descriptors(&args(&["-o", "stdout"]), Path::new("/dev")));
+        for no in [&["--arch=sm_90", "a.o", "-o", "out.cubin"][..], &["-o", "/dev/null"], &["-o", "/tmp/dev/stdout"]] {
+            assert!(!names_caller_descriptors(&args(no), cwd), "{no:?}");
+        }
+        // Through a symbolic link too.
+        let dir = std::env::temp_dir().join(format!("nvlinkd-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_file(dir.join("out.cubin"));
+        std::os::unix::fs::symlink("/dev/stdout", dir.join("out.cubin")).unwrap();
+        assert!(names_caller_descriptors(&args(&["-o", "out.cubin"]), &dir));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

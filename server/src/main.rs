@@ -114,6 +114,11 @@ struct ServeArgs {
     /// PEM CA certificate(s) the grpcs:// shared cache is checked against [default: system roots]
     #[arg(long)]
     remote_ca: Option<PathBuf>,
+    /// File of the fleet's key (secret bytes, e.g. 32 random): entries written to the
+    /// shared cache are authenticated with it, and entries it does not authenticate
+    /// are misses (`remote_cache_rejected`). Every daemon sharing a cache needs the same file
+    #[arg(long)]
+    remote_cache_key: Option<PathBuf>,
     /// Deadline of each shared-cache call (a lookup as a whole, too); after
     /// repeated failures the tier is skipped for 30s
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
@@ -180,12 +185,23 @@ impl ServeArgs {
             None => None,
         };
         let ca_pem = self.remote_ca.as_ref().map(|f| read(f, "--remote-ca")).transpose()?;
+        let fleet_key = match &self.remote_cache_key {
+            Some(f) => {
+                let bytes = read(f, "--remote-cache-key")?;
+                if bytes.iter().all(u8::is_ascii_whitespace) {
+                    return Err(format!("--remote-cache-key {}: the file is empty", f.display()));
+                }
+                Some(remote::FleetKey::from_file_bytes(&bytes))
+            }
+            None => None,
+        };
         Ok(Some(remote::RemoteOptions {
             url: url.clone(),
             instance: self.remote_instance.clone(),
             token,
             ca_pem,
             timeout: self.remote_timeout.max(Duration::from_millis(10)),
+            fleet_key,
         }))
     }
 
@@ -272,6 +288,9 @@ impl ServeArgs {
             }
             if let Some(f) = &self.remote_ca {
                 a.extend(["--remote-ca".into(), f.display().to_string()]);
+            }
+            if let Some(f) = &self.remote_cache_key {
+                a.extend(["--remote-cache-key".into(), f.display().to_string()]);
             }
             a.extend(["--remote-timeout".into(), format_duration(self.remote_timeout)]);
         }

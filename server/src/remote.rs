@@ -21,6 +21,17 @@
 //! (`BatchUpdateBlobs` for small blobs, ByteStream `Write` in chunks beyond the
 //! server's batch limit); downloads use `BatchReadBlobs` or ByteStream `Read`.
 //!
+//! **The fleet key** (`--remote-cache-key FILE`). A digest proves nothing to
+//! a reader: anyone with write access to the ActionCache and CAS can store an
+//! ActionResult whose blob is a well-formed envelope of a wrong output. With a
+//! fleet key, every envelope carries a MAC (keyed BLAKE3, the key derived from
+//! the file's bytes) over its kind, key and payload (magic `nvlkdr02`), and an
+//! entry whose MAC does not verify — written without the key, under another
+//! key, or altered — is a miss, counted in `remote_cache_rejected`, never
+//! served. Keyed entries live under their own action digests (format `1k`),
+//! so daemons with and without a key never overwrite each other's entries.
+//! Who must hold what: README, "Threat model".
+//!
 //! The tier is an optimisation, never a condition. Every call has a deadline
 //! (`--remote-timeout`; a lookup as a whole too), failures are misses, and after
 //! [`BREAKER_FAILURES`] failures in a row the tier is skipped for
@@ -52,6 +63,32 @@ use tracing::{debug, info, warn};
 /// Part of every action: a new format of entries gets new action digests.
 const FORMAT: &str = "1";
 const ENVELOPE_MAGIC: &[u8; 8] = b"nvlkdr01";
+/// Format and envelope of entries authenticated with a fleet key.
+const FORMAT_KEYED: &str = "1k";
+const ENVELOPE_MAGIC_KEYED: &[u8; 8] = b"nvlkdr02";
+/// The BLAKE3 key-derivation context of fleet keys.
+const FLEET_KEY_CONTEXT: &str = "nvlinkd 2026-11-26 shared cache fleet key v1";
+
+/// The key that authenticates a fleet's shared-cache entries, derived from
+/// the bytes of `--remote-cache-key`'s file (any length; 32 random bytes or
+/// more is the intent).
+#[derive(Clone)]
+pub struct FleetKey([u8; 32]);
+
+impl FleetKey {
+    pub fn from_file_bytes(bytes: &[u8]) -> FleetKey {
+        FleetKey(blake3::derive_key(FLEET_KEY_CONTEXT, bytes))
+    }
+    fn mac(&self, data: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, data)
+    }
+}
+
+impl std::fmt::Debug for FleetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FleetKey(..)")
+    }
+}
 /// The output file of every nvlinkd action.
 const OUTPUT: &str = "value";
 /// Failures in a row after which the tier is skipped for a while.
@@ -81,6 +118,8 @@ pub struct RemoteOptions {
     pub ca_pem: Option<Vec<u8>>,
     /// Deadline of each call, and of a lookup as a whole.
     pub timeout: Duration,
+    /// Authenticates entries (`--remote-cache-key`): see the module doc.
+    pub fleet_key: Option<FleetKey>,
 }
 
 #[derive(Default)]
@@ -332,32 +371,50 @@ fn digest(f: DigestFunction, data: &[u8]) -> re::Digest {
     re::Digest { hash, size_bytes: data.len() as i64 }
 }
 
-/// The blob of an entry: the payload in an envelope naming its kind and key.
-fn envelope(kind: Kind, key: &Key, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + 8 + kind.len() + 32 + payload.len());
-    out.extend_from_slice(ENVELOPE_MAGIC);
+/// The blob of an entry: the payload in an envelope naming its kind and key,
+/// followed, with a fleet key, by the MAC of everything before it.
+fn envelope(kind: Kind, key: &Key, payload: &[u8], fleet: Option<&FleetKey>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 8 + kind.len() + 32 + payload.len() + 32);
+    out.extend_from_slice(if fleet.is_some() { ENVELOPE_MAGIC_KEYED } else { ENVELOPE_MAGIC });
     out.extend_from_slice(&(kind.len() as u64).to_le_bytes());
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(payload);
+    if let Some(k) = fleet {
+        let mac = k.mac(&out);
+        out.extend_from_slice(mac.as_bytes());
+    }
     out
 }
 
-/// The payload of an envelope, if it is the one of `kind` and `key`.
-fn open_envelope(kind: Kind, key: &Key, mut blob: Vec<u8>) -> Option<Vec<u8>> {
+/// The payload of an envelope, if it is the one of `kind` and `key` and, with
+/// a fleet key, its MAC verifies (`blake3::Hash` compares in constant time).
+fn open_envelope(kind: Kind, key: &Key, mut blob: Vec<u8>, fleet: Option<&FleetKey>) -> Option<Vec<u8>> {
     let head = 8 + 8 + kind.len() + 32;
-    let ok = blob.len() >= head
-        && &blob[..8] == ENVELOPE_MAGIC
+    let magic = if fleet.is_some() { ENVELOPE_MAGIC_KEYED } else { ENVELOPE_MAGIC };
+    let tail = if fleet.is_some() { 32 } else { 0 };
+    let ok = blob.len() >= head + tail
+        && &blob[..8] == magic
         && blob[8..16] == (kind.len() as u64).to_le_bytes()
         && &blob[16..16 + kind.len()] == kind.as_bytes()
         && &blob[16 + kind.len()..head] == key;
-    ok.then(|| blob.split_off(head))
+    if !ok {
+        return None;
+    }
+    if let Some(k) = fleet {
+        let mac: [u8; 32] = blob.split_off(blob.len() - 32).try_into().ok()?;
+        if k.mac(&blob) != blake3::Hash::from_bytes(mac) {
+            return None;
+        }
+    }
+    Some(blob.split_off(head))
 }
 
 /// The Action and Command of an entry, encoded: see the module documentation.
-fn action_of(f: DigestFunction, kind: Kind, key: &Key) -> (Vec<u8>, Vec<u8>) {
+fn action_of(f: DigestFunction, kind: Kind, key: &Key, keyed: bool) -> (Vec<u8>, Vec<u8>) {
+    let format = if keyed { FORMAT_KEYED } else { FORMAT };
     let command = re::Command {
-        arguments: vec!["nvlinkd-cache".into(), FORMAT.into(), kind.into(), hex(key)],
+        arguments: vec!["nvlinkd-cache".into(), format.into(), kind.into(), hex(key)],
         output_paths: vec![OUTPUT.into()],
         ..Default::default()
     }
@@ -460,7 +517,7 @@ impl Inner {
     /// The verified entry of `kind`/`key`, or None when the server has none.
     async fn lookup(&self, kind: Kind, key: &Key) -> Result<Option<Vec<u8>>, Error> {
         let caps = self.caps().await?;
-        let (action, _) = action_of(caps.function, kind, key);
+        let (action, _) = action_of(caps.function, kind, key, self.opts.fleet_key.is_some());
         let mut ac = ActionCacheClient::new(self.channel.clone());
         let result = ac
             .get_action_result(self.request(re::GetActionResultRequest {
@@ -511,7 +568,12 @@ impl Inner {
         if digest(caps.function, &blob) != d {
             return Err(Error::Rejected("blob does not match its digest".into()));
         }
-        open_envelope(kind, key, blob).map(Some).ok_or_else(|| Error::Rejected("blob is another entry's".into()))
+        let fleet = self.opts.fleet_key.as_ref();
+        let why = match fleet {
+            Some(_) => "blob is another entry's, or the fleet key does not authenticate it",
+            None => "blob is another entry's",
+        };
+        open_envelope(kind, key, blob, fleet).map(Some).ok_or_else(|| Error::Rejected(why.into()))
     }
 
     fn blob_name(&self, caps: &Caps, d: &re::Digest) -> String {
@@ -556,8 +618,9 @@ impl Inner {
             return Err(Error::Unsupported("the ActionCache does not accept updates".into()));
         }
         let f = caps.function;
-        let (action, command) = action_of(f, kind, key);
-        let blob = envelope(kind, key, value);
+        let fleet = self.opts.fleet_key.as_ref();
+        let (action, command) = action_of(f, kind, key, fleet.is_some());
+        let blob = envelope(kind, key, value, fleet);
         let blobs = [(digest(f, &action), &action), (digest(f, &command), &command), (digest(f, &blob), &blob)];
         let mut cas = ContentAddressableStorageClient::new(self.channel.clone());
         let missing = cas
@@ -663,19 +726,43 @@ mod tests {
     #[test]
     fn envelopes_only_open_for_their_own_entry() {
         let (k1, k2) = ([1u8; 32], [2u8; 32]);
-        let e = envelope("link", &k1, b"payload");
-        assert_eq!(open_envelope("link", &k1, e.clone()).as_deref(), Some(&b"payload"[..]));
-        assert!(open_envelope("link", &k2, e.clone()).is_none());
-        assert!(open_envelope("nvvm", &k1, e.clone()).is_none());
+        let e = envelope("link", &k1, b"payload", None);
+        assert_eq!(open_envelope("link", &k1, e.clone(), None).as_deref(), Some(&b"payload"[..]));
+        assert!(open_envelope("link", &k2, e.clone(), None).is_none());
+        assert!(open_envelope("nvvm", &k1, e.clone(), None).is_none());
         for n in 0..8 + 8 + 4 + 32 {
-            assert!(open_envelope("link", &k1, e[..n].to_vec()).is_none());
+            assert!(open_envelope("link", &k1, e[..n].to_vec(), None).is_none());
         }
+    }
+
+    /// With a fleet key an envelope opens only with that key, whole and
+    /// unaltered; an unkeyed envelope (what anyone can write) never does.
+    #[test]
+    fn fleet_keyed_envelopes_open_only_with_their_key() {
+        let k = [1u8; 32];
+        let (fleet, other) = (FleetKey::from_file_bytes(b"fleet secret"), FleetKey::from_file_bytes(b"another"));
+        let e = envelope("link", &k, b"payload", Some(&fleet));
+        assert_eq!(open_envelope("link", &k, e.clone(), Some(&fleet)).as_deref(), Some(&b"payload"[..]));
+        assert!(open_envelope("link", &k, e.clone(), Some(&other)).is_none());
+        assert!(open_envelope("link", &k, e.clone(), None).is_none());
+        let forged = envelope("link", &k, b"payload", None);
+        assert!(open_envelope("link", &k, forged, Some(&fleet)).is_none());
+        for i in 0..e.len() {
+            let mut altered = e.clone();
+            altered[i] ^= 1;
+            assert!(open_envelope("link", &k, altered, Some(&fleet)).is_none(), "byte {i} altered");
+        }
+        for n in 0..e.len() {
+            assert!(open_envelope("link", &k, e[..n].to_vec(), Some(&fleet)).is_none());
+        }
+        let f = DigestFunction::Sha256;
+        assert_ne!(action_of(f, "link", &k, true).0, action_of(f, "link", &k, false).0);
     }
 
     #[test]
     fn action_digests_are_deterministic_per_kind_and_key() {
         let f = DigestFunction::Sha256;
-        let a = |kind, key: &Key| digest(f, &action_of(f, kind, key).0);
+        let a = |kind, key: &Key| digest(f, &action_of(f, kind, key, false).0);
         assert_eq!(a("link", &[7; 32]), a("link", &[7; 32]));
         assert_ne!(a("link", &[7; 32]), a("nvvm", &[7; 32]));
         assert_ne!(a("link", &[7; 32]), a("link", &[8; 32]));

@@ -99,6 +99,22 @@ for f in accumulate scale cdp; do
 done
 wait
 
+# Dynamic shared memory (`extern __shared__`) in the samples' styles, beside
+# libcudadevrt: plain, line info, two archs, PTX only (nvcc -arch=compute_90),
+# an archive; dynamic parallelism whose child sizes its shared memory at launch.
+# Kernels no host code launches in objects with line or debug information.
+dc dynsmem.cu -o dynsmem.o &
+dc -lineinfo dynsmem.cu -o dynsmem_li.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc dynsmem.cu -o dynsmem_2arch.o &
+"$nvcc" -arch=compute_90 -dc dynsmem.cu -o dynsmem_ptx.o &
+dc cdp_dynsmem.cu -o cdp_dynsmem.o &
+dc -G cdp_dynsmem.cu -o cdp_dynsmem_G.o &
+dc -lineinfo lineinfo_dead.cu -o lineinfo_dead_li.o &
+dc -G lineinfo_dead.cu -o lineinfo_dead_G.o &
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -lineinfo -dc lineinfo_dead.cu -o lineinfo_dead_li2arch.o &
+wait
+mkdir -p lib && ar rcs lib/libdynsmem.a dynsmem.o && ar rcs lib/liblinedead.a lineinfo_dead_li.o
+
 # Device-only inputs: cubins (sm_90, sm_100, arch-specific sm_90a) and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_100 -dc -cubin scale.cu -o scale_sm100.cubin &
@@ -178,5 +194,11 @@ ld -r twin/accumulate.o twin/vars_use.o -o twin/merged_r.o
 # Options files.
 printf -- '--arch=sm_90\naccumulate.o "scale.o"\n' > link.opts
 printf -- '-L lib\n-ldevmath\n' > lib.opts
+# Options files nested 15 deep (nvlink's limit) and 16 deep, and one that includes itself.
+for i in $(seq 1 16); do printf -- '-optf nest%d.opts\n' $((i + 1)) > nest$i.opts; done
+printf -- '--arch=sm_90\n' > nest16.opts
+for i in $(seq 1 14); do printf -- '-optf nest15_%d.opts\n' $((i + 1)) > nest15_$i.opts; done
+printf -- '--arch=sm_90\n' > nest15_15.opts
+printf -- '-optf self.opts\n' > self.opts
 
 touch corpus.done

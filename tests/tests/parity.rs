@@ -347,14 +347,60 @@ const CASES: &[(&str, &str, &str)] = &[
     ("random-bytes-input", "--arch=sm_90 accumulate.o scale.o random.o -o {OUT}/out.cubin", ""),
     ("tiny-text-input", "--arch=sm_90 accumulate.o scale.o tiny.o -o {OUT}/out.cubin", ""),
     ("directory-input", "--arch=sm_90 accumulate.o scale.o adir.o -o {OUT}/out.cubin", ""),
+    // Code written in other styles than this project's (issue 25).
+    // Dynamic shared memory (`extern __shared__`) beside -lcudadevrt: nvlink
+    // takes nothing from libcudadevrt for it (plain, beside other units, line
+    // info, an archive, sm_80, -Werror, a debug link, dynamic parallelism
+    // whose child sizes its shared memory at launch).
+    ("dynsmem-nvcc-dlink", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 dynsmem.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("dynsmem-beside-units", "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} accumulate.o dynsmem.o scale.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("dynsmem-lineinfo", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 dynsmem_li.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("dynsmem-archive", "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -Llib accumulate.o scale.o -ldynsmem -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("dynsmem-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -report-arch dynsmem_2arch.o -lcudadevrt -o {OUT}/out.compute_80.cubin --host-ccbin gcc", ""),
+    ("dynsmem-werror", "--arch=sm_90 -Werror -L{L} dynsmem.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("dynsmem-debug", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -g -L{L} -cpu-arch=X86_64 cdp_dynsmem_G.o dynsmem.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("cdp-dynsmem", "--arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} cdp_dynsmem.o dynsmem.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Kernels no host code launches in -lineinfo and -G objects (linked without -g): removed.
+    ("lineinfo-dead-kernels", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 lineinfo_dead_li.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lineinfo-dead-kernels-archive", "--arch=sm_90 -Llib -L{L} accumulate.o scale.o -llinedead -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lineinfo-dead-kernels-sm80", "--arch=sm_80 lineinfo_dead_li2arch.o -o {OUT}/out.cubin", ""),
+    ("G-objects-dead-kernels", "--arch=sm_90 --register-link-binaries={OUT}/reg.c lineinfo_dead_G.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // What nvcc runs for PTX-only (`-arch=compute_90 -rdc=true`) and `code=lto_80`
+    // builds: no -o; nvlink writes the registration file alone, or refuses lto_80.
+    ("ptx-only-nvcc-dlink", "-m64 --arch=compute_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 dynsmem_ptx.o saxpy_ptx.o -lcudadevrt", ""),
+    ("ptx-only-with-output", "--arch=compute_90 saxpy_ptx.o -o {OUT}/out.cubin", ""),
+    ("lto-virtual-target", "-m64 --arch=lto_80 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 xcall_main_lto3.o -lcudadevrt", ""),
+    // Option values nvlink checks in its own words.
+    ("opt-device-stack-protector-value", "--arch=sm_90 -device-stack-protector=x accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-ofc-value-without-dlto", "--arch=sm_90 -Ofc=bogus accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-ofc-value", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} -Ofc=bogus accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // An empty list: as if the option were absent (pruned by the host references).
+    ("opt-kernels-used-empty", "--arch=sm_90 -kernels-used= accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("opt-variables-used-empty", "--arch=sm_90 --variables-used= vars_def.o vars_use.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("options-file", "--options-file link.opts -o {OUT}/out.cubin", ""),
     ("options-file-short", "-arch=sm_90 mathlib_main.o -optf lib.opts -o {OUT}/out.cubin", ""),
     ("options-file-missing", "--options-file no_such.opts -o {OUT}/out.cubin", ""),
+    ("options-file-nested-15", "-optf nest15_1.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("options-file-nested-16", "-optf nest1.opts accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("options-file-self", "--arch=sm_90 -optf self.opts accumulate.o -o {OUT}/out.cubin", ""),
 ];
 
 /// Cases the in-process engine must serve itself (a routing regression fails
 /// the test even when the real nvlink engine keeps the bytes right).
 const IN_PROCESS: &[&str] = &[
+    // Code in other styles: dynamic shared memory, line and debug information.
+    "dynsmem-nvcc-dlink",
+    "dynsmem-beside-units",
+    "dynsmem-lineinfo",
+    "dynsmem-archive",
+    "dynsmem-sm80",
+    "cdp-dynsmem",
+    "lineinfo-dead-kernels",
+    "lineinfo-dead-kernels-archive",
+    "lineinfo-dead-kernels-sm80",
+    "G-objects-dead-kernels",
+    "opt-kernels-used-empty",
+    "opt-variables-used-empty",
     // nvcc's -dlto links of code=lto_XY objects (no PTX twin), in other styles too.
     "nvcc-dlto-sm80",
     "nvcc-dlto-sm90",
@@ -510,6 +556,10 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-dump-callgraph-no-demangle", "options"),
     ("opt-suppress-debug-info-cdp", "options"),
     ("opt-preserve-relocs", "options"),
+    ("opt-extra-warnings", "options"),
+    // A virtual target: nvlink links no device code, it registers the objects.
+    ("ptx-only-nvcc-dlink", "arch"),
+    ("ptx-only-with-output", "arch"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

@@ -311,6 +311,17 @@ impl SystemLibrary {
 }
 
 impl Plan {
+    /// Whether the device runtime defines `name`: any of its members, chosen
+    /// or not (all of them under `--keep-system-libraries`).
+    pub(crate) fn runtime_defines(&self, name: &str) -> bool {
+        let members = self.system_library.iter().flat_map(|s| &s.members);
+        members
+            .chain(self.units.iter().filter(|u| u.is_cudadevrt))
+            .flat_map(|u| &u.modules)
+            .filter_map(|m| m.info.as_deref())
+            .any(|i| i.defined.iter().any(|d| d == name))
+    }
+
     /// Choose the device runtime's members again for the units as they are
     /// now (after `shift` units were inserted before it).
     pub(crate) fn reselect_system_library(&mut self, shift: usize) {

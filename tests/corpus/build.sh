@@ -112,6 +112,10 @@ dc -G cdp_dynsmem.cu -o cdp_dynsmem_G.o &
 dc -lineinfo lineinfo_dead.cu -o lineinfo_dead_li.o &
 dc -G lineinfo_dead.cu -o lineinfo_dead_G.o &
 "$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -lineinfo -dc lineinfo_dead.cu -o lineinfo_dead_li2arch.o &
+# A weak device function in several units beside an unlaunched kernel; LTO
+# with a cross-unit call of an inline (__forceinline__) function.
+for f in weak_dead_a weak_dead_b weak_dead_c; do dc $f.cu -o $f.o & done
+for f in lto_inline_a lto_inline_b lto_inline_c; do dc -dlto $f.cu -o $f.o & done
 wait
 mkdir -p lib && ar rcs lib/libdynsmem.a dynsmem.o && ar rcs lib/liblinedead.a lineinfo_dead_li.o
 

@@ -365,6 +365,14 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lineinfo-dead-kernels-archive", "--arch=sm_90 -Llib -L{L} accumulate.o scale.o -llinedead -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lineinfo-dead-kernels-sm80", "--arch=sm_80 lineinfo_dead_li2arch.o -o {OUT}/out.cubin", ""),
     ("G-objects-dead-kernels", "--arch=sm_90 --register-link-binaries={OUT}/reg.c lineinfo_dead_G.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // A weak device function in several objects beside a kernel no host code
+    // launches: where the dead kernel's leftover name goes in the string tables.
+    ("weak-dead-kernel", "-m64 --arch=sm_90 -cpu-arch=X86_64 weak_dead_a.o weak_dead_b.o -o {OUT}/out.cubin", ""),
+    ("weak-dead-kernel-three", "--arch=sm_90 weak_dead_a.o weak_dead_b.o weak_dead_c.o -o {OUT}/out.cubin", ""),
+    ("weak-dead-kernel-last", "--arch=sm_90 -L{L} weak_dead_a.o weak_dead_c.o weak_dead_b.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // LTO: a cross-unit call of an inline function (absent from its unit's PTX): a whole program.
+    ("lto-forceinline-cross-unit", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -dlto -nvvmpath={NVVM} lto_inline_a.o lto_inline_b.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("lto-inline-cross-unit", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c lto_inline_a.o lto_inline_c.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // What nvcc runs for PTX-only (`-arch=compute_90 -rdc=true`) and `code=lto_80`
     // builds: no -o; nvlink writes the registration file alone, or refuses lto_80.
     ("ptx-only-nvcc-dlink", "-m64 --arch=compute_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 dynsmem_ptx.o saxpy_ptx.o -lcudadevrt", ""),
@@ -401,6 +409,11 @@ const IN_PROCESS: &[&str] = &[
     "G-objects-dead-kernels",
     "opt-kernels-used-empty",
     "opt-variables-used-empty",
+    "weak-dead-kernel",
+    "weak-dead-kernel-three",
+    "weak-dead-kernel-last",
+    "lto-forceinline-cross-unit",
+    "lto-inline-cross-unit",
     // nvcc's -dlto links of code=lto_XY objects (no PTX twin), in other styles too.
     "nvcc-dlto-sm80",
     "nvcc-dlto-sm90",

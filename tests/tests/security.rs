@@ -746,3 +746,109 @@ fn links_started_together_upload_each_input_once() {
         "the inputs of four links started together crossed the network more than once"
     );
 }
+
+/// A token holder's environment never reaches a process of the daemon's:
+/// a routed remote link (run by the daemon's nvlink in a sandbox) sent with
+/// every loader and runtime variable pointing at a library whose constructor
+/// leaves a mark. Nothing leaves the mark, the answer is nvlink's, and an
+/// honest client's identical link afterwards gets nvlink's bytes too.
+#[test]
+fn no_client_environment_reaches_a_process() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let work = TempDir::new("sec-env-so");
+    let mark = work.path().join("constructor-ran");
+    let src = work.path().join("evil.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void evil(void) {{ FILE *f = fopen(\"{}\", \"a\"); \
+             if (f) {{ fputs(\"ran\\n\", f); fclose(f); }} }}\nunsigned la_version(unsigned v) {{ evil(); return v; }}\n",
+            mark.display()
+        ),
+    )
+    .unwrap();
+    let so = work.path().join("libevil.so");
+    let cc = Command::new("gcc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src).output().expect("gcc");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    // The library works: it leaves its mark in a process that loads it.
+    let probe = Command::new("true").env("LD_PRELOAD", &so).status().unwrap();
+    assert!(probe.success() && mark.exists(), "the probe library does not mark");
+    std::fs::remove_file(&mark).unwrap();
+
+    let so_s = so.display().to_string();
+    let dir_s = work.path().display().to_string();
+    let hostile_env: Vec<(&str, &str)> = vec![
+        ("LD_PRELOAD", &so_s),
+        ("LD_AUDIT", &so_s),
+        ("LD_LIBRARY_PATH", &dir_s),
+        ("GCONV_PATH", &dir_s),
+        ("MALLOC_CHECK_", "3"),
+        ("MALLOC_PERTURB_", "165"),
+        ("TMPDIR", "/etc"),
+        ("PATH", &dir_s),
+        ("CUDA_HOME", &dir_s),
+        ("NVLINKD_LOG", "trace"),
+    ];
+    let inputs = nvcc_link_inputs("sec-env-in");
+    let out = TempDir::new("sec-env-out");
+    // --preserve-relocs is routed: the daemon's real nvlink serves it.
+    let link = inv("--arch=sm_90 --preserve-relocs accumulate.o scale.o -o {OUT}/out.cubin", inputs.path(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0);
+    let (result, data) = runtime().block_on(async {
+        use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply};
+        let mut data = Vec::new();
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        let start = Start {
+            args: link.args.clone(),
+            cwd: inputs.path().display().to_string(),
+            env: hostile_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut inbound =
+            client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await.unwrap().into_inner();
+        loop {
+            let m = inbound.message().await.expect("the daemon's stream").expect("a result");
+            let req = match m.msg {
+                Some(server_message::Msg::File(req)) => req,
+                Some(server_message::Msg::Output(o)) if o.path.ends_with("out.cubin") => {
+                    data.extend_from_slice(&o.data);
+                    continue;
+                }
+                Some(server_message::Msg::Result(r)) => return (r, data),
+                _ => continue,
+            };
+            let path = Path::new(&req.path);
+            let result = match req.op() {
+                file_request::Op::Read => match std::fs::read(path) {
+                    Ok(data) => file_reply::Result::Data(data.into()),
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+                file_request::Op::Stat => match std::fs::metadata(path) {
+                    Ok(m) => {
+                        file_reply::Result::Stat(nvlinkd_proto::v1::FileStat { is_dir: m.is_dir(), size: m.len() })
+                    }
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+            };
+            let reply = FileReply { id: req.id, result: Some(result), more: false };
+            tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.unwrap();
+        }
+    });
+    assert!(!mark.exists(), "a client's environment reached a process of the daemon's");
+    assert!(!result.fallback, "the hostile link was not served: {result:?}");
+    assert_eq!(result.exit_code, expected.code);
+    assert_eq!(
+        compare::file(&expected.files["out.cubin"], &data),
+        compare::Verdict::Identical,
+        "the hostile link's output is not nvlink's"
+    );
+    assert!(d.stat("nvlink_process") >= 1, "the link was not routed to the daemon's nvlink: {}", d.stats());
+    // An honest client's identical link: nvlink's bytes.
+    let honest = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    assert_same(&expected, &honest, "an honest link after the hostile one");
+    assert!(!mark.exists());
+}

@@ -324,7 +324,8 @@ mod tests {
         let args: Vec<String> = ["-optf", "self.opts"].map(str::to_owned).to_vec();
         let got = parse(&args, &LocalFs, &dir).map_err(|d| d.to_string());
         assert_eq!(got.unwrap_err(), "nvlink fatal   : Too many options file opened 'self.opts'");
-        let siblings: Vec<String> = (0..20).flat_map(|_| ["-optf".to_owned(), "c15.opts".to_owned()]).collect();
+        std::fs::write(dir.join("leaf.opts"), "-w").unwrap();
+        let siblings: Vec<String> = (0..20).flat_map(|_| ["-optf".to_owned(), "leaf.opts".to_owned()]).collect();
         assert!(parse(&siblings, &LocalFs, &dir).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -421,8 +421,14 @@ fn is_partial(plan: &Plan) -> bool {
         return true;
     }
     // LTO modules needing what only libcudadevrt defines (dynamic parallelism).
+    // Only an extern the device runtime defines tells: a PTX twin shows no
+    // inline function its unit inlined at every call (`__forceinline__`,
+    // `inline`: `linkonce_odr` in the LTO IR), which NVVM still links to
+    // another unit's extern, and nvlink then compiles the whole program. Any
+    // other open extern is left to NVVM (`link_lto`: relocatable PTX is
+    // partial LTO there too).
     let symbols: Option<Vec<&PtxSymbols>> = modules().map(|m| m.lto.as_ref()).collect();
-    symbols.is_some_and(|s| plan.system_library_found && open_extern(&s).is_some())
+    symbols.is_some_and(|s| plan.system_library_found && open_externs(&s).any(|e| plan.runtime_defines(e)))
 }
 
 /// Partial LTO as nvlink does it: NVVM compiles the LTO modules relocatable
@@ -1082,6 +1088,12 @@ fn host_patterns(plan: &Plan) -> Vec<&str> {
 /// An extern of the LTO modules that none of them defines (and the driver
 /// does not provide).
 fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
+    open_externs(symbols).next()
+}
+
+/// The externs of the LTO modules that none of them defines (and the driver
+/// does not provide), in module order.
+fn open_externs<'a, 'b>(symbols: &'b [&'a PtxSymbols]) -> impl Iterator<Item = &'a str> + 'b {
     let defined: std::collections::HashSet<&str> = symbols
         .iter()
         .flat_map(|s| s.functions.iter().chain(&s.variables).chain(&s.kernels))
@@ -1091,7 +1103,7 @@ fn open_extern<'a>(symbols: &[&'a PtxSymbols]) -> Option<&'a str> {
         .iter()
         .flat_map(|s| &s.externs)
         .map(String::as_str)
-        .find(|e| !defined.contains(e) && !crate::input::load::SYSTEM_EXTERNS.contains(e))
+        .filter(move |e| !defined.contains(e) && !crate::input::load::SYSTEM_EXTERNS.contains(e))
 }
 
 /// NVVM: the LTO modules to optimized PTX, unsplit as nvlink runs it (cached).

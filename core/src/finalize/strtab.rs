@@ -105,20 +105,43 @@ pub struct InputFunction {
 /// string list of an output produced without those kernels.
 ///
 /// `objects` are the inputs' function lists in link order; `live` the functions
-/// present in the output. A ghost goes right after the names of the function
-/// before it in its object (a live kernel ends with `.nv.shared.K`, a live
-/// device function with `.text.F`, a dead kernel with its own ghost); the first
-/// function of an object anchors on the next live function's `.text.F`.
+/// present in the output. nvlink's walk gives each object a block of names,
+/// in link order. A ghost goes right after the names of the function before it
+/// in its object (a live kernel ends with `.nv.shared.K`, a live device
+/// function with `.text.F`, a dead kernel with its own ghost). A function an
+/// earlier object already defined (a weak function in two objects: the first
+/// definition wins) adds no names in this object and anchors nothing. With
+/// nothing before it, a ghost opens its object's block: right before the
+/// `.text.F` of the next live function of its object, or of the next object
+/// that has functions (the first live one), or, when no later object has
+/// functions, right before `.nv.callgraph`. Measured on sm_90 executable
+/// links (weak function in 2 and 3 objects, dead kernel in any position,
+/// `-lcudadevrt`, globals and constants in the next object). Not
+/// reproduced (`NoAnchor`): a dead kernel another object also defines, and a
+/// next object whose functions are all dead or already defined (its own
+/// names, data's included, are not known here).
 pub(crate) fn insert_ghosts(
     strings: &mut Vec<String>,
     objects: &[Vec<InputFunction>],
     live: &HashSet<String>,
 ) -> Result<(), StrTabError> {
     let position = |strings: &[String], name: &str| strings.iter().position(|s| s == name);
+    // For each object, the functions it brings itself (not defined earlier).
+    let mut earlier: HashSet<&str> = HashSet::new();
+    let mut own: Vec<Vec<&InputFunction>> = Vec::with_capacity(objects.len());
+    let mut duplicated: HashSet<&str> = HashSet::new();
     for funcs in objects {
+        own.push(funcs.iter().filter(|f| !earlier.contains(f.name.as_str())).collect());
+        duplicated.extend(funcs.iter().map(|f| f.name.as_str()).filter(|n| earlier.contains(n)));
+        earlier.extend(funcs.iter().map(|f| f.name.as_str()));
+    }
+    for (o, funcs) in own.iter().enumerate() {
         for (i, f) in funcs.iter().enumerate() {
             if !f.is_kernel || live.contains(&f.name) {
                 continue;
+            }
+            if duplicated.contains(f.name.as_str()) {
+                return Err(StrTabError::NoAnchor(f.name.clone()));
             }
             let ghost = format!(".nv.shared.{}", f.name);
             if let Some(p) = position(strings, &ghost) {
@@ -141,10 +164,17 @@ pub(crate) fn insert_ghosts(
                 break;
             }
             if at.is_none() {
-                at = funcs[i + 1..]
-                    .iter()
-                    .find(|n| live.contains(&n.name))
-                    .and_then(|n| position(strings, &format!(".text.{}", n.name)));
+                let first_live =
+                    |fs: &[&InputFunction]| fs.iter().find(|n| live.contains(&n.name)).map(|n| n.name.clone());
+                let next = match first_live(&funcs[i + 1..]) {
+                    Some(n) => Some(format!(".text.{n}")),
+                    // The next object with functions of its own opens the next block.
+                    None => match own[o + 1..].iter().find(|fs| !fs.is_empty()) {
+                        Some(fs) => first_live(fs).map(|n| format!(".text.{n}")),
+                        None => Some(".nv.callgraph".to_owned()),
+                    },
+                };
+                at = next.and_then(|n| position(strings, &n));
             }
             let at = at.ok_or_else(|| StrTabError::NoAnchor(f.name.clone()))?;
             strings.insert(at, ghost);
@@ -224,5 +254,44 @@ mod tests {
             ".text.helper_live",
         ];
         assert_eq!(s, expect);
+    }
+
+    #[test]
+    fn weak_duplicates_add_no_names() {
+        // nvlink on a.o (w, ka) b.o (w, kb) c.o (w, kc), a weak `w` in each, kb
+        // dead: its ghost closes a.o's block. Then `a.o c.o b.o`: it goes last.
+        let k = |n: &str| InputFunction { name: n.into(), is_kernel: true };
+        let d = |n: &str| InputFunction { name: n.into(), is_kernel: false };
+        let (a, b, c) = (vec![d("w"), k("ka")], vec![d("w"), k("kb")], vec![d("w"), k("kc")]);
+        let live: HashSet<String> = ["w", "ka", "kc"].iter().map(|s| s.to_string()).collect();
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut s = owned(&[".text.w", ".text.ka", ".rela.debug_frame", ".text.kc", ".rela.text.kc", ".nv.callgraph"]);
+        insert_ghosts(&mut s, &[a.clone(), b.clone(), c.clone()], &live).unwrap();
+        assert_eq!(
+            s,
+            owned(&[
+                ".text.w",
+                ".text.ka",
+                ".rela.debug_frame",
+                ".nv.shared.kb",
+                ".text.kc",
+                ".rela.text.kc",
+                ".nv.callgraph"
+            ])
+        );
+        let mut s = owned(&[".text.w", ".text.ka", ".rela.debug_frame", ".text.kc", ".rela.text.kc", ".nv.callgraph"]);
+        insert_ghosts(&mut s, &[a, c, b], &live).unwrap();
+        assert_eq!(
+            s,
+            owned(&[
+                ".text.w",
+                ".text.ka",
+                ".rela.debug_frame",
+                ".text.kc",
+                ".rela.text.kc",
+                ".nv.shared.kb",
+                ".nv.callgraph"
+            ])
+        );
     }
 }

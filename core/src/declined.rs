@@ -57,11 +57,14 @@ pub enum Reason {
     /// The link needs the real nvlink and the daemon does not share the
     /// caller's files, or knows no toolkit for it.
     NotHere,
+    /// Verification found the in-process answer for this link wrong
+    /// (`verify.rs`): the real nvlink serves it from then on.
+    VerifyMismatch,
 }
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::PartialLto,
         Reason::LtoOptions,
         Reason::PtxJit,
@@ -78,6 +81,7 @@ impl Reason {
         Reason::Worker,
         Reason::InputDeclined,
         Reason::NotHere,
+        Reason::VerifyMismatch,
     ];
 
     /// The name used in `stats --json` and the log.
@@ -99,6 +103,7 @@ impl Reason {
             Reason::Worker => "worker",
             Reason::InputDeclined => "input_declined",
             Reason::NotHere => "not_here",
+            Reason::VerifyMismatch => "verify_mismatch",
         }
     }
 

@@ -32,6 +32,7 @@ pub mod sched;
 pub mod speculate;
 pub mod stats;
 pub mod toolkit;
+pub mod verify;
 pub mod worker;
 
 pub use linker::{Linker, LinkerConfig};

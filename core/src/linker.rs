@@ -60,6 +60,9 @@ pub struct LinkerConfig {
     pub worker_mem: u64,
     /// Longest time one nvJitLink request may take in a worker (None: 30 min).
     pub worker_timeout: Option<std::time::Duration>,
+    /// Whether links computed in process are checked against the real
+    /// nvlink (`verify.rs`).
+    pub verify: crate::verify::VerifyMode,
 }
 
 /// Default time limit of one nvJitLink request in a worker.
@@ -109,6 +112,11 @@ pub struct Linker {
     /// Content keys of whole-link entries that speculative links computed (or
     /// are computing) and no real link has used yet, newest last; bounded.
     speculated: std::sync::Mutex<std::collections::VecDeque<crate::cache::Key>>,
+    /// Checks links computed in process against the real nvlink (`verify.rs`).
+    verifier: crate::verify::Verifier,
+    /// Test hook (`NVLINKD_TEST_CORRUPT_IN_PROCESS`): the in-process engine's
+    /// output files come out damaged (a fault verification must catch).
+    test_corrupt_in_process: bool,
 }
 
 /// How many unused speculative entries are remembered for `speculative_hits`.
@@ -172,7 +180,7 @@ impl Toolkits {
 
 /// The whole-link cache of a linker.
 struct LinkCache {
-    store: Store,
+    store: Arc<Store>,
     flights: Flights<Arc<LinkEntry>>,
     /// Single flight for intermediate artifacts (JIT, NVVM, ptxas).
     artifact_flights: Flights<Arc<[u8]>>,
@@ -191,11 +199,11 @@ impl Linker {
     pub fn new(config: LinkerConfig) -> Self {
         let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
         let cache = (config.cache_mem > 0 || config.cache_size > 0).then(|| LinkCache {
-            store: Store::open(
+            store: Arc::new(Store::open(
                 (config.cache_size > 0).then_some(config.cache_dir.as_path()),
                 config.cache_mem,
                 config.cache_size,
-            ),
+            )),
             flights: Flights::default(),
             artifact_flights: Flights::default(),
         });
@@ -251,6 +259,8 @@ impl Linker {
                 .unwrap_or(0),
             workers,
             speculated: Default::default(),
+            verifier: crate::verify::Verifier::new(config.verify, &config.cache_dir),
+            test_corrupt_in_process: std::env::var_os("NVLINKD_TEST_CORRUPT_IN_PROCESS").is_some(),
             config,
         }
     }
@@ -297,6 +307,14 @@ impl Linker {
             ("running_foreground", self.sched.running().0),
             ("running_background", self.sched.running().1),
         ];
+        let v = self.verifier.counters();
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        extra.extend([
+            ("verified", v.verified.load(relaxed)),
+            ("verify_mismatches", v.mismatches.load(relaxed)),
+            ("verify_skipped", v.skipped.load(relaxed)),
+            ("verify_pending", v.pending.load(relaxed)),
+        ]);
         extra.extend(remote);
         let mut json = self.stats.to_json(&extra);
         // Two objects, reason → count, after the flat counters.
@@ -641,10 +659,34 @@ impl Linker {
         let planning = std::cell::RefCell::new(Some(planning));
         let mine = std::cell::RefCell::new(None);
         let entry = cache.flights.run(keys.content, || {
-            let outcome = self.compute_link(tk, req, memo, spec, mode, cancel);
+            let mut outcome = if self.verifier.mismatched(&keys.content) {
+                let why = Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
+                self.route(tk, req, memo, spec, cancel, why)
+            } else {
+                self.compute_link(tk, req, memo, spec, mode, cancel)
+            };
             drop(planning.borrow_mut().take());
+            let mut job = self.verification(tk, req, memo, spec, &keys, &outcome, &cache.store);
+            if self.verifier.mode == crate::verify::VerifyMode::Sync {
+                if let Some(theirs) = job.take().and_then(|j| self.verifier.now(j, cancel)) {
+                    // nvlink's answer, not ours (and the key is routed from now on).
+                    let why = Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
+                    outcome = Outcome::answer(
+                        EngineKind::NvlinkProcess,
+                        theirs.exit_code,
+                        theirs.stdout,
+                        theirs.stderr,
+                        theirs.outputs,
+                    )
+                    .routed(why);
+                }
+            }
             self.test_hold_store();
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
+            if let (Some(mut job), Some(e)) = (job, &entry) {
+                job.heal.name_sensitive = e.name_sensitive;
+                self.verifier.later(job);
+            }
             if req.speculative && entry.is_none() {
                 // Nothing stored: a later real link that computes and stores
                 // this key itself is no speculative hit.
@@ -677,6 +719,57 @@ impl Linker {
             }
             None => self.compute_link(tk, req, memo, spec, mode, cancel),
         }
+    }
+
+    /// The verification of a link just computed (`verify.rs`), when it is to
+    /// be verified: its inputs mirrored now, while the link's view holds.
+    #[allow(clippy::too_many_arguments)]
+    fn verification(
+        &self,
+        tk: &Toolkit,
+        req: &Request,
+        fs: &MemoFs,
+        spec: &Spec,
+        keys: &linkcache::LinkKeys,
+        outcome: &Outcome,
+        store: &Arc<Store>,
+    ) -> Option<crate::verify::Job> {
+        if outcome.engine != EngineKind::InProcess || outcome.fallback.is_some() {
+            return None;
+        }
+        if !self.verifier.wants(&keys.content, crate::verify::unverifiable(spec, req, fs)) {
+            return None;
+        }
+        let sandbox = match Sandbox::prepare(&self.scratch_dir(), req, spec, fs, &tk.root.join("nvvm")) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!("not verified: the link's files cannot be mirrored: {e:?}");
+                self.verifier.not_verified(&keys.content);
+                return None;
+            }
+        };
+        Some(crate::verify::Job {
+            nvlink: tk.nvlink(),
+            toolkit_root: tk.root.clone(),
+            sandbox,
+            spec: spec.clone(),
+            req: req.clone(),
+            ours: crate::verify::Answer {
+                exit_code: outcome.exit_code,
+                stdout: outcome.stdout.clone(),
+                stderr: outcome.stderr.clone(),
+                outputs: outcome.outputs.clone(),
+            },
+            heal: crate::verify::Heal {
+                store: store.clone(),
+                content: keys.content,
+                named: keys.named,
+                name_sensitive: true,
+            },
+            limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
+            scratch_parents: self.scratch_parents(),
+            span: Span::current(),
+        })
     }
 
     /// See `test_hold_store`: a test sees what happens while a link stores.
@@ -913,7 +1006,7 @@ impl Linker {
         timings: &std::sync::Mutex<Vec<inprocess::TimeRow>>,
     ) -> Result<Vec<u8>, NotLinked> {
         let artifacts = Artifacts {
-            store: self.cache.as_ref().map(|c| &c.store),
+            store: self.cache.as_ref().map(|c| &*c.store),
             flights: self.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&self.no_cache_flights),
             toolkit: if self.cache.is_some() { tk.identity() } else { [0; 32] },
             stats: &self.stats,
@@ -1001,6 +1094,12 @@ impl Linker {
         }
         emit_tool_warnings(&mut report, spec, plan);
         let mut outputs = Vec::new();
+        let mut output = output;
+        if self.test_corrupt_in_process {
+            if let Some(b) = output.last_mut() {
+                *b ^= 0x5a;
+            }
+        }
         if let Some(o) = &spec.output {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output.into(), append: false });
         }

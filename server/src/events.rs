@@ -14,6 +14,9 @@
 //!   error, warning, info or fatal
 //! - `link_finished` {link, exit_code, ms, cache_hit, engine, fallback}
 //! - `link_cancelled` {link, reason}: `caller_gone` or `superseded`
+//! - `verify_mismatch` {link, bundle, differences}: the real nvlink answered
+//!   this link otherwise than the in-process engine (`--verify`); `bundle` is
+//!   the repro directory
 //! - `lagged` {missed}: this subscriber fell behind and missed events
 //!
 //! The core knows nothing of this. Links and their outcome are reported by the
@@ -169,6 +172,9 @@ struct Fields {
     sched: Option<String>,
     priority: Option<String>,
     waited_ms: Option<f64>,
+    verify: Option<String>,
+    bundle: Option<String>,
+    differences: Option<String>,
 }
 
 impl Visit for Fields {
@@ -196,10 +202,17 @@ impl Visit for Fields {
         match field.name() {
             "sched" => self.sched = Some(value.to_owned()),
             "priority" => self.priority = Some(value.to_owned()),
+            "verify" => self.verify = Some(value.to_owned()),
             _ => {}
         }
     }
-    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "bundle" => self.bundle = Some(format!("{value:?}")),
+            "differences" => self.differences = Some(format!("{value:?}")),
+            _ => {}
+        }
+    }
 }
 
 fn from_core(target: &str) -> bool {
@@ -257,13 +270,16 @@ where
         }
         let mut f = Fields::default();
         event.record(&mut f);
-        let Some(kind) = f.sched.as_deref() else { return };
-        let Some(link) = ctx
+        let link = ctx
             .event_scope(event)
-            .and_then(|mut scope| scope.find_map(|s| s.extensions().get::<LinkId>().map(|l| l.0)))
-        else {
+            .and_then(|mut scope| scope.find_map(|s| s.extensions().get::<LinkId>().map(|l| l.0)));
+        if f.verify.as_deref() == Some("mismatch") {
+            let fields = json!({ "bundle": f.bundle, "differences": f.differences });
+            self.hub.publish("verify_mismatch", link.unwrap_or(0), fields);
             return;
-        };
+        }
+        let Some(kind) = f.sched.as_deref() else { return };
+        let Some(link) = link else { return };
         let priority = f.priority.unwrap_or_default();
         match kind {
             "queued" => self.hub.publish("link_queued", link, json!({ "priority": priority })),

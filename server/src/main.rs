@@ -137,6 +137,15 @@ struct ServeArgs {
     /// Most speculative links computing at once [default: --jobs, or the number of CPUs]
     #[arg(long)]
     max_speculative: Option<usize>,
+    /// Check every link computed in process against the real nvlink, once per
+    /// content key: `background` (after answering, at idle priority), `sync`
+    /// (before answering; a difference answers nvlink's result) or `off`
+    #[arg(long, default_value = "background", value_parser = parse_verify)]
+    verify: nvlinkd_core::verify::VerifyMode,
+}
+
+fn parse_verify(s: &str) -> Result<nvlinkd_core::verify::VerifyMode, String> {
+    s.parse()
 }
 
 /// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
@@ -303,6 +312,7 @@ impl ServeArgs {
         if self.watch {
             a.push("--watch".into());
         }
+        a.extend(["--verify".into(), format!("{:?}", self.verify).to_lowercase()]);
         if let Some(n) = self.max_speculative {
             a.extend(["--max-speculative".into(), n.to_string()]);
         }
@@ -468,6 +478,7 @@ fn main() -> ExitCode {
                     cache_size: a.cache_size,
                     worker_exe: std::env::current_exe().ok(),
                     worker_mem: a.worker_mem,
+                    verify: a.verify,
                     worker_timeout: Some(std::time::Duration::from_secs(a.worker_timeout.max(1))),
                 },
                 limits: service::Limits {

@@ -1,0 +1,506 @@
+//! The linker checks itself against the real nvlink (`serve --verify`).
+//!
+//! Every link the daemon computes in process, under a content key it has not
+//! verified before, is also run by the real nvlink of the same toolkit on the
+//! same inputs, and the two answers — exit status, stdout, stderr, every
+//! output file — are compared byte for byte. nvlink runs on a copy of the
+//! link's inputs (the sandbox of `engine/sandbox.rs`) made while the link is
+//! answered, so a caller that rewrites its files afterwards changes nothing.
+//!
+//! - `sync`: the comparison runs before the link is answered; on a mismatch
+//!   the caller gets nvlink's answer.
+//! - `background` (the default): after the answer, one link at a time on a
+//!   thread of its own, nvlink at idle CPU priority (`SCHED_IDLE`), so a
+//!   foreground link never waits for it. The queue is bounded
+//!   ([`QUEUE`]); what does not fit is dropped and counted (`verify_skipped`).
+//! - `off`.
+//!
+//! On a mismatch the cache entry is replaced by nvlink's answer (memory, disk
+//! and shared tier, through `Store::store`), the key is routed to the real
+//! nvlink from then on (reason `verify_mismatch`), a repro bundle is written
+//! under `<cache-dir>/verify/` (arguments, working directory, environment,
+//! the inputs as mirrored, both answers, the differences, and `rerun.sh`,
+//! which runs the comparison again), and one warning names it; the event
+//! stream shows it as `verify_mismatch`.
+//!
+//! Not verified, counted in `verify_skipped`: links with `-time` (measured
+//! times differ), `-g` under `-dlto` (nvlink itself writes a random section
+//! name there), `-dlto` with an existing registration file (nvlink leaves it
+//! alone, the scratch copy has none), links the sandbox cannot mirror, and
+//! work the background queue has no room for.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use crate::cache::store::Store;
+use crate::cache::{Key, LinkEntry};
+use crate::cli::spec::Spec;
+use crate::engine::process;
+use crate::engine::sandbox::Sandbox;
+use crate::fs::{absolute, InputFs};
+use crate::request::{OutputFile, Request};
+use crate::sched::Priority;
+use crate::worker::Cancel;
+
+/// Background verifications waiting at most; more are dropped (counted).
+pub const QUEUE: usize = 64;
+/// Keys remembered as verified (then forgotten oldest first: verified again).
+const REMEMBERED: usize = 100_000;
+/// Inputs copied into a repro bundle at most; beyond, only their digests.
+const BUNDLE_INPUT_BYTES: u64 = 64 << 20;
+
+/// `--verify`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// (A linker's default: `nvlinkd exec` and tests; `serve` defaults to
+    /// `background`.)
+    #[default]
+    Off,
+    Background,
+    Sync,
+}
+
+impl std::str::FromStr for VerifyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(VerifyMode::Off),
+            "background" => Ok(VerifyMode::Background),
+            "sync" => Ok(VerifyMode::Sync),
+            _ => Err(format!("'{s}': expected off, background or sync")),
+        }
+    }
+}
+
+/// The counters of `stats --json`.
+#[derive(Default)]
+pub struct Counters {
+    /// Links compared with the real nvlink (equal or not).
+    pub verified: AtomicU64,
+    /// Comparisons that found a difference.
+    pub mismatches: AtomicU64,
+    /// Links not verified (see the module doc).
+    pub skipped: AtomicU64,
+    /// Background verifications queued or running.
+    pub pending: AtomicU64,
+}
+
+/// What the verifier keeps across links.
+struct State {
+    counters: Counters,
+    /// Keys verified (or queued), oldest first, and as a set.
+    seen: Mutex<(std::collections::VecDeque<Key>, HashSet<Key>)>,
+    /// Keys whose in-process answer differed: routed to nvlink from now on.
+    mismatched: Mutex<HashSet<Key>>,
+    /// Where repro bundles go.
+    bundles: PathBuf,
+    bundle_seq: AtomicU64,
+}
+
+/// The answer of one engine, as compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub outputs: Vec<OutputFile>,
+}
+
+/// Where a verified link's entry lives: replaced by nvlink's answer on a mismatch.
+#[derive(Clone)]
+pub(crate) struct Heal {
+    pub store: Arc<Store>,
+    pub content: Key,
+    pub named: Key,
+    /// Whether the entry of the in-process answer depended on names.
+    pub name_sensitive: bool,
+}
+
+/// One comparison to run.
+pub(crate) struct Job {
+    pub nvlink: PathBuf,
+    pub toolkit_root: PathBuf,
+    pub sandbox: Sandbox,
+    pub spec: Spec,
+    pub req: Request,
+    pub ours: Answer,
+    pub heal: Heal,
+    pub limit: Duration,
+    pub scratch_parents: [PathBuf; 2],
+    /// The link's span, entered for the warning (the event names the link).
+    pub span: tracing::Span,
+}
+
+pub(crate) struct Verifier {
+    pub mode: VerifyMode,
+    state: Arc<State>,
+    queue: Option<std::sync::mpsc::SyncSender<Job>>,
+}
+
+impl Verifier {
+    pub fn new(mode: VerifyMode, cache_dir: &Path) -> Verifier {
+        let state = Arc::new(State {
+            counters: Counters::default(),
+            seen: Mutex::default(),
+            mismatched: Mutex::default(),
+            bundles: cache_dir.join("verify"),
+            bundle_seq: AtomicU64::new(0),
+        });
+        let queue = (mode == VerifyMode::Background).then(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
+            let st = state.clone();
+            let spawned = std::thread::Builder::new().name("nvlinkd-verify".into()).spawn(move || {
+                crate::sched::idle_priority();
+                for job in rx {
+                    let cancel = Cancel::with_priority(Priority::Background);
+                    let _ = run(&st, job, &cancel);
+                    st.counters.pending.fetch_sub(1, Ordering::Relaxed);
+                }
+            });
+            if let Err(e) = spawned {
+                warn!("cannot start the verification thread: {e}; links are not verified");
+            }
+            tx
+        });
+        Verifier { mode, state, queue }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.state.counters
+    }
+
+    /// Whether a verification of this key found the in-process answer wrong.
+    pub fn mismatched(&self, key: &Key) -> bool {
+        self.state.mismatched.lock().unwrap_or_else(|p| p.into_inner()).contains(key)
+    }
+
+    /// Whether a link of this key is to be verified now (not off, not verified
+    /// before); marks it as verified. `why_not`: a reason it cannot be.
+    pub fn wants(&self, key: &Key, why_not: Option<&str>) -> bool {
+        if self.mode == VerifyMode::Off {
+            return false;
+        }
+        let mut seen = self.state.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.1.contains(key) {
+            return false;
+        }
+        if let Some(why) = why_not {
+            debug!(%why, "not verified");
+            self.state.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        seen.0.push_back(*key);
+        seen.1.insert(*key);
+        if seen.0.len() > REMEMBERED {
+            if let Some(old) = seen.0.pop_front() {
+                seen.1.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// The key could not be verified: counted, and it may be tried again.
+    pub fn not_verified(&self, key: &Key) {
+        self.state.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        self.forget(key);
+    }
+
+    /// The key's verification did not happen after all: it may be tried again.
+    fn forget(&self, key: &Key) {
+        let mut seen = self.state.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.1.remove(key);
+        seen.0.retain(|k| k != key);
+    }
+
+    /// Verify now (`sync`): nvlink's answer when it differs from ours.
+    pub fn now(&self, job: Job, cancel: &Cancel) -> Option<Answer> {
+        let key = job.heal.content;
+        match run(&self.state, job, cancel) {
+            Verdict::Mismatch(theirs) => Some(theirs),
+            Verdict::Same => None,
+            Verdict::NotRun => {
+                self.forget(&key);
+                None
+            }
+        }
+    }
+
+    /// Verify later (`background`), unless the queue is full.
+    pub fn later(&self, job: Job) {
+        let Some(tx) = &self.queue else { return };
+        let key = job.heal.content;
+        self.state.counters.pending.fetch_add(1, Ordering::Relaxed);
+        if tx.try_send(job).is_err() {
+            self.state.counters.pending.fetch_sub(1, Ordering::Relaxed);
+            self.state.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            self.forget(&key);
+            debug!("verification queue full: not verified");
+        }
+    }
+}
+
+/// Why a link cannot be verified, if it cannot (see the module doc).
+pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Option<&'static str> {
+    if spec.time.is_some() {
+        return Some("-time (measured times differ)");
+    }
+    if spec.debug && spec.lto {
+        return Some("-g with -dlto (nvlink's own output is not deterministic)");
+    }
+    if spec.lto && spec.register_link_binaries.as_deref().is_some_and(|r| fs.stat(&absolute(&req.cwd, r)).is_ok()) {
+        return Some("-dlto with an existing registration file");
+    }
+    None
+}
+
+enum Verdict {
+    Same,
+    Mismatch(Answer),
+    NotRun,
+}
+
+/// Run nvlink in the job's sandbox and compare; on a mismatch heal, route,
+/// report.
+fn run(st: &State, job: Job, cancel: &Cancel) -> Verdict {
+    let theirs = match process::run(&job.nvlink, &job.sandbox.request, &job.spec, &job.scratch_parents, cancel, job.limit)
+    {
+        Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
+            Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
+            Err(e) => {
+                debug!("not verified: {e:?}");
+                st.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                return Verdict::NotRun;
+            }
+        },
+        Err(e) => {
+            debug!("not verified: nvlink gave no answer: {e}");
+            st.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Verdict::NotRun;
+        }
+    };
+    st.counters.verified.fetch_add(1, Ordering::Relaxed);
+    let diffs = differences(&job.ours, &theirs);
+    if diffs.is_empty() {
+        return Verdict::Same;
+    }
+    st.counters.mismatches.fetch_add(1, Ordering::Relaxed);
+    st.mismatched.lock().unwrap_or_else(|p| p.into_inner()).insert(job.heal.content);
+    heal(&job, &theirs);
+    let bundle = write_bundle(st, &job, &theirs, &diffs);
+    let _in_link = job.span.enter();
+    warn!(
+        verify = "mismatch",
+        bundle = %bundle.as_deref().unwrap_or(Path::new("-")).display(),
+        differences = %diffs.join("; "),
+        "the in-process answer differs from nvlink's: the cache now holds nvlink's, and this link is routed to nvlink"
+    );
+    Verdict::Mismatch(theirs)
+}
+
+/// What differs between two answers, in words (empty: nothing).
+pub(crate) fn differences(ours: &Answer, theirs: &Answer) -> Vec<String> {
+    let mut d = Vec::new();
+    if ours.exit_code != theirs.exit_code {
+        d.push(format!("exit status {} (nvlink {})", ours.exit_code, theirs.exit_code));
+    }
+    if ours.stdout != theirs.stdout {
+        d.push("stdout".into());
+    }
+    if ours.stderr != theirs.stderr {
+        d.push("stderr".into());
+    }
+    let files = |a: &Answer| -> BTreeMap<PathBuf, (bool, bytes::Bytes)> {
+        a.outputs.iter().map(|f| (f.path.clone(), (f.append, f.data.clone()))).collect()
+    };
+    let (o, t) = (files(ours), files(theirs));
+    for (path, (append, data)) in &t {
+        match o.get(path) {
+            None => d.push(format!("{}: written by nvlink only", path.display())),
+            Some((a, bytes)) if a != append || bytes != data => {
+                d.push(format!("{}: {} bytes, nvlink's {}", path.display(), bytes.len(), data.len()))
+            }
+            Some(_) => {}
+        }
+    }
+    for path in o.keys().filter(|p| !t.contains_key(*p)) {
+        d.push(format!("{}: not written by nvlink", path.display()));
+    }
+    d
+}
+
+/// Put nvlink's answer where the in-process one was stored.
+fn heal(job: &Job, theirs: &Answer) {
+    let Some(files) = crate::linkcache::entry_files(&theirs.outputs, &job.req, &job.spec) else {
+        return;
+    };
+    let name_sensitive = job.heal.name_sensitive || !theirs.stdout.is_empty() || !theirs.stderr.is_empty();
+    let entry = LinkEntry {
+        exit_code: theirs.exit_code,
+        stdout: theirs.stdout.clone(),
+        stderr: theirs.stderr.clone(),
+        files,
+        name_sensitive,
+    };
+    let bytes = entry.encode();
+    if name_sensitive && job.heal.named != job.heal.content {
+        job.heal.store.store("link", &job.heal.named, bytes.clone());
+    }
+    job.heal.store.store("link", &job.heal.content, bytes);
+}
+
+/// The repro bundle of a mismatch; its directory, if it could be written.
+fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Option<PathBuf> {
+    let hex: String = job.heal.content[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let n = st.bundle_seq.fetch_add(1, Ordering::Relaxed);
+    let dir = st.bundles.join(format!("{hex}-{}-{n}", std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        let lines = |v: &[String]| v.iter().map(|a| format!("{a}\n")).collect::<String>();
+        std::fs::write(dir.join("args"), lines(&job.req.args))?;
+        std::fs::write(dir.join("cwd"), format!("{}\n", job.req.cwd.display()))?;
+        let env: Vec<String> = job.req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        std::fs::write(dir.join("env"), lines(&env))?;
+        std::fs::write(dir.join("differences"), lines(diffs))?;
+        for (who, a) in [("nvlinkd", &job.ours), ("nvlink", theirs)] {
+            let d = dir.join(who);
+            std::fs::create_dir_all(&d)?;
+            std::fs::write(d.join("exit_code"), format!("{}\n", a.exit_code))?;
+            std::fs::write(d.join("stdout"), &a.stdout)?;
+            std::fs::write(d.join("stderr"), &a.stderr)?;
+            for f in &a.outputs {
+                let name = f.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                std::fs::write(d.join(format!("output.{name}")), &f.data)?;
+            }
+        }
+        // The inputs as nvlink saw them: copied when small, else their digests.
+        let root = job.sandbox.dir().join("root");
+        let mut listing = String::new();
+        let mut total = 0u64;
+        let mut files = Vec::new();
+        walk(&root, &mut files);
+        for f in &files {
+            let data = std::fs::read(f)?;
+            total += data.len() as u64;
+            let rel = f.strip_prefix(&root).unwrap_or(f);
+            listing.push_str(&format!("{}  {}  /{}\n", blake3::hash(&data).to_hex(), data.len(), rel.display()));
+        }
+        std::fs::write(dir.join("inputs.blake3"), listing)?;
+        if total <= BUNDLE_INPUT_BYTES {
+            for f in &files {
+                let to = dir.join("inputs").join(f.strip_prefix(&root).unwrap_or(f));
+                if let Some(p) = to.parent() {
+                    std::fs::create_dir_all(p)?;
+                }
+                std::fs::copy(f, &to)?;
+            }
+        }
+        write_rerun(&dir, job, &root.to_string_lossy())
+    })();
+    match written {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            warn!(dir = %dir.display(), "cannot write the verification bundle: {e}");
+            None
+        }
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            walk(&e.path(), out);
+        } else if t.is_file() {
+            out.push(e.path());
+        }
+    }
+}
+
+/// `rerun.sh`: the real nvlink and `nvlinkd exec` on copies of `inputs/`,
+/// then the two answers compared.
+fn write_rerun(dir: &Path, job: &Job, sandbox_root: &str) -> std::io::Result<()> {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    // The sandbox's root in an argument becomes the copy's ("$root").
+    let arg = |a: &str| match a.find(sandbox_root) {
+        Some(i) => format!("{}\"$root\"{}", quote(&a[..i]), quote(&a[i + sandbox_root.len()..])),
+        None => quote(a),
+    };
+    let args: Vec<String> = job.sandbox.request.args.iter().map(|a| arg(a)).collect();
+    let cwd = job.sandbox.request.cwd.to_string_lossy();
+    let cwd = cwd.strip_prefix(sandbox_root).unwrap_or(&cwd);
+    let nvlinkd = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "nvlinkd".into());
+    let script = format!(
+        "#!/bin/sh\n\
+         # Runs this link again with the real nvlink and with nvlinkd's in-process\n\
+         # engine (nvlinkd exec), each on its own copy of inputs/, and compares.\n\
+         set -u\n\
+         here=$(cd \"$(dirname \"$0\")\" && pwd)\n\
+         NVLINK=${{NVLINK:-{nvlink}}}\n\
+         NVLINKD=${{NVLINKD:-{nvlinkd}}}\n\
+         export CUDA_HOME=${{CUDA_HOME:-{cuda}}}\n\
+         for tool in nvlink nvlinkd; do\n\
+         \x20 root=\"$here/run-$tool\"\n\
+         \x20 rm -rf \"$root\" && cp -r \"$here/inputs\" \"$root\"\n\
+         \x20 if [ $tool = nvlink ]; then set -- \"$NVLINK\"; else set -- \"$NVLINKD\" exec --; fi\n\
+         \x20 (cd \"$root\"{cwd} && \"$@\" {args} >\"$root.stdout\" 2>\"$root.stderr\"; echo $? >\"$root.exit\")\n\
+         done\n\
+         same=yes\n\
+         for f in stdout stderr exit; do cmp -s \"$here/run-nvlink.$f\" \"$here/run-nvlinkd.$f\" || {{ echo \"$f differs\"; same=no; }}; done\n\
+         diff -r \"$here/run-nvlink\" \"$here/run-nvlinkd\" || same=no\n\
+         echo \"same: $same\"\n\
+         [ $same = yes ]\n",
+        nvlink = quote(&job.nvlink.to_string_lossy()),
+        nvlinkd = quote(&nvlinkd),
+        cuda = quote(&job.toolkit_root.to_string_lossy()),
+        cwd = quote(cwd),
+        args = args.join(" "),
+    );
+    let path = dir.join("rerun.sh");
+    std::fs::write(&path, script)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: i32, out: &[u8], files: &[(&str, &[u8])]) -> Answer {
+        Answer {
+            exit_code: code,
+            stdout: out.to_vec(),
+            stderr: Vec::new(),
+            outputs: files
+                .iter()
+                .map(|(p, d)| OutputFile { path: PathBuf::from(p), data: bytes::Bytes::copy_from_slice(d), append: false })
+                .collect(),
+        }
+    }
+
+    /// Every part of an answer counts: exit status, messages, each file's
+    /// bytes, and which files there are.
+    #[test]
+    fn answers_differ_in_every_part() {
+        let a = answer(0, b"", &[("/w/x.cubin", b"abc"), ("/w/reg.c", b"r")]);
+        assert!(differences(&a, &a.clone()).is_empty());
+        assert_eq!(differences(&answer(1, b"", &[("/w/x.cubin", b"abc"), ("/w/reg.c", b"r")]), &a).len(), 1);
+        assert_eq!(differences(&answer(0, b"w", &[("/w/x.cubin", b"abc"), ("/w/reg.c", b"r")]), &a), ["stdout"]);
+        assert_eq!(differences(&answer(0, b"", &[("/w/x.cubin", b"abd"), ("/w/reg.c", b"r")]), &a).len(), 1);
+        assert_eq!(differences(&answer(0, b"", &[("/w/x.cubin", b"abc")]), &a).len(), 1);
+        assert_eq!(differences(&a, &answer(0, b"", &[("/w/x.cubin", b"abc")])).len(), 1);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("sync".parse(), Ok(VerifyMode::Sync));
+        assert_eq!("background".parse(), Ok(VerifyMode::Background));
+        assert_eq!("off".parse(), Ok(VerifyMode::Off));
+        assert!("on".parse::<VerifyMode>().is_err());
+    }
+}

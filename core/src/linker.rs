@@ -671,6 +671,7 @@ impl Linker {
                 if let Some(theirs) = job.take().and_then(|j| self.verifier.now(j, cancel)) {
                     // nvlink's answer, not ours (and the key is routed from now on).
                     let why = Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
+                    self.routed.bump(why.reason);
                     outcome = Outcome::answer(
                         EngineKind::NvlinkProcess,
                         theirs.exit_code,

@@ -267,22 +267,22 @@ enum Verdict {
 /// Run nvlink in the job's sandbox and compare; on a mismatch heal, route,
 /// report.
 fn run(st: &State, job: Job, cancel: &Cancel) -> Verdict {
-    let theirs = match process::run(&job.nvlink, &job.sandbox.request, &job.spec, &job.scratch_parents, cancel, job.limit)
-    {
-        Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
-            Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
+    let theirs =
+        match process::run(&job.nvlink, &job.sandbox.request, &job.spec, &job.scratch_parents, cancel, job.limit) {
+            Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
+                Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
+                Err(e) => {
+                    debug!("not verified: {e:?}");
+                    st.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                    return Verdict::NotRun;
+                }
+            },
             Err(e) => {
-                debug!("not verified: {e:?}");
+                debug!("not verified: nvlink gave no answer: {e}");
                 st.counters.skipped.fetch_add(1, Ordering::Relaxed);
                 return Verdict::NotRun;
             }
-        },
-        Err(e) => {
-            debug!("not verified: nvlink gave no answer: {e}");
-            st.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return Verdict::NotRun;
-        }
-    };
+        };
     st.counters.verified.fetch_add(1, Ordering::Relaxed);
     let diffs = differences(&job.ours, &theirs);
     if diffs.is_empty() {
@@ -391,6 +391,12 @@ fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Opt
         }
         std::fs::write(dir.join("inputs.blake3"), listing)?;
         if total <= BUNDLE_INPUT_BYTES {
+            // Directories too, empty ones included (an output's).
+            let mut dirs = Vec::new();
+            walk_dirs(&root, &mut dirs);
+            for d in &dirs {
+                std::fs::create_dir_all(dir.join("inputs").join(d.strip_prefix(&root).unwrap_or(d)))?;
+            }
             for f in &files {
                 let to = dir.join("inputs").join(f.strip_prefix(&root).unwrap_or(f));
                 if let Some(p) = to.parent() {
@@ -410,6 +416,16 @@ fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Opt
     }
 }
 
+fn walk_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_owned());
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            walk_dirs(&e.path(), out);
+        }
+    }
+}
+
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
@@ -422,14 +438,24 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `rerun.sh`: the real nvlink and `nvlinkd exec` on copies of `inputs/`,
-/// then the two answers compared.
+/// `rerun.sh`: the real nvlink, then `nvlinkd exec`, each on a fresh copy of
+/// `inputs/` at the same place and writing its outputs to the same directory
+/// (so that messages naming paths read alike), then the two answers compared.
 fn write_rerun(dir: &Path, job: &Job, sandbox_root: &str) -> std::io::Result<()> {
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-    // The sandbox's root in an argument becomes the copy's ("$root").
-    let arg = |a: &str| match a.find(sandbox_root) {
-        Some(i) => format!("{}\"$root\"{}", quote(&a[..i]), quote(&a[i + sandbox_root.len()..])),
-        None => quote(a),
+    // The outputs as given on the command line: written under "$out" instead.
+    let outputs: Vec<&str> =
+        [job.spec.output.as_deref(), job.spec.register_link_binaries.as_deref()].into_iter().flatten().collect();
+    let arg = |a: &str| {
+        if let Some(o) = outputs.iter().find(|o| a.ends_with(**o)) {
+            let base = Path::new(o).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            return format!("{}\"$out\"/{}", quote(&a[..a.len() - o.len()]), quote(&base));
+        }
+        // The sandbox's root in an argument becomes the copy's ("$root").
+        match a.find(sandbox_root) {
+            Some(i) => format!("{}\"$root\"{}", quote(&a[..i]), quote(&a[i + sandbox_root.len()..])),
+            None => quote(a),
+        }
     };
     let args: Vec<String> = job.sandbox.request.args.iter().map(|a| arg(a)).collect();
     let cwd = job.sandbox.request.cwd.to_string_lossy();
@@ -438,23 +464,21 @@ fn write_rerun(dir: &Path, job: &Job, sandbox_root: &str) -> std::io::Result<()>
     let script = format!(
         "#!/bin/sh\n\
          # Runs this link again with the real nvlink and with nvlinkd's in-process\n\
-         # engine (nvlinkd exec), each on its own copy of inputs/, and compares.\n\
+         # engine (nvlinkd exec) on copies of inputs/, and compares the answers.\n\
          set -u\n\
          here=$(cd \"$(dirname \"$0\")\" && pwd)\n\
          NVLINK=${{NVLINK:-{nvlink}}}\n\
          NVLINKD=${{NVLINKD:-{nvlinkd}}}\n\
          export CUDA_HOME=${{CUDA_HOME:-{cuda}}}\n\
+         root=\"$here/run\" out=\"$here/run.out\"\n\
          for tool in nvlink nvlinkd; do\n\
-         \x20 root=\"$here/run-$tool\"\n\
-         \x20 rm -rf \"$root\" && cp -r \"$here/inputs\" \"$root\"\n\
+         \x20 rm -rf \"$root\" \"$out\" \"$here/$tool.out\" && cp -r \"$here/inputs\" \"$root\" && mkdir \"$out\"\n\
          \x20 if [ $tool = nvlink ]; then set -- \"$NVLINK\"; else set -- \"$NVLINKD\" exec --; fi\n\
-         \x20 (cd \"$root\"{cwd} && \"$@\" {args} >\"$root.stdout\" 2>\"$root.stderr\"; echo $? >\"$root.exit\")\n\
+         \x20 (cd \"$root\"{cwd} && \"$@\" {args} >\"$out/.stdout\" 2>\"$out/.stderr\"; echo $? >\"$out/.exit\")\n\
+         \x20 mv \"$out\" \"$here/$tool.out\"\n\
          done\n\
-         same=yes\n\
-         for f in stdout stderr exit; do cmp -s \"$here/run-nvlink.$f\" \"$here/run-nvlinkd.$f\" || {{ echo \"$f differs\"; same=no; }}; done\n\
-         diff -r \"$here/run-nvlink\" \"$here/run-nvlinkd\" || same=no\n\
-         echo \"same: $same\"\n\
-         [ $same = yes ]\n",
+         rm -rf \"$root\"\n\
+         if diff -r \"$here/nvlink.out\" \"$here/nvlinkd.out\"; then echo 'same: yes'; else echo 'same: no'; exit 1; fi\n",
         nvlink = quote(&job.nvlink.to_string_lossy()),
         nvlinkd = quote(&nvlinkd),
         cuda = quote(&job.toolkit_root.to_string_lossy()),
@@ -478,7 +502,11 @@ mod tests {
             stderr: Vec::new(),
             outputs: files
                 .iter()
-                .map(|(p, d)| OutputFile { path: PathBuf::from(p), data: bytes::Bytes::copy_from_slice(d), append: false })
+                .map(|(p, d)| OutputFile {
+                    path: PathBuf::from(p),
+                    data: bytes::Bytes::copy_from_slice(d),
+                    append: false,
+                })
                 .collect(),
         }
     }

@@ -199,9 +199,11 @@ pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::
         .with_writer(writer)
         .with_ansi(false)
         .with_filter(filter);
-    // The core's spans, and its scheduler's `sched = …` events only.
+    // The core's spans, and its scheduler's `sched = …` and verification's
+    // `verify = …` events only.
     let phases = PhaseLayer { hub: events.clone() }.with_filter(tracing_subscriber::filter::filter_fn(|m| {
-        m.target().starts_with("nvlinkd_core") && (m.is_span() || m.fields().field("sched").is_some())
+        m.target().starts_with("nvlinkd_core")
+            && (m.is_span() || m.fields().field("sched").is_some() || m.fields().field("verify").is_some())
     }));
     let installed = tracing_subscriber::registry().with(log).with(phases).try_init();
     if let Some(e) = failed {

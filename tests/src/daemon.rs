@@ -104,6 +104,11 @@ impl Daemon {
             .arg(self.cache_dir())
             .arg("--cuda-home")
             .arg(cuda_home())
+            // Verification (serve's default: background) runs the real nvlink
+            // beside every new link: only where a test asks for it (parity
+            // runs `--verify=sync`, verify.rs each mode), so that the other
+            // tests' timings, page faults and cache contents stay their own.
+            .args(if extra.iter().any(|a| a.starts_with("--verify")) { &[][..] } else { &["--verify=off"][..] })
             .args(extra)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())

@@ -685,7 +685,9 @@ fn parity_with_nvlink() {
     // change of its counters over a link tells which engine served that link;
     // no speculative link of one arch's case may serve another arch's
     // (tests/tests/speculate.rs covers those).
-    let daemons: Vec<Daemon> = (0..4).map(|_| Daemon::start_with(&["--no-speculate"])).collect();
+    // Each daemon also checks itself against nvlink before answering
+    // (`--verify=sync`): it must never find its in-process answer wrong.
+    let daemons: Vec<Daemon> = (0..4).map(|_| Daemon::start_with(&["--no-speculate", "--verify=sync"])).collect();
     let work = TempDir::new("parity");
     let rows = Mutex::new(Vec::new());
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -786,6 +788,14 @@ fn parity_with_nvlink() {
     assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");
     println!("daemon: {requests} requests, {hits} served from the cache");
     assert!(hits > 0, "the second pass never hit the cache");
+    let verified: u64 = daemons.iter().map(|d| d.stat("verified")).sum();
+    let mismatches: u64 = daemons.iter().map(|d| d.stat("verify_mismatches")).sum();
+    let skipped: u64 = daemons.iter().map(|d| d.stat("verify_skipped")).sum();
+    println!(
+        "verified against nvlink (--verify=sync): {verified} links, {mismatches} mismatches, {skipped} not verifiable"
+    );
+    assert!(verified > 0, "no link was verified");
+    assert_eq!(mismatches, 0, "verification found in-process answers wrong (see the daemons' verify/ bundles)");
     assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());
 }
 

@@ -212,3 +212,48 @@ fn a_stopped_remote_cache_never_fails_a_link() {
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     links_survive(&format!("grpc://{addr}"));
 }
+
+/// The fleet key (`--remote-cache-key`): an entry is served only when the
+/// fleet's key authenticates it. A daemon of another key, or of none, that
+/// writes a wrong output (its in-process engine damaged by a test hook, as a
+/// forger's would be) gets nothing served to the fleet; daemons of the same
+/// key share as before.
+#[test]
+fn entries_not_authenticated_by_the_fleet_key_are_never_served() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let keys = TempDir::new("rp-keys");
+    let (fleet, other) = (keys.path().join("fleet.key"), keys.path().join("other.key"));
+    std::fs::write(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons").unwrap();
+    std::fs::write(&other, b"someone else's key").unwrap();
+    let (fleet, other) = (fleet.display().to_string(), other.display().to_string());
+    let out = TempDir::new("rp-key-out");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let corrupt = [("NVLINKD_TEST_CORRUPT_IN_PROCESS", "1")];
+    let url = bg.url();
+    let with_key = |key: Option<&str>, env: &[(&str, &str)]| {
+        let mut args = vec!["--remote-cache", url.as_str(), "--remote-timeout", "5s"];
+        if let Some(k) = key {
+            args.extend(["--remote-cache-key", k]);
+        }
+        Daemon::start_env(&args, env)
+    };
+
+    // Forgers: one with another key, one with none, each storing a wrong output.
+    for key in [Some(other.as_str()), None] {
+        let forger = with_key(key, &corrupt);
+        let forged = run(&shim(), &inv(LINK, &out), &forger.shim_env());
+        assert!(!compare::runs(&expected, &forged).identical, "the test hook did not damage the output");
+        wait_uploads(&forger, 1);
+    }
+    // A daemon of the fleet, with an empty cache: nvlink's bytes.
+    let member = with_key(Some(&fleet), &[]);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &member.shim_env()));
+    assert_eq!(member.stat("remote_cache_hits"), 0, "a forged entry was served: {}", member.stats());
+    assert!(member.stat("remote_cache_rejected") >= 1, "the other key's entry was not rejected: {}", member.stats());
+    wait_uploads(&member, 1);
+    // Another member of the fleet shares what the first stored.
+    let second = with_key(Some(&fleet), &[]);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &second.shim_env()));
+    assert_eq!(second.stat("cache_hits"), 1, "the fleet's entry was not shared: {}", second.stats());
+    assert!(second.stat("remote_cache_hits") >= 1);
+}

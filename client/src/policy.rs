@@ -35,7 +35,7 @@ const OPTIONS_FILES: &[&str] = &["options-file", "optf"];
 /// Options that make nvlink print and exit without linking.
 const NO_LINK: &[&str] = &["help", "h", "version", "V"];
 /// How deep options files may name options files.
-const MAX_DEPTH: usize = 8;
+const MAX_DEPTH: usize = 15;
 
 #[derive(Debug, Default)]
 pub struct Policy {
@@ -72,6 +72,7 @@ impl Policy {
         expand(args, cwd, &mut tokens, 0);
         let resolve = |name: &str| cwd.join(name);
         let mut no_link = false;
+        let mut arch: Option<String> = None;
         for (i, t) in tokens.iter().enumerate() {
             let mut values: Vec<&str> = vec![t.as_str()];
             if let Some((_, v)) = t.split_once('=') {
@@ -106,6 +107,9 @@ impl Policy {
             // The value: after `=`, else the next token.
             let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned());
             let Some(value) = value.filter(|v| !v.is_empty()) else { continue };
+            if matches!(name, "arch" | "arch-name") {
+                arch = Some(value.clone());
+            }
             if OUTPUTS.contains(&name) {
                 p.writes.insert(resolve(&value));
                 if matches!(name, "o" | "output-file") {
@@ -115,7 +119,8 @@ impl Policy {
                 p.appends.insert(resolve(&value));
             }
         }
-        if no_link {
+        // For a virtual target (`--arch=compute_XY`) nvlink writes no `-o` file.
+        if no_link || arch.is_some_and(|a| a.starts_with("compute_")) {
             p.output = None;
         }
         for d in library_path.unwrap_or_default().split(':').filter(|d| !d.is_empty()) {
@@ -286,6 +291,10 @@ mod tests {
         assert!(!p.may_write(Path::new("/w/t.csv"), false));
         let help = Policy::new(&args(&["--help", "-o", "x"]), cwd, None, None);
         assert_eq!(help.output(), None);
+        let virt = Policy::new(&args(&["--arch=compute_90", "a.o", "-o", "x"]), cwd, None, None);
+        assert_eq!(virt.output(), None, "nvlink writes no -o file for a virtual target");
+        let real = Policy::new(&args(&["-arch", "compute_90", "-arch", "sm_90", "a.o", "-o", "x"]), cwd, None, None);
+        assert!(real.output().is_some());
     }
 
     #[test]

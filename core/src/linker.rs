@@ -738,7 +738,11 @@ impl Linker {
         if outcome.engine != EngineKind::InProcess || outcome.fallback.is_some() {
             return None;
         }
-        if !self.verifier.wants(&keys.content, crate::verify::unverifiable(spec, req, fs)) {
+        let why_not = crate::verify::unverifiable(spec, req, fs).or_else(|| {
+            device_only_registered(req, spec, fs)
+                .then_some("a device-only input registered (its module id is its path)")
+        });
+        if !self.verifier.wants(&keys.content, why_not) {
             return None;
         }
         let sandbox = match Sandbox::prepare(&self.scratch_dir(), req, spec, fs, &tk.root.join("nvvm")) {
@@ -851,11 +855,7 @@ impl Linker {
             warn!("a successful link without its output: result not cached");
             return None;
         }
-        let device_only_registered = spec.register_link_binaries.is_some()
-            && spec.inputs.iter().any(|i| {
-                matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
-                    || fs.read(&absolute(&req.cwd, i)).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
-            });
+        let device_only_registered = device_only_registered(req, spec, fs);
         Some(LinkEntry {
             exit_code: o.exit_code,
             stdout: o.stdout.clone(),
@@ -1238,6 +1238,17 @@ enum NotLinked {
 /// (`\x7fUFTINDX`) are fatal. A real uidx file (and a directory, which nvlink
 /// meets with "Memory allocation failure", and anything with `-time`) is left
 /// to nvlink.
+/// Whether the link registers a device-only input (a cubin, PTX or fatbin
+/// file): its module id is made from the input's path, so the result depends
+/// on names.
+fn device_only_registered(req: &Request, spec: &Spec, fs: &dyn InputFs) -> bool {
+    spec.register_link_binaries.is_some()
+        && spec.inputs.iter().any(|i| {
+            matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
+                || fs.read(&absolute(&req.cwd, i)).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
+        })
+}
+
 fn uidx_fatal(req: &Request, fs: &dyn InputFs, spec: &Spec, u: &str) -> Result<Diagnostic, Declined> {
     if spec.time.is_some() {
         return Err(Declined::new(Reason::Options, "--uidx-file with -time"));

@@ -23,10 +23,13 @@
 //! which runs the comparison again), and one warning names it; the event
 //! stream shows it as `verify_mismatch`.
 //!
-//! Not verified, counted in `verify_skipped`: links with `-time` (measured
-//! times differ), `-g` under `-dlto` (nvlink itself writes a random section
-//! name there), `-dlto` with an existing registration file (nvlink leaves it
-//! alone, the scratch copy has none), links the sandbox cannot mirror, and
+//! Not verified, counted in `verify_skipped`: remote links (mirroring reads
+//! files nvlink would not, which a remote shim refuses), links with `-time`
+//! (measured times differ), `-g` under `-dlto` (nvlink itself writes a random
+//! section name there), `-dlto` with an existing registration file (nvlink
+//! leaves it alone, the scratch copy has none), registered device-only inputs
+//! (their module ids are their paths, the sandbox's), options given twice (the
+//! parse warnings are printed apart), links the sandbox cannot mirror, and
 //! work the background queue has no room for.
 
 use std::collections::{BTreeMap, HashSet};
@@ -246,6 +249,12 @@ impl Verifier {
 
 /// Why a link cannot be verified, if it cannot (see the module doc).
 pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Option<&'static str> {
+    if !req.shared_fs {
+        return Some("a remote link (its files are read only as nvlink reads them)");
+    }
+    if !spec.parsed.warnings.is_empty() {
+        return Some("options given twice (nvlink prints its parse warnings itself)");
+    }
     if spec.time.is_some() {
         return Some("-time (measured times differ)");
     }

@@ -852,3 +852,30 @@ fn no_client_environment_reaches_a_process() {
     assert_same(&expected, &honest, "an honest link after the hostile one");
     assert!(!mark.exists());
 }
+
+/// `-o /dev/stdout` (or `/dev/fd/1`, or `/proc/self/fd/1`) names the caller's
+/// own descriptor: the cubin comes out on the caller's stdout as nvlink's
+/// does, the daemon never sees the link (its `/dev/stdout` is its own), and
+/// `/dev/stdout` is still the link it was.
+#[test]
+fn an_output_naming_the_callers_descriptors_is_the_callers() {
+    let d = Daemon::start();
+    let out = TempDir::new("sec-stdout");
+    for target in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"] {
+        let link = Invocation {
+            args: ["--arch=sm_90", "accumulate.o", "scale.o", "-o", target].map(str::to_owned).to_vec(),
+            cwd: corpus::dir().clone(),
+            env: Vec::new(),
+            out_dir: out.path().to_owned(),
+        };
+        let expected = run(&real_nvlink(), &link, &[]);
+        assert_eq!(expected.code, 0, "{target}");
+        assert!(expected.stdout.len() > 1000, "nvlink wrote no cubin to {target}");
+        let actual = run(&shim(), &link, &d.shim_env());
+        assert_eq!(actual.code, expected.code, "{target}: {}", String::from_utf8_lossy(&actual.stderr));
+        assert!(actual.stdout == expected.stdout, "{target}: the cubin on stdout is not nvlink's");
+    }
+    assert_eq!(d.stat("requests"), 0, "a link naming the caller's descriptors reached the daemon");
+    let dev_stdout = std::fs::symlink_metadata("/dev/stdout").expect("/dev/stdout");
+    assert!(dev_stdout.file_type().is_symlink(), "/dev/stdout is no longer a symlink");
+}

@@ -29,8 +29,8 @@
 //! section name there), `-dlto` with an existing registration file (nvlink
 //! leaves it alone, the scratch copy has none), registered device-only inputs
 //! (their module ids are their paths, the sandbox's), options given twice (the
-//! parse warnings are printed apart), links the sandbox cannot mirror, and
-//! work the background queue has no room for.
+//! parse warnings are printed apart), options files, links the sandbox cannot
+//! mirror, and work the background queue has no room for.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -257,6 +257,9 @@ pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Opti
     }
     if spec.time.is_some() {
         return Some("-time (measured times differ)");
+    }
+    if spec.parsed.options.iter().any(|o| o.id == crate::cli::options::Opt::OptionsFile) {
+        return Some("an options file (the sandbox does not mirror it as nvlink opens it)");
     }
     if spec.debug && spec.lto {
         return Some("-g with -dlto (nvlink's own output is not deterministic)");

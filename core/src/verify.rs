@@ -258,7 +258,10 @@ pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Opti
     if spec.time.is_some() {
         return Some("-time (measured times differ)");
     }
-    if spec.parsed.options.iter().any(|o| o.id == crate::cli::options::Opt::OptionsFile) {
+    // (Read while parsing: the parsed options keep their contents, not them.)
+    let options_file =
+        |a: &String| ["-optf", "--options-file"].iter().any(|o| a == o || a.starts_with(&format!("{o}=")));
+    if req.args.iter().any(options_file) {
         return Some("an options file (the sandbox does not mirror it as nvlink opens it)");
     }
     if spec.debug && spec.lto {

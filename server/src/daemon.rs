@@ -30,7 +30,7 @@ use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -151,6 +151,8 @@ pub struct ServeOptions {
     pub events: Hub,
     /// Speculative links (see `speculate.rs`).
     pub speculation: Speculation,
+    /// Most TCP connections at once (`--max-connections`; see `incoming.rs`).
+    pub max_connections: usize,
 }
 
 /// What the daemon links before it is asked (`speculate.rs`, `watch.rs`).
@@ -294,6 +296,8 @@ fn builder() -> tonic::transport::Server {
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    // A farm daemon needs more descriptors than the usual soft limit of 1024.
+    let nofile = crate::incoming::raise_fd_limit();
     let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let jobs = opts.linker.jobs;
     // Without a whole-link cache a speculative link's result would go nowhere
@@ -357,6 +361,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let blobs =
         Arc::new(crate::blobs::BlobStore::open(Some(&opts.cache_dir), opts.limits.blob_mem, opts.limits.blob_size));
     let staged = Arc::new(crate::staging::Counters::default());
+    let connections = Arc::new(crate::incoming::Counters::default());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
@@ -373,6 +378,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             events: opts.events.clone(),
             blobs: blobs.clone(),
             staged: staged.clone(),
+            connections: connections.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -417,18 +423,29 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             let mut server = builder();
             let tls = remote.tls.is_some();
             match remote.tls {
-                Some(config) => server = server.tls_config(config)?,
+                Some(config) => server = server.tls_config(config.timeout(crate::incoming::HANDSHAKE_TIMEOUT))?,
                 None => warn!(listen = %remote.listen, "--insecure: serving remote shims without TLS"),
             }
             if !remote.authenticated {
                 warn!(listen = %remote.listen, "--insecure: serving remote shims without authentication");
             }
-            info!(listen = %remote.listen, tls, tokens = remote.auth.is_some(), "serving remote shims over TCP");
+            let connection_limits = crate::incoming::ConnectionLimits::new(opts.max_connections, nofile);
+            info!(
+                listen = %remote.listen,
+                tls,
+                tokens = remote.auth.is_some(),
+                max_connections = connection_limits.total,
+                per_peer = connection_limits.per_peer,
+                "serving remote shims over TCP"
+            );
             Some(
                 server
                     .add_service(health_service)
                     .add_service(service(false, remote.auth))
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown_rx.clone())),
+                    .serve_with_incoming_shutdown(
+                        crate::incoming::guarded(listener, connection_limits, connections.clone()),
+                        stopped(shutdown_rx.clone()),
+                    ),
             )
         }
         None => None,

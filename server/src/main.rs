@@ -5,6 +5,7 @@ mod control;
 mod daemon;
 mod events;
 mod exec;
+mod incoming;
 mod install;
 mod metrics;
 mod remote;
@@ -137,6 +138,10 @@ struct ServeArgs {
     /// Most speculative links computing at once [default: --jobs, or the number of CPUs]
     #[arg(long)]
     max_speculative: Option<usize>,
+    /// Most TCP connections at once (the listener's; also at most half the open-file
+    /// limit), a quarter of them from one address; more are closed at once
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
     /// Check every link computed in process against the real nvlink, once per
     /// content key: `background` (after answering, at idle priority), `sync`
     /// (before answering; a difference answers nvlink's result) or `off`
@@ -313,6 +318,7 @@ impl ServeArgs {
             a.push("--watch".into());
         }
         a.extend(["--verify".into(), format!("{:?}", self.verify).to_lowercase()]);
+        a.extend(["--max-connections".into(), self.max_connections.to_string()]);
         if let Some(n) = self.max_speculative {
             a.extend(["--max-speculative".into(), n.to_string()]);
         }
@@ -495,6 +501,7 @@ fn main() -> ExitCode {
                     watch: a.watch,
                     max_running: a.max_speculative.unwrap_or(jobs),
                 },
+                max_connections: a.max_connections,
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));

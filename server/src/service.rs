@@ -124,6 +124,8 @@ pub struct Service {
     pub blobs: Arc<BlobStore>,
     /// Outputs written here for local shims (`staging.rs`).
     pub staged: Arc<crate::staging::Counters>,
+    /// The TCP listener's connections (`incoming.rs`).
+    pub connections: Arc<crate::incoming::Counters>,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -620,7 +622,9 @@ impl Nvlinkd for Service {
         let rest = json.strip_prefix('{').unwrap_or(&json);
         let failures = self.auth_failures.load(Ordering::Relaxed);
         let (blobs, staged) = (self.blobs.counters(), self.staged.counters());
-        let daemon: String = blobs.iter().chain(&staged).map(|(k, v)| format!("\"{k}\":{v},")).collect();
+        let connections = self.connections.counters();
+        let daemon: String =
+            blobs.iter().chain(&staged).chain(&connections).map(|(k, v)| format!("\"{k}\":{v},")).collect();
         Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{daemon}{rest}") }))
     }
 

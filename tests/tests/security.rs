@@ -879,3 +879,70 @@ fn an_output_naming_the_callers_descriptors_is_the_callers() {
     let dev_stdout = std::fs::symlink_metadata("/dev/stdout").expect("/dev/stdout");
     assert!(dev_stdout.file_type().is_symlink(), "/dev/stdout is no longer a symlink");
 }
+
+/// A flood of TCP connections that never start their TLS handshake: those
+/// past the caps are closed at once, the others when the handshake deadline
+/// passes; meanwhile a local link is answered at once and the daemon stays
+/// idle (no accept loop spinning), and once the flood ends remote links go
+/// through again.
+#[test]
+fn a_connection_flood_starves_nothing() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let d = Daemon::start_with(&[
+        "--listen",
+        &listen,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--token-file",
+        &tokens,
+        "--max-connections",
+        "64",
+    ]);
+    let flood: Vec<TcpStream> = (0..300).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    assert!(flood.len() >= 290, "the flood could not connect");
+    // One address gets a quarter of the 64: 16 admitted, the rest closed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.stat("tcp_connections_refused") < flood.len() as u64 - 16 {
+        assert!(Instant::now() < deadline, "connections past the caps were not refused: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(d.stat("tcp_connections"), 16, "{}", d.stats());
+    // A local link meanwhile: answered, and promptly.
+    let out = TempDir::new("sec-flood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    let local = run(&shim(), &link, &d.shim_env());
+    assert_same(&expected, &local, "a local link during the flood");
+    assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
+    // The daemon idles under the flood: under 0.3 s of CPU in 2 s.
+    let pid = d.pid().expect("daemon pid");
+    let cpu = || -> u64 {
+        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        field(14) + field(15)
+    };
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(2));
+    let ticks = cpu() - before;
+    assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
+    // An admitted connection that never shakes hands is closed at the deadline.
+    let mut waiting = flood.into_iter().next().unwrap();
+    waiting.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 16];
+    let closed = matches!(waiting.read(&mut buf), Ok(0) | Err(_));
+    assert!(closed && t0.elapsed() < Duration::from_secs(15), "a silent connection was kept {:?}", t0.elapsed());
+    drop(waiting);
+    // The flood over, remote links go through.
+    let remote = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    assert_same(&expected, &remote, "a remote link after the flood");
+    assert!(d.answers(), "the daemon died");
+}

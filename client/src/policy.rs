@@ -124,6 +124,9 @@ impl Policy {
             p.output = None;
         }
         for d in library_path.unwrap_or_default().split(':').filter(|d| !d.is_empty()) {
+            // Searched like a -L directory: the daemon may look at it (a
+            // routed link's sandbox mirrors it), as at the -L ones.
+            p.reads.insert(resolve(d));
             p.dirs.insert(resolve(d));
             p.lib_dirs.push(d.to_owned());
         }
@@ -257,6 +260,8 @@ mod tests {
         assert!(p.may_read(Path::new("/w/lib//libfoo.a")));
         assert!(p.may_read(Path::new("/opt/x/libfoo.a")));
         assert!(p.may_read(Path::new("/lp/libfoo.a")));
+        assert!(p.may_read(Path::new("/lp")), "a LIBRARY_PATH directory, as a -L one");
+        assert!(p.may_read(Path::new("/opt/x")));
         assert!(p.may_read(Path::new("/cuda/lib64/libcudadevrt.a")));
         assert!(!p.may_read(Path::new("/etc/shadow")));
         assert!(!p.may_read(Path::new("/w/../etc/shadow")));

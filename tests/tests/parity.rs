@@ -24,6 +24,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("data-segment-layout", "--arch=sm_90 shared_mix.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("static-lib", "--arch=sm_90 -Llib mathlib_main.o -ldevmath -o {OUT}/out.cubin", ""),
     ("static-lib-LIBRARY_PATH", "--arch=sm_90 mathlib_main.o -ldevmath -o {OUT}/out.cubin", "LIBRARY_PATH=lib"),
+    // The same routed (its files mirrored into a sandbox on the remote path).
+    ("static-lib-LIBRARY_PATH-routed", "--arch=sm_90 --preserve-relocs mathlib_main.o -ldevmath -o {OUT}/out.cubin", "LIBRARY_PATH=lib"),
     ("ptx-only", "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin", ""),
     ("ptx-older-arch", "--arch=sm_90 --register-link-binaries={OUT}/reg.c saxpy_ptx80.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
     ("ptx-newer-arch", "--arch=sm_80 saxpy_ptx.o -o {OUT}/out.cubin", ""),
@@ -570,6 +572,7 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-suppress-debug-info-cdp", "options"),
     ("opt-preserve-relocs", "options"),
     ("opt-extra-warnings", "options"),
+    ("static-lib-LIBRARY_PATH-routed", "options"),
     // A virtual target: nvlink links no device code, it registers the objects.
     ("ptx-only-nvcc-dlink", "arch"),
     ("ptx-only-with-output", "arch"),

@@ -497,14 +497,15 @@ fn append(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
 }
 
 /// Write an output where nvlink's `fopen(path, "w")` would: through symlinks
-/// (the link stays, its target gets the bytes; a dangling one names the file
-/// created), and into an existing device or FIFO (`-o /dev/null` writes to the
+/// the kernel follows for it (the link stays, its target gets the bytes; a
+/// dangling one names the file created; another user's link in a sticky
+/// directory is refused, `fs.protected_symlinks`), and into an existing device or FIFO (`-o /dev/null` writes to the
 /// device, never replaces it). A regular file is replaced atomically.
 ///
 /// A regular file that may be written but whose directory takes no new file
 /// (nvlink needs only the file's own permission) is written in place.
 fn write_output(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
-    let target = nvlinkd_fs::output_target(path);
+    let target = nvlinkd_fs::output_target_checked(path).map_err(|_| WriteFailed::Open)?;
     match std::fs::metadata(&target) {
         Ok(m) if !m.is_file() && !m.is_dir() => write_in_place(&target, pieces),
         Ok(m) if m.is_file() => match nvlinkd_fs::write_pieces_atomically(&target, pieces) {
@@ -526,7 +527,13 @@ fn write_in_place(target: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
 /// else (a device, a FIFO), or the rename is refused, its bytes are written as
 /// [`write_output`] writes received ones.
 fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFailed> {
-    let target = nvlinkd_fs::output_target(path);
+    let target = match nvlinkd_fs::output_target_checked(path) {
+        Ok(t) => t,
+        Err(_) => {
+            nvlinkd_fs::discard(staged);
+            return Err(WriteFailed::Open);
+        }
+    };
     let replaceable = match std::fs::metadata(&target) {
         Ok(m) => m.is_file(),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,

@@ -155,6 +155,20 @@ pub fn output_target(path: &Path) -> std::path::PathBuf {
     target
 }
 
+/// [`output_target`], where the kernel would let nvlink open `path` for
+/// writing: a symlink is followed only if the kernel follows it for this
+/// process (`fs.protected_symlinks`: not another user's link in a sticky,
+/// world-writable directory), found by opening `path` itself as nvlink's
+/// `fopen(path, "w")` does, without truncating. Err: nvlink's "Could not open
+/// output file".
+pub fn output_target_checked(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create(true).mode(0o666).open(path)?;
+    }
+    Ok(output_target(path))
+}
+
 /// The mode of the file nvlink leaves at `target` (already resolved, see
 /// [`output_target`]): nvlink truncates an existing file in place, so it keeps
 /// its permission bits; a new one is created `0666` less the umask.

@@ -946,3 +946,55 @@ fn a_connection_flood_starves_nothing() {
     assert_same(&expected, &remote, "a remote link after the flood");
     assert!(d.answers(), "the daemon died");
 }
+
+/// Another user's symlink in a sticky, world-writable directory (`/tmp`'s
+/// kind) as the output: with `fs.protected_symlinks` the kernel refuses to
+/// follow it for nvlink ("Could not open output file", exit 1), and so for
+/// the shim: the link's target is left alone. The sysctl is set for the test
+/// where it is off, and put back.
+#[test]
+fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    const SYSCTL: &str = "/proc/sys/fs/protected_symlinks";
+    let Ok(was) = std::fs::read_to_string(SYSCTL) else {
+        eprintln!("SKIP: no {SYSCTL}");
+        return;
+    };
+    if was.trim() != "1" && std::fs::write(SYSCTL, "1").is_err() {
+        eprintln!("SKIP: cannot set {SYSCTL}");
+        return;
+    }
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(SYSCTL, self.0.trim());
+        }
+    }
+    let _restore = Restore(was);
+    let d = Daemon::start();
+    let dir = TempDir::new("sec-symlink");
+    let sticky = dir.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let link_path = sticky.join("out.cubin");
+    std::os::unix::fs::symlink(&victim, &link_path).unwrap();
+    std::os::unix::fs::lchown(&link_path, Some(65534), Some(65534)).unwrap();
+    let link = Invocation {
+        args: ["--arch=sm_90", "accumulate.o", "scale.o", "-o"]
+            .map(str::to_owned)
+            .into_iter()
+            .chain([link_path.display().to_string()])
+            .collect(),
+        cwd: corpus::dir().clone(),
+        env: Vec::new(),
+        out_dir: dir.path().join("unused"),
+    };
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 1, "nvlink followed the link: {}", String::from_utf8_lossy(&expected.stderr));
+    let actual = run(&shim(), &link, &d.shim_env());
+    assert_eq!(actual.code, expected.code);
+    assert_eq!(String::from_utf8_lossy(&actual.stderr), String::from_utf8_lossy(&expected.stderr));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the shim wrote through another user's symlink");
+}

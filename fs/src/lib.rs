@@ -164,7 +164,7 @@ pub fn output_target(path: &Path) -> std::path::PathBuf {
 pub fn output_target_checked(path: &Path) -> std::io::Result<std::path::PathBuf> {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().write(true).create(true).mode(0o666).open(path)?;
+        std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o666).open(path)?;
     }
     Ok(output_target(path))
 }

@@ -226,11 +226,33 @@ impl ServeArgs {
         self.cache_dir.clone().unwrap_or_else(nvlinkd_proto::paths::cache_dir)
     }
     /// The toolkits: `--cuda-home`, else `$CUDA_HOME`.
+    /// The toolkits: `--cuda-home`, else `$CUDA_HOME`, else the toolkit of
+    /// the overlay (or in-place install) this `nvlinkd` belongs to.
     fn toolkits(&self) -> Vec<PathBuf> {
         if !self.cuda_home.is_empty() {
             return self.cuda_home.clone();
         }
-        std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).into_iter().collect()
+        std::env::var_os("CUDA_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| nvlinkd_proto::paths::OverlayRecord::of_current_exe().and_then(|r| r.cuda_home))
+            .into_iter()
+            .collect()
+    }
+
+    /// [`Self::toolkits`], each a toolkit with an nvlink: a daemon never runs
+    /// without one (its every link would fall back, silently).
+    fn usable_toolkits(&self) -> Result<Vec<PathBuf>, String> {
+        let roots = self.toolkits();
+        if roots.is_empty() {
+            return Err("no CUDA toolkit: give --cuda-home DIR or set CUDA_HOME (the toolkit whose nvlink this \
+                        daemon stands in for)"
+                .into());
+        }
+        match roots.iter().find(|r| !r.join("bin/nvlink").is_file()) {
+            Some(bad) => Err(format!("--cuda-home {}: not a CUDA toolkit (no bin/nvlink)", bad.display())),
+            None => Ok(roots),
+        }
     }
     /// The remote listener's security, read and checked before anything starts.
     fn remote(&self) -> Result<Option<daemon::Remote>, String> {
@@ -457,6 +479,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let toolkits = match a.usable_toolkits() {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("nvlinkd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             // Then the heap, while this is the only thread (core/src/heap.rs).
             let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
             nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
@@ -477,7 +506,7 @@ fn main() -> ExitCode {
                 cache_dir: cache_dir.clone(),
                 remote,
                 linker: LinkerConfig {
-                    toolkits: a.toolkits(),
+                    toolkits,
                     cache_dir,
                     jobs: a.jobs,
                     cache_mem: a.cache_mem,
@@ -516,9 +545,13 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Start(a) => match a.remote() {
+        Command::Start(mut a) => match a.remote().and_then(|_| a.usable_toolkits()) {
             Err(e) => report(Err(e)),
-            Ok(_) => report(runtime().block_on(control::start(&a.socket(), a.to_args()))),
+            Ok(roots) => {
+                // The daemon gets the toolkits found here, whatever its environment.
+                a.cuda_home = roots;
+                report(runtime().block_on(control::start(&a.socket(), a.to_args())))
+            }
         },
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),

@@ -231,3 +231,55 @@ fn exec_in_an_overlay_uses_the_overlays_toolkit() {
     let cmp = compare::runs(&expected, &actual);
     assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }
+
+/// A daemon never runs without a usable toolkit: one started from an overlay
+/// without `CUDA_HOME` serves the overlay's toolkit (links in process); with
+/// no toolkit at all, or a `--cuda-home` that is none, `start` and `serve`
+/// refuse with a message instead of leaving a daemon that declines every link.
+#[test]
+fn a_daemon_never_runs_without_a_usable_toolkit() {
+    let prefix = TempDir::new("ovl-start");
+    install_overlay(prefix.path());
+    let dir = TempDir::new("ovl-start-d");
+    let sock = dir.path().join("sock");
+    let daemon = |exe: &Path, extra: &[&str]| {
+        Command::new(exe)
+            .arg("start")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .args(extra)
+            .env_remove("CUDA_HOME")
+            .output()
+            .expect("nvlinkd start")
+    };
+    let overlay_nvlinkd = prefix.path().join("bin/nvlinkd");
+    let started = daemon(&overlay_nvlinkd, &[]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let out = TempDir::new("ovl-start-out");
+    let link = Invocation::templated("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let mut cmd = Command::new(prefix.path().join("bin/nvlink"));
+    cmd.args(&link.args)
+        .current_dir(&link.cwd)
+        .env_remove("CUDA_HOME")
+        .env("NVLINKD_SOCKET", &sock)
+        .env("NVLINKD_FALLBACK", "never");
+    let actual = cmd.output().expect("the overlay's shim");
+    assert!(actual.status.success(), "{}", String::from_utf8_lossy(&actual.stderr));
+    assert_eq!(std::fs::read(out.path().join("out.cubin")).unwrap(), expected.files["out.cubin"]);
+    let stats = Command::new(&overlay_nvlinkd).args(["stats", "--json", "--socket"]).arg(&sock).output().unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats");
+    assert_eq!(stats["in_process"], 1, "{stats}");
+    let _ = Command::new(&overlay_nvlinkd).args(["stop", "--socket"]).arg(&sock).output();
+
+    // No toolkit anywhere (nvlinkd outside an overlay, no CUDA_HOME), or not a toolkit.
+    for extra in [&[][..], &["--cuda-home", "/not/a/toolkit"]] {
+        let refused = daemon(&nvlinkd(), extra);
+        let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+        assert!(!refused.status.success(), "nvlinkd start {extra:?} started a daemon without a toolkit");
+        assert!(said.contains("toolkit"), "no word on the toolkit: {said}");
+    }
+    assert!(!sock.exists(), "a daemon was left behind");
+}

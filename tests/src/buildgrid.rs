@@ -79,7 +79,12 @@ impl BuildGrid {
             }
             None => (None, String::new()),
         };
-        let text = config_text(addr, &dir.path().join("storage"), secured.is_some()) + &extra;
+        let text = match secured {
+            // The deployed configuration itself (deploy/buildgrid), its
+            // address and paths this test's.
+            Some(_) => deployed_config(addr, dir.path()),
+            None => config_text(addr, &dir.path().join("storage"), false) + &extra,
+        };
         std::fs::write(&config, text).expect("write BuildGrid config");
         let log = std::fs::File::create(dir.path().join("bgd.log")).expect("BuildGrid log");
         let child = Command::new(&bgd)
@@ -220,6 +225,22 @@ fn secure_files(bgd: &Path, dir: &Path) -> (Secured, String) {
         p("jwt.secret").display()
     );
     (Secured { ca: p("ca.pem"), token_file: p("token") }, extra)
+}
+
+/// `deploy/buildgrid/buildgrid.yml` with this server's address and files.
+fn deployed_config(addr: SocketAddr, dir: &Path) -> String {
+    let text = std::fs::read_to_string(repo_root().join("deploy/buildgrid/buildgrid.yml")).expect("deploy/buildgrid");
+    let subst = [
+        ("0.0.0.0:50051", addr.to_string()),
+        ("/etc/buildgrid/tls.key", dir.join("server.key").display().to_string()),
+        ("/etc/buildgrid/tls.crt", dir.join("server.pem").display().to_string()),
+        ("/etc/buildgrid/jwt.secret", dir.join("jwt.secret").display().to_string()),
+        ("/var/lib/buildgrid/cas", dir.join("storage").display().to_string()),
+    ];
+    subst.iter().fold(text, |t, (from, to)| {
+        assert!(t.contains(from), "deploy/buildgrid/buildgrid.yml names no {from}");
+        t.replace(from, to)
+    })
 }
 
 fn config_text(addr: SocketAddr, storage: &Path, tls: bool) -> String {

@@ -196,13 +196,13 @@ pub fn program(seed: u64) -> Program {
             plans[u].weak = true;
         }
     }
-    // Cross-unit callers of each exported function (itself when alone).
+    // Callers of each exported function, in its own unit and in others.
     for u in 0..n {
         for v in 0..n {
-            if plans[u].cross && (v != u || n == 1) && r.chance(60) {
+            if plans[u].cross && r.chance(60) {
                 plans[v].calls_cross.push(u);
             }
-            if plans[u].forceinline && (v != u || n == 1) && r.chance(70) {
+            if plans[u].forceinline && r.chance(70) {
                 plans[v].calls_forceinline.push(u);
             }
         }
@@ -212,7 +212,7 @@ pub fn program(seed: u64) -> Program {
 
     let mut modes = vec![Mode::Rdc];
     if r.chance(75) {
-        modes.push([Mode::Lto, Mode::Debug, Mode::LineInfo, Mode::TwoArch][r.below(4)]);
+        modes.push([Mode::Lto, Mode::Lto, Mode::Debug, Mode::LineInfo, Mode::TwoArch][r.below(5)]);
     }
     let mut p = Program { seed, units, modes, links: Vec::new() };
     p.links = links(&mut r, &p);

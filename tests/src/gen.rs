@@ -15,7 +15,7 @@
 //! `__forceinline__`), and kernels no host code launches.
 //!
 //! Each program is compiled per [`Mode`] (`-dc`, plus one of `-dlto`, `-G`,
-//! `-lineinfo`, two archs for some) and comes with a short list of [`Link`]s:
+//! `-lineinfo`, two archs for some; `-dlto` alone for a few) and comes with a short list of [`Link`]s:
 //! nvcc's device link line, the units after the first in a static library,
 //! the first unit as LTO IR beside the others' SASS (partial LTO), `-r`. [`compile`] builds the objects once per set of sources and toolkit,
 //! under the target dir (as the hand-written corpus is), in parallel.
@@ -109,7 +109,7 @@ pub struct Link {
 pub struct Program {
     pub seed: u64,
     pub units: Vec<Unit>,
-    /// The modes compiled ([`Mode::Rdc`] first, always).
+    /// The modes compiled: [`Mode::Rdc`] and maybe one more, or [`Mode::Lto`] alone.
     pub modes: Vec<Mode>,
     pub links: Vec<Link>,
 }
@@ -196,13 +196,24 @@ pub fn program(seed: u64) -> Program {
             plans[u].weak = true;
         }
     }
+    // The compile modes: -dc, and at random one more. Some LTO programs are
+    // LTO alone, as `nvcc -dlto` builds them: only there may other units call
+    // a __forceinline__ function (nvcc -dc emits no symbol for it, so that
+    // without LTO the link fails with an undefined reference).
+    let extra = r.chance(75).then(|| [Mode::Lto, Mode::Lto, Mode::Debug, Mode::LineInfo, Mode::TwoArch][r.below(5)]);
+    let lto_only = extra == Some(Mode::Lto) && r.chance(50);
+    let modes = match extra {
+        _ if lto_only => vec![Mode::Lto],
+        Some(m) => vec![Mode::Rdc, m],
+        None => vec![Mode::Rdc],
+    };
     // Callers of each exported function, in its own unit and in others.
     for u in 0..n {
         for v in 0..n {
             if plans[u].cross && r.chance(60) {
                 plans[v].calls_cross.push(u);
             }
-            if plans[u].forceinline && r.chance(70) {
+            if plans[u].forceinline && (v == u || lto_only) && r.chance(70) {
                 plans[v].calls_forceinline.push(u);
             }
         }
@@ -210,10 +221,6 @@ pub fn program(seed: u64) -> Program {
     let units =
         (0..n).map(|u| Unit { name: format!("u{u}.cu"), source: unit_source(&mut r, u, n, &plans[u]) }).collect();
 
-    let mut modes = vec![Mode::Rdc];
-    if r.chance(75) {
-        modes.push([Mode::Lto, Mode::Lto, Mode::Debug, Mode::LineInfo, Mode::TwoArch][r.below(5)]);
-    }
     let mut p = Program { seed, units, modes, links: Vec::new() };
     p.links = links(&mut r, &p);
     p
@@ -271,7 +278,7 @@ fn links(r: &mut Rng, p: &Program) -> Vec<Link> {
             });
         }
         // Partial LTO: the first unit as LTO IR beside the others' SASS.
-        if mode == Mode::Lto && n >= 2 && r.chance(30) {
+        if mode == Mode::Lto && n >= 2 && p.modes.contains(&Mode::Rdc) && r.chance(30) {
             let head = NVCC_LINE.replace("{ARCH}", "sm_90").replace("{G}", "");
             let rest = p.objects(Mode::Rdc)[1..].join(" ");
             links.push(Link {

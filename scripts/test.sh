@@ -42,11 +42,13 @@ cargo test --workspace --locked --no-fail-fast -- --nocapture "$@" 2>&1 | tee "$
 rc=${PIPESTATUS[0]}
 set -e
 
-# One summary at the end: the parity table (printed by tests/tests/parity.rs)
+# One summary at the end: the parity table (printed by tests/tests/parity.rs),
+# the generated programs' line (tests/tests/generated.rs)
 # and the totals over every test binary.
 echo
 echo "================================ summary ================================"
 sed -n '/^parity with nvlink/,/^daemon: .* served from the cache/p' "$log"
+grep '^generated:' "$log" || true
 awk '/^test result:/ {
        for (i = 1; i <= NF; i++) {
          if ($(i) ~ /^passed;?$/) p += $(i-1)

@@ -10,6 +10,7 @@ pub mod corpus;
 pub mod daemon;
 pub mod env;
 pub mod events;
+pub mod gen;
 pub mod remote;
 pub mod run;
 pub mod wan;

@@ -249,3 +249,29 @@ pub fn proc_stat_field(pid: u32, n: usize) -> Option<String> {
     // What follows the name starts at field 3.
     stat.rsplit_once(')')?.1.split_whitespace().nth(n.checked_sub(3)?).map(str::to_string)
 }
+
+/// The daemon's counters that each say one engine served a link, with the
+/// engine's name in the table.
+pub const ENGINE_COUNTERS: &[(&str, &str)] = &[
+    ("in_process", "in-process"),
+    ("nvlink_process", "nvlink engine"),
+    ("cache_hits", "cache"),
+    ("frontend", "frontend"),
+    ("fallbacks", "fallback"),
+];
+
+/// The engine that served the one link run between two reads of a daemon's
+/// `stats --json` (nothing else ran on that daemon meanwhile): the counters of
+/// [`ENGINE_COUNTERS`] that grew, "?" if none did.
+pub fn engine_between(before: &serde_json::Value, after: &serde_json::Value) -> String {
+    let grew: Vec<&str> = ENGINE_COUNTERS
+        .iter()
+        .filter(|(counter, _)| after[counter].as_u64() > before[counter].as_u64())
+        .map(|(_, engine)| *engine)
+        .collect();
+    if grew.is_empty() {
+        "?".into()
+    } else {
+        grew.join("+")
+    }
+}

@@ -60,38 +60,17 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// The daemon's counters that each say one engine served a link (as in
-/// parity.rs), with the engine's name.
-const ENGINES: &[(&str, &str)] = &[
-    ("in_process", "in-process"),
-    ("nvlink_process", "nvlink engine"),
-    ("cache_hits", "cache"),
-    ("frontend", "frontend"),
-    ("fallbacks", "fallback"),
-];
-
 /// The engine that served the one link run between two reads of a daemon's
 /// `stats --json`, with the routing reason when routed to the nvlink engine.
 fn engine_between(before: &serde_json::Value, after: &serde_json::Value) -> String {
     let count = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-    let mut engines: Vec<String> = ENGINES
-        .iter()
-        .filter(|(counter, _)| count(&after[counter]) > count(&before[counter]))
-        .map(|(_, name)| name.to_string())
-        .collect();
+    let mut engine = nvlinkd_tests::daemon::engine_between(before, after);
     if let Some(reasons) = after["routed"].as_object() {
-        engines.extend(
-            reasons
-                .iter()
-                .filter(|(r, n)| count(n) > count(&before["routed"][r.as_str()]))
-                .map(|(r, _)| format!("({r})")),
-        );
+        for (r, _) in reasons.iter().filter(|(r, n)| count(n) > count(&before["routed"][r.as_str()])) {
+            engine.push_str(&format!(" ({r})"));
+        }
     }
-    if engines.is_empty() {
-        "?".into()
-    } else {
-        engines.join(" ")
-    }
+    engine
 }
 
 struct Outcome {

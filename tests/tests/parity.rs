@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use nvlinkd_tests::compare::{self, Comparison};
 use nvlinkd_tests::corpus;
-use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::daemon::{engine_between, Daemon};
 use nvlinkd_tests::env::{cuda_home, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 
@@ -640,32 +640,6 @@ fn layout_roundtrip_problems(files: &std::collections::BTreeMap<String, Vec<u8>>
             Err(e) => Some(format!("{n}: {e}")),
         })
         .collect()
-}
-
-/// The daemon's counters that each say one engine served a link, with the
-/// engine's name in the table.
-const ENGINE_COUNTERS: &[(&str, &str)] = &[
-    ("in_process", "in-process"),
-    ("nvlink_process", "nvlink engine"),
-    ("cache_hits", "cache"),
-    ("frontend", "frontend"),
-    ("fallbacks", "fallback"),
-];
-
-/// The engine that served the one link run between two reads of a daemon's
-/// `stats --json` (nothing else ran on that daemon meanwhile): the counters of
-/// [`ENGINE_COUNTERS`] that grew, "?" if none did.
-fn engine_between(before: &serde_json::Value, after: &serde_json::Value) -> String {
-    let grew: Vec<&str> = ENGINE_COUNTERS
-        .iter()
-        .filter(|(counter, _)| after[counter].as_u64() > before[counter].as_u64())
-        .map(|(_, engine)| *engine)
-        .collect();
-    if grew.is_empty() {
-        "?".into()
-    } else {
-        grew.join("+")
-    }
 }
 
 /// The cases to run: every case, or those named in `NVLINKD_PARITY_CASES`

@@ -572,10 +572,19 @@ struct Hostile {
     announce: Vec<(std::path::PathBuf, Vec<u8>, u64)>,
     /// The bytes it sends when a path is read.
     serve: std::collections::HashMap<std::path::PathBuf, Vec<u8>>,
+    /// The environment it sends in `Start`.
+    env: Vec<(String, String)>,
 }
 
-/// Run `args` in `cwd` as `hostile` over TLS with the token; the daemon's result.
-fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hostile) -> LinkResult {
+/// Run `args` in `cwd` as `hostile` over TLS with the token; the daemon's
+/// result and the output files it sent, by path.
+fn hostile_link_outputs(
+    pki: &Pki,
+    port: u16,
+    args: &[String],
+    cwd: &Path,
+    hostile: &Hostile,
+) -> (LinkResult, std::collections::BTreeMap<String, Vec<u8>>) {
     use nvlinkd_proto::v1::{file_reply, file_request, server_message, AnnouncedFile, FileError, FileReply};
     runtime().block_on(async {
         let mut client = NvlinkdClient::new(tls_channel(pki, port).await);
@@ -595,8 +604,10 @@ fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hos
             cwd: cwd.display().to_string(),
             toolkit_release: String::new(),
             files,
+            env: hostile.env.iter().cloned().collect(),
             ..Default::default()
         };
+        let mut outputs = std::collections::BTreeMap::<String, Vec<u8>>::new();
         let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
         tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
         let mut inbound =
@@ -605,7 +616,11 @@ fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hos
             let m = inbound.message().await.expect("the daemon's stream").expect("a result");
             let req = match m.msg {
                 Some(server_message::Msg::File(req)) => req,
-                Some(server_message::Msg::Result(r)) => return r,
+                Some(server_message::Msg::Output(o)) => {
+                    outputs.entry(o.path.clone()).or_default().extend_from_slice(&o.data);
+                    continue;
+                }
+                Some(server_message::Msg::Result(r)) => return (r, outputs),
                 _ => continue,
             };
             let path = Path::new(&req.path);
@@ -628,6 +643,10 @@ fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hos
     })
 }
 
+fn hostile_link(pki: &Pki, port: u16, args: &[String], cwd: &Path, hostile: &Hostile) -> LinkResult {
+    hostile_link_outputs(pki, port, args, cwd, hostile).0
+}
+
 /// `accumulate.o` announced by its own digest, served as other bytes of the same
 /// size (scale.o's, padded: an object that links, to something else).
 fn lying_about_accumulate(inputs: &Path) -> Hostile {
@@ -639,6 +658,7 @@ fn lying_about_accumulate(inputs: &Path) -> Hostile {
     Hostile {
         announce: vec![(inputs.join("accumulate.o"), digest, genuine.len() as u64)],
         serve: [(inputs.join("accumulate.o"), other)].into_iter().collect(),
+        env: Vec::new(),
     }
 }
 
@@ -796,48 +816,13 @@ fn no_client_environment_reaches_a_process() {
     let link = inv("--arch=sm_90 --preserve-relocs accumulate.o scale.o -o {OUT}/out.cubin", inputs.path(), &out);
     let expected = run(&real_nvlink(), &link, &[]);
     assert_eq!(expected.code, 0);
-    let (result, data) = runtime().block_on(async {
-        use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply};
-        let mut data = Vec::new();
-        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
-        let start = Start {
-            args: link.args.clone(),
-            cwd: inputs.path().display().to_string(),
-            env: hostile_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..Default::default()
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
-        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
-        let mut inbound =
-            client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await.unwrap().into_inner();
-        loop {
-            let m = inbound.message().await.expect("the daemon's stream").expect("a result");
-            let req = match m.msg {
-                Some(server_message::Msg::File(req)) => req,
-                Some(server_message::Msg::Output(o)) if o.path.ends_with("out.cubin") => {
-                    data.extend_from_slice(&o.data);
-                    continue;
-                }
-                Some(server_message::Msg::Result(r)) => return (r, data),
-                _ => continue,
-            };
-            let path = Path::new(&req.path);
-            let result = match req.op() {
-                file_request::Op::Read => match std::fs::read(path) {
-                    Ok(data) => file_reply::Result::Data(data.into()),
-                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                },
-                file_request::Op::Stat => match std::fs::metadata(path) {
-                    Ok(m) => {
-                        file_reply::Result::Stat(nvlinkd_proto::v1::FileStat { is_dir: m.is_dir(), size: m.len() })
-                    }
-                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                },
-            };
-            let reply = FileReply { id: req.id, result: Some(result), more: false };
-            tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.unwrap();
-        }
-    });
+    let hostile = Hostile {
+        announce: Vec::new(),
+        serve: Default::default(),
+        env: hostile_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    let (result, outputs) = hostile_link_outputs(&pki, port, &link.args, inputs.path(), &hostile);
+    let data = outputs.iter().find(|(p, _)| p.ends_with("out.cubin")).map(|(_, d)| d.clone()).unwrap_or_default();
     assert!(!mark.exists(), "a client's environment reached a process of the daemon's");
     assert!(!result.fallback, "the hostile link was not served: {result:?}");
     assert_eq!(result.exit_code, expected.code);

@@ -735,7 +735,8 @@ impl Linker {
         outcome: &Outcome,
         store: &Arc<Store>,
     ) -> Option<crate::verify::Job> {
-        if outcome.engine != EngineKind::InProcess || outcome.fallback.is_some() {
+        let off = self.verifier.mode == crate::verify::VerifyMode::Off;
+        if off || outcome.engine != EngineKind::InProcess || outcome.fallback.is_some() {
             return None;
         }
         let why_not = crate::verify::unverifiable(spec, req, fs).or_else(|| {

@@ -218,6 +218,12 @@ pub fn program(seed: u64) -> Program {
             }
         }
     }
+    // Nor does nvcc -dlto emit one that its own unit does not call: other
+    // units call it only where its own does (else an undefined reference).
+    let self_calls: Vec<bool> = (0..n).map(|u| plans[u].calls_forceinline.contains(&u)).collect();
+    for (v, plan) in plans.iter_mut().enumerate() {
+        plan.calls_forceinline.retain(|&u| u == v || self_calls[u]);
+    }
     let units =
         (0..n).map(|u| Unit { name: format!("u{u}.cu"), source: unit_source(&mut r, u, n, &plans[u]) }).collect();
 

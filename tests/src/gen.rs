@@ -11,14 +11,17 @@
 //! variables (some written by the host, so that the host references them),
 //! templates instantiated in two units, device `printf`/`assert`/`malloc`,
 //! atomics, a line of inline PTX, `__launch_bounds__`, weak and `extern "C"`
-//! device functions, cross-unit `extern __device__` calls (one of them
-//! `__forceinline__`), and kernels no host code launches.
+//! device functions, cross-unit `extern __device__` calls (to a
+//! `__forceinline__` function in LTO-only programs, where that links), and
+//! kernels no host code launches.
 //!
 //! Each program is compiled per [`Mode`] (`-dc`, plus one of `-dlto`, `-G`,
-//! `-lineinfo`, two archs for some; `-dlto` alone for a few) and comes with a short list of [`Link`]s:
-//! nvcc's device link line, the units after the first in a static library,
-//! the first unit as LTO IR beside the others' SASS (partial LTO), `-r`. [`compile`] builds the objects once per set of sources and toolkit,
-//! under the target dir (as the hand-written corpus is), in parallel.
+//! `-lineinfo`, two archs for some; `-dlto` alone for a few) and comes with a
+//! short list of [`Link`]s: nvcc's device link line, the units after the
+//! first in a static library, the first unit as LTO IR beside the others' SASS
+//! (partial LTO), `-r`. [`compile`] builds the objects once per set of sources
+//! and toolkit, under the target dir (as the hand-written corpus is), in
+//! parallel.
 
 use std::fmt::Write as _;
 use std::os::unix::io::AsRawFd;

@@ -11,14 +11,17 @@
 //! variables (some written by the host, so that the host references them),
 //! templates instantiated in two units, device `printf`/`assert`/`malloc`,
 //! atomics, a line of inline PTX, `__launch_bounds__`, weak and `extern "C"`
-//! device functions, cross-unit `extern __device__` calls (one of them
-//! `__forceinline__`), and kernels no host code launches.
+//! device functions, cross-unit `extern __device__` calls (to a
+//! `__forceinline__` function in LTO-only programs, where that links), and
+//! kernels no host code launches.
 //!
 //! Each program is compiled per [`Mode`] (`-dc`, plus one of `-dlto`, `-G`,
-//! `-lineinfo`, two archs for some; `-dlto` alone for a few) and comes with a short list of [`Link`]s:
-//! nvcc's device link line, the units after the first in a static library,
-//! the first unit as LTO IR beside the others' SASS (partial LTO), `-r`. [`compile`] builds the objects once per set of sources and toolkit,
-//! under the target dir (as the hand-written corpus is), in parallel.
+//! `-lineinfo`, two archs for some; `-dlto` alone for a few) and comes with a
+//! short list of [`Link`]s: nvcc's device link line, the units after the
+//! first in a static library, the first unit as LTO IR beside the others' SASS
+//! (partial LTO), `-r`. [`compile`] builds the objects once per set of sources
+//! and toolkit, under the target dir (as the hand-written corpus is), in
+//! parallel.
 
 use std::fmt::Write as _;
 use std::os::unix::io::AsRawFd;
@@ -217,6 +220,12 @@ pub fn program(seed: u64) -> Program {
                 plans[v].calls_forceinline.push(u);
             }
         }
+    }
+    // Nor does nvcc -dlto emit one that its own unit does not call: other
+    // units call it only where its own does (else an undefined reference).
+    let self_calls: Vec<bool> = (0..n).map(|u| plans[u].calls_forceinline.contains(&u)).collect();
+    for (v, plan) in plans.iter_mut().enumerate() {
+        plan.calls_forceinline.retain(|&u| u == v || self_calls[u]);
     }
     let units =
         (0..n).map(|u| Unit { name: format!("u{u}.cu"), source: unit_source(&mut r, u, n, &plans[u]) }).collect();

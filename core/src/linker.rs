@@ -684,9 +684,14 @@ impl Linker {
             }
             self.test_hold_store();
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
-            if let (Some(mut job), Some(e)) = (job, &entry) {
-                job.heal.name_sensitive = e.name_sensitive;
-                self.verifier.later(job);
+            match (job, &entry) {
+                (Some(mut job), Some(e)) => {
+                    job.heal.name_sensitive = e.name_sensitive;
+                    self.verifier.later(job);
+                }
+                // Not stored (an input changed meanwhile): verified another time.
+                (Some(job), None) => self.verifier.not_verified(&job.heal.content),
+                (None, _) => {}
             }
             if req.speculative && entry.is_none() {
                 // Nothing stored: a later real link that computes and stores

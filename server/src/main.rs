@@ -66,23 +66,23 @@ struct ServeArgs {
     #[arg(long)]
     jobs: Option<usize>,
     /// Bytes of cached results kept in memory
-    #[arg(long, default_value_t = 512 << 20)]
+    #[arg(long, default_value_t = 512 << 20, value_parser = parse_size)]
     cache_mem: u64,
     /// Bytes of cached results kept on disk
-    #[arg(long, default_value_t = 10 << 30)]
+    #[arg(long, default_value_t = 10 << 30, value_parser = parse_size)]
     cache_size: u64,
     /// Bytes of heap the daemon touches at start and keeps, so that its first
     /// links reuse memory instead of faulting new pages in (0: glibc's defaults)
-    #[arg(long, default_value_t = nvlinkd_core::heap::DAEMON_RESERVE)]
+    #[arg(long, default_value_t = nvlinkd_core::heap::DAEMON_RESERVE, value_parser = parse_size)]
     heap_reserve: u64,
     /// Bytes of remote shims' input files (blobs, by digest) kept in memory
-    #[arg(long, default_value_t = 512 << 20)]
+    #[arg(long, default_value_t = 512 << 20, value_parser = parse_size)]
     blob_mem: u64,
     /// Bytes of remote shims' input files (blobs, by digest) kept on disk
-    #[arg(long, default_value_t = 10 << 30)]
+    #[arg(long, default_value_t = 10 << 30, value_parser = parse_size)]
     blob_size: u64,
     /// Address-space limit of each nvJitLink worker process, bytes (0: none)
-    #[arg(long, default_value_t = 64 << 30)]
+    #[arg(long, default_value_t = 64 << 30, value_parser = parse_size)]
     worker_mem: u64,
     /// Seconds one nvJitLink request may take before its worker is killed
     #[arg(long, default_value_t = 1800)]
@@ -96,7 +96,7 @@ struct ServeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     reply_timeout: Duration,
     /// Most input bytes one link may read; larger links are left to the real nvlink
-    #[arg(long, default_value_t = 8 << 30)]
+    #[arg(long, default_value_t = 8 << 30, value_parser = parse_size)]
     max_link_input: u64,
     /// On stop, how long links still computing may finish before they are abandoned
     /// (their shims then run the real nvlink)
@@ -151,6 +151,33 @@ struct ServeArgs {
 
 fn parse_verify(s: &str) -> Result<nvlinkd_core::verify::VerifyMode, String> {
     s.parse()
+}
+
+/// A size in bytes: a plain number, or with a unit — `K`, `M`, `G`, `T` and
+/// `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), `KB`, `MB`, `GB`, `TB`
+/// (powers of 1000), `B`; `512MiB`, `10G`, `1.5GiB`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a size: '{s}' (e.g. 512MiB, 10G, 1073741824)"))?;
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "k" | "KiB" => 1024.0,
+        "M" | "MiB" => 1024.0 * 1024.0,
+        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "T" | "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        u => return Err(format!("unknown unit '{u}' in '{s}' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
+    };
+    let bytes = n * scale;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("'{s}': too large"));
+    }
+    Ok(bytes.round() as u64)
 }
 
 /// `1500ms`, `30s`, `15m`, `2h`, `1d`, or plain seconds; `never` is zero (for
@@ -583,6 +610,21 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("2KB"), Ok(2000));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999TB").is_err());
+    }
 
     #[test]
     fn durations() {

@@ -101,16 +101,8 @@ fn build(src: &str, done: &str) -> PathBuf {
     }
     let key = h.finalize().to_hex();
     let root = bin_dir().join("nvlinkd-corpus");
-    std::fs::create_dir_all(&root).expect("corpus root");
+    let lock = lock_build_root(&root);
     let out = root.join(&key.as_str()[..16]);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join("lock"))
-        .expect("lock file");
-    // SAFETY: flock on an open file descriptor.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
     if !out.join(done).is_file() {
         let _ = std::fs::remove_dir_all(&out);
         let res =
@@ -120,7 +112,21 @@ fn build(src: &str, done: &str) -> PathBuf {
             panic!("build of {} failed", src.display());
         }
     }
-    // SAFETY: as above.
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+    drop(lock);
     out
+}
+
+/// Create `root` and hold its `lock` file exclusively (test processes building
+/// into it wait for each other) until the returned file is dropped.
+pub fn lock_build_root(root: &std::path::Path) -> std::fs::File {
+    std::fs::create_dir_all(root).expect("build root");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join("lock"))
+        .expect("lock file");
+    // SAFETY: flock on an open file descriptor; closing it releases the lock.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+    lock
 }

@@ -24,7 +24,6 @@
 //! parallel.
 
 use std::fmt::Write as _;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -497,15 +496,7 @@ fn unit_source(r: &mut Rng, u: usize, n: usize, p: &Plan) -> String {
 /// when nvcc fails: every generated program must compile.
 pub fn compile(programs: &[Program], threads: usize) -> Vec<PathBuf> {
     let root = bin_dir().join("nvlinkd-gen");
-    std::fs::create_dir_all(&root).expect("generated corpus root");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join("lock"))
-        .expect("lock file");
-    // SAFETY: flock on an open file descriptor.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+    let lock = crate::corpus::lock_build_root(&root);
     let dirs: Vec<PathBuf> = programs.iter().map(|p| root.join(key(p))).collect();
     let mut jobs = Vec::new();
     for (p, dir) in programs.iter().zip(&dirs) {
@@ -573,8 +564,7 @@ pub fn compile(programs: &[Program], threads: usize) -> Vec<PathBuf> {
         }
         std::fs::write(dir.join("done"), b"").expect("done marker");
     }
-    // SAFETY: as above.
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+    drop(lock);
     dirs
 }
 

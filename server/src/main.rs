@@ -253,18 +253,13 @@ impl ServeArgs {
         self.cache_dir.clone().unwrap_or_else(nvlinkd_proto::paths::cache_dir)
     }
     /// The toolkits: `--cuda-home`, else `$CUDA_HOME`.
-    /// The toolkits: `--cuda-home`, else `$CUDA_HOME`, else the toolkit of
-    /// the overlay (or in-place install) this `nvlinkd` belongs to.
+    /// The toolkits: `--cuda-home`, else the one this `nvlinkd` stands for
+    /// (its overlay's, else `$CUDA_HOME`: `exec::own_toolkit`, as the shim).
     fn toolkits(&self) -> Vec<PathBuf> {
         if !self.cuda_home.is_empty() {
             return self.cuda_home.clone();
         }
-        std::env::var_os("CUDA_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| nvlinkd_proto::paths::OverlayRecord::of_current_exe().and_then(|r| r.cuda_home))
-            .into_iter()
-            .collect()
+        exec::own_toolkit().into_iter().collect()
     }
 
     /// [`Self::toolkits`], each a toolkit with an nvlink: a daemon never runs

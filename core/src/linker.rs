@@ -659,9 +659,9 @@ impl Linker {
         let planning = std::cell::RefCell::new(Some(planning));
         let mine = std::cell::RefCell::new(None);
         let entry = cache.flights.run(keys.content, || {
+            let mismatch = || Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
             let mut outcome = if self.verifier.mismatched(&keys.content) {
-                let why = Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
-                self.route(tk, req, memo, spec, cancel, why)
+                self.route(tk, req, memo, spec, cancel, mismatch())
             } else {
                 self.compute_link(tk, req, memo, spec, mode, cancel)
             };
@@ -670,7 +670,7 @@ impl Linker {
             if self.verifier.mode == crate::verify::VerifyMode::Sync {
                 if let Some(theirs) = job.take().and_then(|j| self.verifier.now(j, cancel)) {
                     // nvlink's answer, not ours (and the key is routed from now on).
-                    let why = Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
+                    let why = mismatch();
                     self.routed.bump(why.reason);
                     outcome = Outcome::answer(
                         EngineKind::NvlinkProcess,

@@ -161,7 +161,7 @@ impl Verifier {
                 crate::sched::idle_priority();
                 for job in rx {
                     let cancel = Cancel::with_priority(Priority::Background);
-                    let _ = run(&st, job, &cancel);
+                    let _ = run(&st, job, &cancel, true);
                     st.counters.pending.fetch_sub(1, Ordering::Relaxed);
                 }
             });
@@ -223,7 +223,8 @@ impl Verifier {
     /// Verify now (`sync`): nvlink's answer when it differs from ours.
     pub fn now(&self, job: Job, cancel: &Cancel) -> Option<Answer> {
         let key = job.heal.content;
-        match run(&self.state, job, cancel) {
+        // The link stores nvlink's answer itself (nothing of ours is stored yet).
+        match run(&self.state, job, cancel, false) {
             Verdict::Mismatch(theirs) => Some(theirs),
             Verdict::Same => None,
             Verdict::NotRun => {
@@ -279,9 +280,10 @@ enum Verdict {
     NotRun,
 }
 
-/// Run nvlink in the job's sandbox and compare; on a mismatch heal, route,
-/// report.
-fn run(st: &State, job: Job, cancel: &Cancel) -> Verdict {
+/// Run nvlink in the job's sandbox and compare; on a mismatch route, report
+/// and, with `heal` (the in-process answer is stored already), put nvlink's
+/// answer in its place.
+fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
     let theirs =
         match process::run(&job.nvlink, &job.sandbox.request, &job.spec, &job.scratch_parents, cancel, job.limit) {
             Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
@@ -305,7 +307,9 @@ fn run(st: &State, job: Job, cancel: &Cancel) -> Verdict {
     }
     st.counters.mismatches.fetch_add(1, Ordering::Relaxed);
     st.mismatched.lock().unwrap_or_else(|p| p.into_inner()).insert(job.heal.content);
-    heal(&job, &theirs);
+    if heal_entry {
+        heal(&job, &theirs);
+    }
     let bundle = write_bundle(st, &job, &theirs, &diffs);
     let _in_link = job.span.enter();
     warn!(

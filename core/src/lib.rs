@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod confine;
 pub mod declined;
 pub mod diag;
 pub mod elf;

@@ -63,6 +63,8 @@ pub struct LinkerConfig {
     /// Whether links computed in process are checked against the real
     /// nvlink (`verify.rs`).
     pub verify: crate::verify::VerifyMode,
+    /// How the processes that parse client bytes are confined (`confine.rs`).
+    pub confine: crate::confine::Policy,
 }
 
 /// Default time limit of one nvJitLink request in a worker.
@@ -225,6 +227,7 @@ impl Linker {
                 max: pool.current_num_threads(),
                 mem_limit: config.worker_mem,
                 timeout: config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
+                confine: config.confine.clone(),
             })
         });
         // Open the default toolkit now, off the first link's path (a link
@@ -762,6 +765,7 @@ impl Linker {
         Some(crate::verify::Job {
             nvlink: tk.nvlink(),
             toolkit_root: tk.root.clone(),
+            confine: self.config.confine.clone(),
             sandbox,
             spec: spec.clone(),
             req: req.clone(),
@@ -1028,6 +1032,7 @@ impl Linker {
             workers: self.workers.as_deref(),
             cancel,
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
+            confine: &self.config.confine,
             fault: &fault,
             errors: &errors,
             timings,
@@ -1153,7 +1158,13 @@ impl Linker {
             }
         };
         let run_req = sandbox.as_ref().map_or(req, |s| &s.request);
-        match process::run(&tk.nvlink(), run_req, spec, &self.scratch_parents(), cancel, limit) {
+        // nvlink on a client's mirrored files runs confined (`confine.rs`).
+        let confined = sandbox.as_ref().map(|s| process::Confined {
+            policy: &self.config.confine,
+            toolkit_root: &tk.root,
+            sandbox: s.dir(),
+        });
+        match process::run(&tk.nvlink(), run_req, spec, &self.scratch_parents(), cancel, limit, confined.as_ref()) {
             Ok(r) => {
                 let (stdout, stderr, outputs) = match &sandbox {
                     None => (r.stdout, r.stderr, r.outputs),

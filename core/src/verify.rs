@@ -128,6 +128,7 @@ pub(crate) struct Heal {
 pub(crate) struct Job {
     pub nvlink: PathBuf,
     pub toolkit_root: PathBuf,
+    pub confine: crate::confine::Policy,
     pub sandbox: Sandbox,
     pub spec: Spec,
     pub req: Request,
@@ -284,22 +285,32 @@ enum Verdict {
 /// and, with `heal` (the in-process answer is stored already), put nvlink's
 /// answer in its place.
 fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
-    let theirs =
-        match process::run(&job.nvlink, &job.sandbox.request, &job.spec, &job.scratch_parents, cancel, job.limit) {
-            Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
-                Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
-                Err(e) => {
-                    debug!("not verified: {e:?}");
-                    st.counters.skipped.fetch_add(1, Ordering::Relaxed);
-                    return Verdict::NotRun;
-                }
-            },
+    let confined =
+        process::Confined { policy: &job.confine, toolkit_root: &job.toolkit_root, sandbox: job.sandbox.dir() };
+    let run = process::run(
+        &job.nvlink,
+        &job.sandbox.request,
+        &job.spec,
+        &job.scratch_parents,
+        cancel,
+        job.limit,
+        Some(&confined),
+    );
+    let theirs = match run {
+        Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
+            Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
             Err(e) => {
-                debug!("not verified: nvlink gave no answer: {e}");
+                debug!("not verified: {e:?}");
                 st.counters.skipped.fetch_add(1, Ordering::Relaxed);
                 return Verdict::NotRun;
             }
-        };
+        },
+        Err(e) => {
+            debug!("not verified: nvlink gave no answer: {e}");
+            st.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Verdict::NotRun;
+        }
+    };
     st.counters.verified.fetch_add(1, Ordering::Relaxed);
     let diffs = differences(&job.ours, &theirs);
     if diffs.is_empty() {

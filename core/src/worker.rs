@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -580,6 +580,8 @@ pub struct PoolConfig {
     pub mem_limit: u64,
     /// Longest time one request may take.
     pub timeout: Duration,
+    /// How workers are confined (`confine.rs`): they parse clients' LTO IR.
+    pub confine: crate::confine::Policy,
 }
 
 struct Worker {
@@ -856,6 +858,21 @@ impl WorkerPool {
         let exe = if nvvm { &self.nvvm_exe } else { &self.config.exe };
         let mut cmd = Command::new(exe);
         crate::sched::apply_to_command(&mut cmd, class);
+        // A worker reads its own executable and the toolkit's libraries, and
+        // writes nothing: requests and answers cross its pipes.
+        let mut read: Vec<PathBuf> = exe.canonicalize().into_iter().collect();
+        if let Some(root) = lib.path.parent().and_then(Path::parent) {
+            read.extend(crate::confine::toolkit_reads(root));
+        }
+        read.extend(lib.path.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
+        // Test hook: a held worker marks and polls a file in the hold's directory.
+        let hold_dir = std::env::var_os(HOLD_ENV).and_then(|h| Path::new(&h).parent().map(Path::to_owned));
+        let write: Vec<&Path> = hold_dir.as_deref().into_iter().collect();
+        match self.config.confine.jail(&read, &write) {
+            Ok(Some(jail)) => jail.apply(&mut cmd),
+            Ok(None) => {}
+            Err(e) => return Err(WorkerError::Spawn(e)),
+        }
         let mut child = cmd
             .arg("worker")
             .arg("--lib")

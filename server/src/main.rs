@@ -147,6 +147,25 @@ struct ServeArgs {
     /// (before answering; a difference answers nvlink's result) or `off`
     #[arg(long, default_value = "background", value_parser = parse_verify)]
     verify: nvlinkd_core::verify::VerifyMode,
+    /// Confine the real nvlink run for remote links and verification, ptxas and
+    /// the nvJitLink/NVVM workers (Landlock and seccomp): `auto` (as far as the
+    /// kernel allows), `require` (refuse to start without Landlock) or `off`
+    #[arg(long, default_value = "auto")]
+    confine: nvlinkd_core::confine::Mode,
+    /// Run confined processes as this unprivileged user (a daemon running as root)
+    #[arg(long, value_name = "USER")]
+    sandbox_user: Option<String>,
+}
+
+impl ServeArgs {
+    /// The confinement policy, checked against this host.
+    fn confinement(&self) -> Result<nvlinkd_core::confine::Policy, String> {
+        let user = self.sandbox_user.as_deref().map(nvlinkd_core::confine::SandboxUser::lookup).transpose()?;
+        let policy = nvlinkd_core::confine::Policy { mode: self.confine, user };
+        let summary = policy.check()?;
+        tracing::info!("{summary}");
+        Ok(policy)
+    }
 }
 
 fn parse_verify(s: &str) -> Result<nvlinkd_core::verify::VerifyMode, String> {
@@ -362,6 +381,10 @@ impl ServeArgs {
             a.push("--watch".into());
         }
         a.extend(["--verify".into(), format!("{:?}", self.verify).to_lowercase()]);
+        a.extend(["--confine".into(), format!("{:?}", self.confine).to_lowercase()]);
+        if let Some(u) = &self.sandbox_user {
+            a.extend(["--sandbox-user".into(), u.clone()]);
+        }
         a.extend(["--max-connections".into(), self.max_connections.to_string()]);
         if let Some(n) = self.max_speculative {
             a.extend(["--max-speculative".into(), n.to_string()]);
@@ -521,6 +544,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            let confine = match a.confinement() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("nvlinkd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = daemon::ServeOptions {
                 remote_cache,
                 metrics_listen: a.metrics_listen.clone(),
@@ -536,6 +566,7 @@ fn main() -> ExitCode {
                     worker_exe: std::env::current_exe().ok(),
                     worker_mem: a.worker_mem,
                     verify: a.verify,
+                    confine,
                     worker_timeout: Some(std::time::Duration::from_secs(a.worker_timeout.max(1))),
                 },
                 limits: service::Limits {

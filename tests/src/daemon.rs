@@ -102,8 +102,12 @@ impl Daemon {
             .arg(self.socket())
             .arg("--cache-dir")
             .arg(self.cache_dir())
-            .arg("--cuda-home")
-            .arg(cuda_home())
+            // The test's toolkit unless the test names its own.
+            .args(if extra.contains(&"--cuda-home") {
+                vec![]
+            } else {
+                vec![std::ffi::OsStr::new("--cuda-home"), cuda_home().as_os_str()]
+            })
             // Verification (serve's default: background) runs the real nvlink
             // beside every new link: only where a test asks for it (parity
             // runs `--verify=sync`, verify.rs each mode), so that the other

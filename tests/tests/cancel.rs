@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nvlinkd_core::confine::Policy;
 use nvlinkd_core::jitlink::{InputType, JitInput};
 use nvlinkd_core::toolkit::Toolkit;
 use nvlinkd_core::worker::{Cancel, PoolConfig, WorkerError, WorkerPool, HOLD_ENV};
@@ -47,7 +48,7 @@ fn cancel_and_time_limit_kill_the_worker_at_once() {
     let cubin = std::fs::read(corpus::dir().join("scale.cubin")).expect("scale.cubin");
     let inputs = [JitInput { kind: InputType::Cubin, data: &cubin, name: "scale.cubin" }];
     let opts = vec!["-arch=sm_90".to_string()];
-    let config = |timeout| PoolConfig { exe: nvlinkd(), max: 1, mem_limit: 0, timeout };
+    let config = |timeout| PoolConfig { exe: nvlinkd(), max: 1, mem_limit: 0, timeout, confine: Policy::default() };
 
     // Cancel while the worker holds the request.
     let pool = WorkerPool::new(config(Duration::from_secs(600)));
@@ -108,14 +109,14 @@ fn nvlink_engine_runs_are_cancellable_and_time_limited() {
     let nvlink = cuda_home().join("bin/nvlink");
 
     let scratch = [out.path().to_path_buf()];
-    let ok = process::run(&nvlink, &req, &spec, &scratch, &Cancel::new(), Duration::from_secs(600)).expect("run");
+    let ok = process::run(&nvlink, &req, &spec, &scratch, &Cancel::new(), Duration::from_secs(600), None).expect("run");
     assert_eq!((ok.exit_code, ok.outputs.len()), (0, 1), "{}", String::from_utf8_lossy(&ok.stderr));
 
     let cancelled = Cancel::new();
     cancelled.cancel();
-    assert!(process::run(&nvlink, &req, &spec, &scratch, &cancelled, Duration::from_secs(600)).is_err());
+    assert!(process::run(&nvlink, &req, &spec, &scratch, &cancelled, Duration::from_secs(600), None).is_err());
 
-    let killed = process::run(&nvlink, &req, &spec, &scratch, &Cancel::new(), Duration::ZERO);
+    let killed = process::run(&nvlink, &req, &spec, &scratch, &Cancel::new(), Duration::ZERO, None);
     assert!(
         matches!(killed, Err(process::RunError::Signal(libc::SIGKILL))),
         "nvlink was not killed at its time limit: {:?}",
@@ -134,7 +135,9 @@ fn ptxas_runs_are_cancellable_and_time_limited() {
     let args: Vec<String> = ["-arch=sm_90", "-m64", "-c"].map(String::from).to_vec();
     let scratch = TempDir::new("ptxas-cancel");
 
-    let ok = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::from_secs(600)).expect("ptxas");
+    let ok =
+        ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::from_secs(600), &Policy::default())
+            .expect("ptxas");
     let direct = scratch.path().join("direct.cubin");
     let status = std::process::Command::new(cuda_home().join("bin/ptxas"))
         .args(&args)
@@ -149,8 +152,9 @@ fn ptxas_runs_are_cancellable_and_time_limited() {
     let cancelled = Cancel::new();
     cancelled.cancel();
     let t = Instant::now();
-    assert!(ptxas::compile(&tk, &ptx, &args, scratch.path(), &cancelled, Duration::from_secs(600)).is_err());
-    let killed = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::ZERO);
+    assert!(ptxas::compile(&tk, &ptx, &args, scratch.path(), &cancelled, Duration::from_secs(600), &Policy::default())
+        .is_err());
+    let killed = ptxas::compile(&tk, &ptx, &args, scratch.path(), &Cancel::new(), Duration::ZERO, &Policy::default());
     let err = killed.expect_err("ptxas was not stopped at its time limit");
     assert!(err.detail.contains("killed"), "{}", err.detail);
     // Bound on a hang, not a speed claim: neither run compiled anything.

@@ -61,6 +61,8 @@ pub struct Context<'a> {
     pub cancel: &'a Cancel,
     /// Longest time one ptxas run may take (the daemon's worker time limit).
     pub limit: std::time::Duration,
+    /// How ptxas runs confined (`confine.rs`).
+    pub confine: &'a crate::confine::Policy,
     /// Set when the link failed because of its environment (a worker died or
     /// was killed): the linker then gives no result.
     pub fault: &'a std::sync::Mutex<Option<String>>,
@@ -644,8 +646,9 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
             TimeRow { order: i, source, phase: "ptxas", inputs, output, ms: 0.0 }
         };
         let bytes = cx.timed(spec, row, || {
-            cx.artifacts
-                .get_or_compute(Level::Jit, key, || ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit))
+            cx.artifacts.get_or_compute(Level::Jit, key, || {
+                ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
+            })
         })?;
         let info = cubin::read(&bytes).map_err(|e| Declined::new(Reason::Tool, format!("ptxas output: {e}")))?;
         m.code = Code::Cubin(bytes);
@@ -855,8 +858,9 @@ fn lto_ptxas(
     let key = cx.artifacts.key(Level::Ptxas, &[ptx, args.join(" ").as_bytes()]);
     let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
     let compile = || {
-        cx.artifacts
-            .get_or_compute(Level::Ptxas, key, || ptxas::compile(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit))
+        cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+            ptxas::compile(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
+        })
     };
     Ok(cx.timed(spec, || lto_row("ptxas"), compile)?.to_vec())
 }
@@ -881,7 +885,8 @@ fn debug_ptxas(
     }
     args.extend(DEBUG_PTXAS.iter().map(|s| s.to_string()));
     let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
-    let (cubin, warnings) = ptxas::compile_with_warnings(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit)?;
+    let (cubin, warnings) =
+        ptxas::compile_with_warnings(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)?;
     let fail = |why: String| Declined::new(Reason::Tool, format!("-dlto -g tool note: {why}"));
     // The ptxas program records `<input> -no-bb-merge  -ret-end  -g  -o <output> -arch sm_XY -m 64 `;
     // nvlink's ptxas `-no-bb-merge  -ret-end  -g  -arch sm_XY -m 64 `.

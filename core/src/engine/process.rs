@@ -143,6 +143,15 @@ pub(crate) fn substitute(args: &mut [String], at: ArgPos, old: &str, new: &str) 
     }
 }
 
+/// A run on a link's sandbox (`sandbox.rs`), confined (`confine.rs`): it
+/// reads the toolkit and writes its sandbox and scratch, nothing else.
+pub struct Confined<'a> {
+    pub policy: &'a crate::confine::Policy,
+    pub toolkit_root: &'a Path,
+    /// The sandbox's directory (the mirrored files are below it).
+    pub sandbox: &'a Path,
+}
+
 /// Run `nvlink` for `req`, capturing its outputs: in the first of
 /// `scratch_parents` that works, retrying in the next after an environment
 /// fault. `cancel` kills it, and so does a run longer than `limit` (it then
@@ -154,8 +163,9 @@ pub fn run(
     scratch_parents: &[PathBuf],
     cancel: &Cancel,
     limit: Duration,
+    confined: Option<&Confined>,
 ) -> Result<ProcessResult, RunError> {
-    retry_in_scratch("nvlink", scratch_parents, |parent| run_in(nvlink, req, spec, parent, cancel, limit))
+    retry_in_scratch("nvlink", scratch_parents, |parent| run_in(nvlink, req, spec, parent, cancel, limit, confined))
 }
 
 /// The failure of a tool's run in one scratch directory, as far as
@@ -214,6 +224,7 @@ fn run_in(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
+    confined: Option<&Confined>,
 ) -> Result<ProcessResult, RunError> {
     let _ = std::fs::create_dir_all(scratch_parent);
     let scratch = Scratch::new(scratch_parent).map_err(env_err("scratch directory"))?;
@@ -260,6 +271,16 @@ fn run_in(
     let tmpdir = scratch.0.join("tmp");
     std::fs::create_dir(&tmpdir).map_err(env_err("scratch directory"))?;
     cmd.env("TMPDIR", &tmpdir);
+    if let Some(c) = confined {
+        c.policy.hand_over(&[&scratch.0, c.sandbox]).map_err(env_err("sandbox user"))?;
+        let mut read = crate::confine::toolkit_reads(c.toolkit_root);
+        read.extend(nvlink.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
+        match c.policy.jail(&read, &[&scratch.0, c.sandbox]) {
+            Ok(Some(jail)) => jail.apply(&mut cmd),
+            Ok(None) => {}
+            Err(e) => return Err(RunError::Environment(e)),
+        }
+    }
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

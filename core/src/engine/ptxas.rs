@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::process::{self, Scratch};
+use crate::confine::Policy;
 use crate::declined::{Declined, Reason};
 use crate::toolkit::Toolkit;
 use crate::worker::Cancel;
@@ -34,8 +35,9 @@ pub fn compile(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
+    confine: &Policy,
 ) -> Result<Vec<u8>, Declined> {
-    let (cubin, warnings) = compile_with_warnings(tk, ptx, args, scratch_parent, cancel, limit)?;
+    let (cubin, warnings) = compile_with_warnings(tk, ptx, args, scratch_parent, cancel, limit, confine)?;
     if !warnings.is_empty() {
         // Messages would have to be nvlink's; let nvlink speak.
         return Err(Declined::new(Reason::Tool, "ptxas printed messages"));
@@ -53,13 +55,14 @@ pub fn compile_with_warnings(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
+    confine: &Policy,
 ) -> Result<(Vec<u8>, Vec<String>), Declined> {
     let parents = process::scratch_parents(scratch_parent);
     let compiled = process::retry_in_scratch("ptxas", &parents, |parent| {
         if cancel.is_cancelled() {
             return Err(Failure::Tool(Declined::new(Reason::Worker, "the link was cancelled")));
         }
-        compile_in(tk, ptx, args, parent, cancel, limit)
+        compile_in(tk, ptx, args, parent, cancel, limit, confine)
     });
     compiled.map_err(|failure| match failure {
         Failure::Environment(why) => Declined::new(Reason::Environment, format!("ptxas environment fault: {why}")),
@@ -91,6 +94,7 @@ fn compile_in(
     scratch_parent: &Path,
     cancel: &Cancel,
     limit: Duration,
+    confine: &Policy,
 ) -> Result<(Vec<u8>, Vec<String>), Failure> {
     let env = |what: &str, e: std::io::Error| Failure::Environment(format!("{what}: {e}"));
     let _ = std::fs::create_dir_all(scratch_parent);
@@ -103,6 +107,15 @@ fn compile_in(
     let mut cmd = Command::new(tk.ptxas());
     // A background link's ptxas runs at idle CPU priority (`sched.rs`).
     crate::sched::apply_to_command(&mut cmd, cancel.priority());
+    // ptxas parses a client's PTX: confined to the toolkit and its scratch.
+    confine.hand_over(&[&scratch.0]).map_err(|e| env("sandbox user", e))?;
+    let mut read = crate::confine::toolkit_reads(&tk.root);
+    read.extend(tk.ptxas().canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
+    match confine.jail(&read, &[&scratch.0]) {
+        Ok(Some(jail)) => jail.apply(&mut cmd),
+        Ok(None) => {}
+        Err(e) => return Err(Failure::Environment(e)),
+    }
     let child = cmd
         .args(args)
         .arg(&input)

@@ -318,7 +318,7 @@ impl Sandbox {
         }
     }
 
-    /// The sandbox directory (for tests and logs).
+    /// The sandbox directory (everything mirrored is below it).
     pub fn dir(&self) -> &Path {
         &self.dir.0
     }

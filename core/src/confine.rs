@@ -1,0 +1,348 @@
+//! Confinement of the processes that parse a client's bytes.
+//!
+//! The real nvlink run on a link's sandbox (remote links and verification,
+//! `engine/sandbox.rs`), ptxas on a link's PTX and the nvJitLink/NVVM workers
+//! all read bytes a client chose. Each starts confined, between fork and exec:
+//!
+//! - **Files (Landlock).** Read and execute: the toolkit's directories (its
+//!   root and the real directories of `bin`, `lib`, `nvvm`, however symlinked)
+//!   and the system's shared libraries (`/lib`, `/lib64`, `/usr/lib`,
+//!   `/usr/lib64`, `/etc/ld.so.cache`), which the loader needs; read and write:
+//!   the link's own sandbox and scratch directories; nothing else, `/proc` and
+//!   `/dev` included (nvlink 13.5 and ptxas need neither, measured with
+//!   `strace`). Measured on nvlink's own traces: it opens only its loader's
+//!   files, its inputs and its outputs.
+//! - **Network and other processes.** No TCP bind or connect (Landlock), no
+//!   signal to or abstract socket of a process outside the domain (Landlock
+//!   scopes, which also forbid ptrace of the daemon), and a seccomp filter
+//!   refusing `socket`, io_uring (which could open sockets past the filter),
+//!   ptrace, BPF, mounts and namespaces, keyrings and module loading.
+//! - **Optionally a separate uid** (`--sandbox-user NAME`, a daemon running as
+//!   root): the sandbox and scratch are handed to that user first.
+//!
+//! A kernel without Landlock (before 5.13, or configured out) still gets the
+//! seccomp filter; `--confine=require` refuses to start there, the default
+//! `auto` warns once. Each limit is checked by a probe in place of nvlink
+//! (`tests/tests/confine.rs`).
+//!
+//! Everything a confined start needs (the ruleset's descriptor, the filter)
+//! is prepared before the fork; the child only makes async-signal-safe
+//! syscalls.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
+
+/// Whether processes parsing client bytes are confined (`--confine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Confined as far as the kernel allows (a warning where it has no Landlock).
+    #[default]
+    Auto,
+    /// Confined, or the daemon does not start.
+    Require,
+    /// Not confined (tests of the unconfined path, debugging).
+    Off,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Mode::Auto),
+            "require" => Ok(Mode::Require),
+            "off" => Ok(Mode::Off),
+            _ => Err(format!("'{s}': expected auto, require or off")),
+        }
+    }
+}
+
+/// The user confined processes run as (`--sandbox-user`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl SandboxUser {
+    /// The user named `name` (a login name or a numeric uid) from the system's
+    /// user database. Not root: a confined process never gains privileges.
+    pub fn lookup(name: &str) -> Result<SandboxUser, String> {
+        let cname = std::ffi::CString::new(name).map_err(|_| format!("'{name}': not a user name"))?;
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; `buf` outlives `pwd`'s
+        // borrowed strings, which are not kept.
+        let rc = unsafe { libc::getpwnam_r(cname.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+        let (uid, gid) = if rc == 0 && !found.is_null() {
+            (pwd.pw_uid, pwd.pw_gid)
+        } else if let Ok(uid) = name.parse::<u32>() {
+            (uid, uid)
+        } else {
+            return Err(format!("no user '{name}'"));
+        };
+        if uid == 0 {
+            return Err(format!("'{name}' is root: a sandbox user must be unprivileged"));
+        }
+        Ok(SandboxUser { name: name.to_owned(), uid, gid })
+    }
+}
+
+/// The confinement policy of a daemon.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    pub mode: Mode,
+    pub user: Option<SandboxUser>,
+}
+
+/// What the kernel offers (checked once).
+#[derive(Clone, Copy, Debug)]
+pub struct Support {
+    /// The Landlock ABI version, where the kernel has Landlock.
+    pub landlock: Option<i32>,
+}
+
+/// The kernel's Landlock ABI (0 or less: none).
+pub fn support() -> Support {
+    static SUPPORT: OnceLock<Support> = OnceLock::new();
+    *SUPPORT.get_or_init(|| {
+        // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        // only returns the ABI version (or -1 with errno).
+        let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+        Support { landlock: (v > 0).then_some(v as i32) }
+    })
+}
+
+impl Policy {
+    pub fn off() -> Policy {
+        Policy { mode: Mode::Off, user: None }
+    }
+
+    /// Whether processes are confined at all.
+    pub fn enabled(&self) -> bool {
+        self.mode != Mode::Off
+    }
+
+    /// Check the policy against this host at start: `require` without
+    /// Landlock, or a sandbox user without the privilege to switch to it, is
+    /// an error; `auto` without Landlock a warning.
+    pub fn check(&self) -> Result<String, String> {
+        if !self.enabled() {
+            return Ok("processes parsing client bytes are not confined (--confine=off)".into());
+        }
+        if self.user.is_some() && unsafe { libc::geteuid() } != 0 {
+            return Err("--sandbox-user needs a daemon running as root".into());
+        }
+        let user = self.user.as_ref().map(|u| format!(", as {} ({})", u.name, u.uid)).unwrap_or_default();
+        match support().landlock {
+            Some(v) => Ok(format!("confined: Landlock ABI {v} and seccomp{user}")),
+            None if self.mode == Mode::Require => {
+                Err("--confine=require: this kernel has no Landlock (Linux 5.13 or later with landlock in its LSMs)"
+                    .into())
+            }
+            None => {
+                tracing::warn!("this kernel has no Landlock: confined processes get the seccomp filter only");
+                Ok(format!("confined: seccomp only{user}"))
+            }
+        }
+    }
+
+    /// A jail for one process: `read` (and the system's libraries) readable
+    /// and executable, `write` writable; None when confinement is off.
+    pub fn jail(&self, read: &[PathBuf], write: &[&Path]) -> Result<Option<Jail>, String> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let ruleset = ruleset(read, write).map_err(|e| format!("confinement: {e}"))?;
+        if ruleset.is_none() && self.mode == Mode::Require {
+            return Err("confinement: Landlock is not available".into());
+        }
+        let filter = filter().map_err(|e| format!("confinement: {e}"))?;
+        Ok(Some(Jail { ruleset, filter, user: self.user.clone() }))
+    }
+
+    /// Hand `paths` (and everything below them) to the sandbox user, if any.
+    pub fn hand_over(&self, paths: &[&Path]) -> std::io::Result<()> {
+        let Some(u) = &self.user else { return Ok(()) };
+        for p in paths {
+            chown_tree(p, u.uid, u.gid)?;
+        }
+        Ok(())
+    }
+}
+
+fn chown_tree(p: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
+    let meta = std::fs::symlink_metadata(p)?;
+    if meta.is_dir() {
+        for e in std::fs::read_dir(p)? {
+            chown_tree(&e?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// The system directories a dynamically linked tool needs to start.
+const SYSTEM_READ: &[&str] = &["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache"];
+
+/// What a toolkit's tools read: its root and the real directories its
+/// executables, libraries and NVVM live in (symlinks resolved, as Landlock
+/// sees them).
+pub fn toolkit_reads(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in [root.to_owned(), root.join("bin"), root.join("lib"), root.join("lib64"), root.join("nvvm")] {
+        if let Ok(c) = p.canonicalize() {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn ruleset(read: &[PathBuf], write: &[&Path]) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+    let abi = ABI::V6;
+    let created = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))?
+        .handle_access(AccessNet::from_all(abi))?
+        .scope(Scope::from_all(abi))?
+        .create()?
+        .add_rules(path_beneath_rules(SYSTEM_READ, AccessFs::from_read(abi)))?
+        .add_rules(path_beneath_rules(read, AccessFs::from_read(abi)))?
+        .add_rules(path_beneath_rules(write, AccessFs::from_all(abi)))?;
+    Ok(created.into())
+}
+
+/// The seccomp filter (built once): what a linker never needs, refused with EPERM.
+fn filter() -> Result<Arc<seccompiler::BpfProgram>, String> {
+    static FILTER: OnceLock<Result<Arc<seccompiler::BpfProgram>, String>> = OnceLock::new();
+    FILTER
+        .get_or_init(|| {
+            use seccompiler::{SeccompAction, SeccompFilter};
+            let refused = [
+                libc::SYS_socket,
+                libc::SYS_io_uring_setup,
+                libc::SYS_io_uring_enter,
+                libc::SYS_io_uring_register,
+                libc::SYS_ptrace,
+                libc::SYS_process_vm_readv,
+                libc::SYS_process_vm_writev,
+                libc::SYS_bpf,
+                libc::SYS_perf_event_open,
+                libc::SYS_userfaultfd,
+                libc::SYS_keyctl,
+                libc::SYS_add_key,
+                libc::SYS_request_key,
+                libc::SYS_mount,
+                libc::SYS_umount2,
+                libc::SYS_pivot_root,
+                libc::SYS_chroot,
+                libc::SYS_setns,
+                libc::SYS_unshare,
+                libc::SYS_init_module,
+                libc::SYS_finit_module,
+                libc::SYS_delete_module,
+                libc::SYS_kexec_load,
+                libc::SYS_reboot,
+                libc::SYS_swapon,
+                libc::SYS_swapoff,
+            ];
+            let rules = refused.iter().map(|&s| (s, Vec::new())).collect();
+            let arch = std::env::consts::ARCH.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
+            let f = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
+                .map_err(|e| format!("seccomp: {e}"))?;
+            let prog: seccompiler::BpfProgram = f.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
+            Ok(Arc::new(prog))
+        })
+        .clone()
+}
+
+/// One process's confinement, prepared before the fork.
+pub struct Jail {
+    ruleset: Option<OwnedFd>,
+    filter: Arc<seccompiler::BpfProgram>,
+    user: Option<SandboxUser>,
+}
+
+impl Jail {
+    /// Confine the process `cmd` starts (its children inherit it). The
+    /// ruleset's descriptor lives in the closure, closed in the parent once
+    /// `cmd` is dropped (and close-on-exec in the child).
+    pub fn apply(self, cmd: &mut Command) {
+        let Jail { ruleset, filter, user } = self;
+        // SAFETY: between fork and exec the closure only makes syscalls
+        // (setgroups, setgid, setuid, prctl, landlock_restrict_self, seccomp)
+        // on memory prepared before the fork; it allocates nothing and takes
+        // no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(u) = &user {
+                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(u.gid) != 0 || libc::setuid(u.uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = &ruleset {
+                    if libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                seccompiler::apply_filter(&filter).map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shell confined to its own directory cannot read, write or list
+    /// anything else; inside, it can.
+    #[test]
+    fn a_confined_process_sees_only_what_its_jail_allows() {
+        if support().landlock.is_none() {
+            eprintln!("no Landlock here: skipped");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("nvlinkd-confine-{}", std::process::id()));
+        let inside = dir.join("inside");
+        std::fs::create_dir_all(&inside).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "s3cret").unwrap();
+        let policy = Policy::default();
+        let sh = [PathBuf::from("/usr/bin"), PathBuf::from("/bin")];
+        let script = format!(
+            "cat {s} && echo READ; echo x > {o} && echo WROTE_OUTSIDE; echo y > {i}/f && cat {i}/f",
+            s = secret.display(),
+            o = dir.join("outside").display(),
+            i = inside.display()
+        );
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(&script);
+        policy.jail(&sh, &[&inside]).unwrap().unwrap().apply(&mut cmd);
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("READ") && !stdout.contains("s3cret"), "{stdout}");
+        assert!(!stdout.contains("WROTE_OUTSIDE") && !dir.join("outside").exists(), "{stdout}");
+        assert_eq!(stdout.trim(), "y");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn modes_parse_and_root_is_no_sandbox_user() {
+        assert_eq!("require".parse::<Mode>(), Ok(Mode::Require));
+        assert!("sometimes".parse::<Mode>().is_err());
+        assert!(SandboxUser::lookup("root").unwrap_err().contains("unprivileged"));
+        assert!(SandboxUser::lookup("0").is_err());
+    }
+}

@@ -1,0 +1,56 @@
+//! A probe in place of nvlink (tests/tests/confine.rs): started by the daemon
+//! as its toolkit's nvlink, it tries what a process parsing a client's bytes
+//! must not do, and reports each attempt on stdout as `<what>: allowed` or
+//! `<what>: refused (<error>)`, then exits 1 (so the report is the link's
+//! answer). `--version` runs the real nvlink instead (the daemon asks it when
+//! it opens the toolkit).
+//!
+//! What to try comes from `probe.conf` beside the probe, `key=value` lines:
+//! `real` (the real nvlink), `secret` (a file to read), `outside` (a file to
+//! create), `tcp` (an address to connect to), `unix` (a socket to connect to),
+//! `exec` (a program to run).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+fn outcome<T>(what: &str, r: std::io::Result<T>) {
+    match r {
+        Ok(_) => println!("{what}: allowed"),
+        Err(e) => println!("{what}: refused ({e})"),
+    }
+}
+
+fn main() {
+    let me = PathBuf::from(std::env::args().next().unwrap_or_default());
+    let conf_path = me.parent().unwrap_or(Path::new(".")).join("probe.conf");
+    let conf = std::fs::read_to_string(&conf_path).unwrap_or_default();
+    let get = |k: &str| conf.lines().find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--version") {
+        use std::os::unix::process::CommandExt;
+        let real = get("real").expect("probe.conf: real=");
+        let e = std::process::Command::new(real).args(&args).exec();
+        eprintln!("probe: cannot run {real}: {e}");
+        std::process::exit(127);
+    }
+    if let Some(p) = get("secret") {
+        outcome("read secret", std::fs::File::open(p).and_then(|mut f| f.read_to_string(&mut String::new())));
+    }
+    if let Some(p) = get("outside") {
+        outcome("write outside", std::fs::write(p, b"probe"));
+    }
+    if let Some(a) = get("tcp") {
+        outcome("connect tcp", std::net::TcpStream::connect(a));
+    }
+    if let Some(p) = get("unix") {
+        outcome("connect unix", std::os::unix::net::UnixStream::connect(p));
+    }
+    if let Some(p) = get("exec") {
+        outcome("run program", std::process::Command::new(p).output());
+    }
+    // SAFETY: getuid cannot fail.
+    println!("uid: {}", unsafe { libc::getuid() });
+    // What it may do: write in its working directory (the sandbox).
+    outcome("write sandbox", std::fs::write("probe-was-here", b"probe"));
+    std::process::exit(1);
+}

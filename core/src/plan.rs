@@ -323,13 +323,22 @@ impl Plan {
     }
 
     /// Choose the device runtime's members again for the units as they are
-    /// now (after `shift` units were inserted before it).
+    /// now (after `shift` units were inserted before it): from what the units
+    /// before it leave undefined, as [`build`] chose them. The runtime stays
+    /// recorded, at its new place, to be chosen again (PTX compiled later).
     pub(crate) fn reselect_system_library(&mut self, shift: usize) {
-        let Some(sys) = self.system_library.take() else { return };
-        let at = sys.at + shift;
+        let Some(sys) = self.system_library.as_mut() else { return };
+        sys.at += shift;
+        let at = sys.at;
         self.units.drain(at..at + sys.chosen);
-        let lib = Library { name: sys.name, path: sys.path, members: sys.members, skipped_host_objects: false };
-        let chosen = select_members(&self.units, lib);
+        let lib = Library {
+            name: sys.name.clone(),
+            path: sys.path.clone(),
+            members: sys.members.clone(),
+            skipped_host_objects: false,
+        };
+        let chosen = select_members(&self.units[..at], lib);
+        sys.chosen = chosen.len();
         self.units.splice(at..at, chosen);
     }
 }

@@ -115,6 +115,12 @@ dc -G lineinfo_dead.cu -o lineinfo_dead_G.o &
 # A weak device function in several units beside an unlaunched kernel; LTO
 # with a cross-unit call of an inline (__forceinline__) function.
 for f in weak_dead_a weak_dead_b weak_dead_c; do dc $f.cu -o $f.o & done
+# PTX only (nvcc -arch=compute_XY): dynamic parallelism and an undefined call,
+# whose device-runtime needs show only once the PTX is compiled at link time.
+"$nvcc" -arch=compute_90 -dc cdp.cu -o cdp_ptx.o &
+"$nvcc" -arch=compute_90 -dc missing.cu -o missing_ptx.o &
+"$nvcc" -gencode arch=compute_80,code=compute_80 -dc jit_lookup.cu -o jit_lookup_ptx80.o &
+dc jit_lookup_use.cu -o jit_lookup_use.o &
 for f in lto_inline_a lto_inline_b lto_inline_c; do dc -dlto $f.cu -o $f.o & done
 wait
 mkdir -p lib && ar rcs lib/libdynsmem.a dynsmem.o && ar rcs lib/liblinedead.a lineinfo_dead_li.o

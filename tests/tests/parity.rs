@@ -367,6 +367,12 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lineinfo-dead-kernels-archive", "--arch=sm_90 -Llib -L{L} accumulate.o scale.o -llinedead -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lineinfo-dead-kernels-sm80", "--arch=sm_80 lineinfo_dead_li2arch.o -o {OUT}/out.cubin", ""),
     ("G-objects-dead-kernels", "--arch=sm_90 --register-link-binaries={OUT}/reg.c lineinfo_dead_G.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    // PTX-only objects beside libcudadevrt (nvcc -arch=compute_90 -dc): its
+    // members are chosen from the code compiled at link time.
+    ("ptx-only-cdp", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 cdp_ptx.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("ptx-only-cdp-relocatable", "--arch=sm_90 -r -L{L} cdp_ptx.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("ptx-only-cdp-undefined", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 missing_ptx.o cdp_ptx.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("ptx-only-callee", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 jit_lookup_ptx80.o jit_lookup_use.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // A weak device function in several objects beside a kernel no host code
     // launches: where the dead kernel's leftover name goes in the string tables.
     ("weak-dead-kernel", "-m64 --arch=sm_90 -cpu-arch=X86_64 weak_dead_a.o weak_dead_b.o -o {OUT}/out.cubin", ""),

@@ -22,7 +22,9 @@ pub struct KeyBuilder(blake3::Hasher);
 impl KeyBuilder {
     pub fn new(domain: &str) -> Self {
         let mut h = blake3::Hasher::new();
-        h.update(b"nvlinkd-cache-v1\0");
+        // The version changes whenever a fix changes an answer already cached
+        // (v2: libcudadevrt's members chosen again after PTX is compiled).
+        h.update(b"nvlinkd-cache-v2\0");
         h.update(domain.as_bytes());
         h.update(b"\0");
         KeyBuilder(h)

@@ -247,7 +247,13 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     if !arch.starts_with("sm_") {
         return no(Reason::Arch, format!("--arch {arch}"));
     }
-    compile_ptx_modules(cx, spec, plan)?;
+    if compile_ptx_modules(cx, spec, plan)? {
+        // The device runtime's members were chosen when the PTX modules had no
+        // symbols yet (a PTX-only `-dc` object's device-side launches need
+        // __cudaCDP2*): choose them again from the compiled cubins, as nvlink,
+        // which compiles PTX on input, does.
+        plan.reselect_system_library(0);
+    }
     plan.prune(spec, mode);
     // Decided before linking: what nvlink's --suppress-debug-info drops.
     let suppress = match spec.suppress_debug_info {
@@ -601,10 +607,11 @@ fn push_partial_infos(plan: &mut Plan) {
 
 /// Compile every PTX module of the plan to a relocatable cubin, as nvlink's
 /// embedded ptxas does at link time: in parallel, each cached by its text.
-fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<(), Declined> {
+/// `true` when there was PTX to compile.
+fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result<bool, Declined> {
     let has_ptx = plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::Ptx(_)));
     if !has_ptx {
-        return Ok(());
+        return Ok(false);
     }
     if spec.verbose2 {
         return no(Reason::PtxJit, "-v2 with PTX compiled at link time (ptxas's report, with its compile times)");
@@ -654,7 +661,8 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
         m.code = Code::Cubin(bytes);
         m.info = Some(std::sync::Arc::new(info));
         Ok(())
-    })
+    })?;
+    Ok(true)
 }
 
 /// nvJitLink accepts some duplicate definitions nvlink rejects. One strong

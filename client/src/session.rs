@@ -226,7 +226,14 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                 if output_bytes > MAX_OUTPUT {
                     return Err(violation(format!("the daemon sent more than {MAX_OUTPUT} bytes of output")));
                 }
-                outputs.push(Received { path: piece.path, append: false, pieces: Vec::new(), staged: Some(staged) });
+                outputs.push(Received {
+                    path: piece.path,
+                    append: false,
+                    pieces: Vec::new(),
+                    held: 0,
+                    spill: None,
+                    staged: Some(staged),
+                });
             }
             server_message::Msg::Output(piece) => {
                 let more = piece.more;
@@ -235,7 +242,9 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                     return Err(violation(format!("the daemon sent more than {MAX_OUTPUT} bytes of output")));
                 }
                 match &mut open {
-                    Some(f) if f.path == piece.path && f.append == piece.append => f.pieces.push(piece.data),
+                    Some(f) if f.path == piece.path && f.append == piece.append => {
+                        f.take(piece.data).map_err(|e| lost(format!("cannot keep {}: {e}", f.path)))?
+                    }
                     Some(f) => {
                         return Err(violation(format!("the daemon left {} incomplete for {}", f.path, piece.path)))
                     }
@@ -247,11 +256,16 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                                 piece.path
                             )));
                         }
-                        open = Some(Received::from(piece));
+                        let mut f = Received::from(OutputFile { data: Bytes::new(), ..piece.clone() });
+                        f.take(piece.data).map_err(|e| lost(format!("cannot keep {}: {e}", f.path)))?;
+                        open = Some(f);
                     }
                 }
                 if !more {
-                    outputs.extend(open.take());
+                    if let Some(mut f) = open.take() {
+                        f.seal().map_err(|e| lost(format!("cannot keep {}: {e}", f.path)))?;
+                        outputs.push(f);
+                    }
                 }
             }
             server_message::Msg::Progress(p) => progress.phase(p.phase),
@@ -409,13 +423,57 @@ struct Received {
     path: String,
     append: bool,
     pieces: Vec<Bytes>,
-    /// Written by the daemon (then `pieces` is empty).
+    /// Bytes held in `pieces`.
+    held: u64,
+    /// A large output arriving: staged beside its target as it comes.
+    spill: Option<nvlinkd_fs::Stager>,
+    /// Written by the daemon, or by the shim as it arrived (then `pieces` is empty).
     staged: Option<nvlinkd_fs::Staged>,
 }
 
+/// An output larger than this goes to a file beside its target as it
+/// arrives, so that the shim's memory stays bounded (a piece is at most a
+/// few MiB) whatever the output's size.
+const SPILL_AT: u64 = 16 << 20;
+
 impl From<OutputFile> for Received {
     fn from(f: OutputFile) -> Received {
-        Received { path: f.path, append: f.append, pieces: vec![f.data], staged: None }
+        let held = f.data.len() as u64;
+        Received { path: f.path, append: f.append, pieces: vec![f.data], held, spill: None, staged: None }
+    }
+}
+
+impl Received {
+    /// Keep the next piece: in memory, or on disk once the output is large
+    /// (where a file can be made beside its target; else in memory).
+    fn take(&mut self, data: Bytes) -> std::io::Result<()> {
+        if let Some(spill) = &mut self.spill {
+            return spill.write(&data);
+        }
+        self.held += data.len() as u64;
+        self.pieces.push(data);
+        if self.append || self.held <= SPILL_AT {
+            return Ok(());
+        }
+        let Ok(target) = nvlinkd_fs::output_target_checked(Path::new(&self.path)) else { return Ok(()) };
+        if !std::fs::metadata(&target).map_or(true, |m| m.is_file()) {
+            return Ok(()); // a device or FIFO: written in place at the end
+        }
+        let Ok(mut spill) = nvlinkd_fs::Stager::new(&target) else { return Ok(()) };
+        for p in self.pieces.drain(..) {
+            spill.write(&p)?;
+        }
+        self.held = 0;
+        self.spill = Some(spill);
+        Ok(())
+    }
+
+    /// The last piece arrived.
+    fn seal(&mut self) -> std::io::Result<()> {
+        if let Some(spill) = self.spill.take() {
+            self.staged = Some(spill.finish()?);
+        }
+        Ok(())
     }
 }
 
@@ -541,9 +599,13 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
     if replaceable && nvlinkd_fs::commit(staged, &target, nvlinkd_fs::output_mode(&target)).is_ok() {
         return Ok(());
     }
-    let data = nvlinkd_fs::read_staged(staged).map_err(|_| WriteFailed::Open)?;
+    // Copied through a small buffer, as nvlink writes: truncate and write.
+    let copied = match std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&target) {
+        Ok(mut f) => nvlinkd_fs::copy_staged(staged, &mut f).and_then(|_| f.flush()).map_err(|_| WriteFailed::Write),
+        Err(_) => Err(WriteFailed::Open),
+    };
     nvlinkd_fs::discard(staged);
-    write_output(path, &[Bytes::from(data)])
+    copied
 }
 
 /// HTTP/2 keepalive: a daemon whose connection died is noticed within

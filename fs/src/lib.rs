@@ -207,39 +207,83 @@ pub struct Staged {
 /// follows a symlink): a name someone planted is skipped, never written
 /// through. A failed write removes the file.
 pub fn stage<P: AsRef<[u8]>>(target: &Path, pieces: &[P]) -> std::io::Result<Staged> {
-    use std::io::Write;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut attempt = 0u32;
-    let (tmp, mut f) = loop {
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!(".{name}.nvlinkd-{}-{n}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o600)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    let written = (|| {
-        for p in pieces {
-            f.write_all(p.as_ref())?;
-        }
-        f.flush()?;
-        let m = f.metadata()?;
-        Ok(Staged { path: tmp.clone(), dev: m.dev(), ino: m.ino(), size: m.size() })
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let mut s = Stager::new(target)?;
+    for p in pieces {
+        s.write(p.as_ref())?;
     }
-    written
+    s.finish()
+}
+
+/// A file being staged beside its target piece by piece (as [`stage`] names
+/// and creates it): what arrives over a stream goes to disk as it comes, and
+/// memory holds one piece. Dropped unfinished, the file is removed.
+pub struct Stager {
+    file: Option<std::fs::File>,
+    tmp: std::path::PathBuf,
+}
+
+impl Stager {
+    pub fn new(target: &Path) -> std::io::Result<Stager> {
+        use std::os::unix::fs::OpenOptionsExt;
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut attempt = 0u32;
+        loop {
+            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = dir.join(format!(".{name}.nvlinkd-{}-{n}.tmp", std::process::id()));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .mode(0o600)
+                .open(&tmp)
+            {
+                Ok(f) => return Ok(Stager { file: Some(f), tmp }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Append `data` (a failure leaves the stager to be dropped, which removes the file).
+    pub fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        match &mut self.file {
+            Some(f) => f.write_all(data),
+            None => Err(std::io::Error::other("stager already finished")),
+        }
+    }
+
+    /// The staged file, complete.
+    pub fn finish(mut self) -> std::io::Result<Staged> {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        let mut f = self.file.take().ok_or_else(|| std::io::Error::other("stager already finished"))?;
+        let done = f.flush().and_then(|()| f.metadata());
+        match done {
+            Ok(m) => Ok(Staged { path: std::mem::take(&mut self.tmp), dev: m.dev(), ino: m.ino(), size: m.size() }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&self.tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Copy a staged file's bytes to `to`, if it is still the one staged
+/// (checked as [`commit`] checks it), through a small buffer.
+pub fn copy_staged(staged: &Staged, to: &mut impl std::io::Write) -> std::io::Result<u64> {
+    use std::io::Read;
+    std::io::copy(&mut open_staged(staged)?.take(staged.size), to)
 }
 
 /// Whether `staged` is a name [`stage`] gives a file beside `target`.

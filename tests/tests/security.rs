@@ -246,6 +246,46 @@ fn the_shim_obeys_no_hostile_daemon() {
     }
 }
 
+/// A large output is written to disk as it arrives: the shim's memory stays
+/// bounded (it held the whole output, 2 GB for a 1.5 GiB one), the file is
+/// complete, and nothing is left beside it.
+#[test]
+fn a_large_output_streams_to_disk_in_bounded_memory() {
+    let out = TempDir::new("sec-big-out");
+    let inputs = TempDir::new("sec-big-in");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), inputs.path().join(f)).unwrap();
+    }
+    let mib = 96;
+    let hostile = HostileDaemon::start("big-output", Path::new(&mib.to_string()));
+    let link = inv(LINK, inputs.path(), &out);
+    let mut cmd = Command::new(shim());
+    cmd.args(&link.args)
+        .current_dir(&link.cwd)
+        .env_clear()
+        .env(paths::ENV_ADDR, format!("http://127.0.0.1:{}", hostile.port))
+        .env(paths::ENV_FALLBACK, "never")
+        .env(paths::ENV_REAL_NVLINK, real_nvlink());
+    #[allow(clippy::zombie_processes)] // reaped by wait4 below, which also gives its rusage
+    let child = cmd.spawn().unwrap();
+    // The shim's own peak memory, from wait4.
+    let mut status = 0;
+    // SAFETY: rusage is plain data, zeroed is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with valid pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "shim status {status}");
+    let peak_mib = usage.ru_maxrss / 1024;
+    eprintln!("shim peak: {peak_mib} MiB for a {mib} MiB output");
+    assert!(peak_mib < 64, "the shim held {peak_mib} MiB for a {mib} MiB output");
+    let written = std::fs::read(out.path().join("out.cubin")).unwrap();
+    assert_eq!(written.len(), mib << 20);
+    assert!(written.chunks(1 << 20).enumerate().all(|(i, c)| c.iter().all(|b| *b == (i % 251) as u8)));
+    let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 1, "files left beside the output: {left:?}");
+}
+
 /// The daemon as another user that cannot read the inputs: a remote link must
 /// come entirely through the shim (skipped where the machine refuses).
 #[test]

@@ -10,6 +10,8 @@
 //! - `stage`: says it wrote `-o` itself beside it (a staged output, which only
 //!   a local daemon may send) and exits 0;
 //! - `silent`: never says anything.
+//! - `big-output`: answers success with an `-o` file of PATH MiB (pieces of
+//!   1 MiB, made as they are sent) — not hostile, large.
 //!
 //! Usage: `nvlinkd-hostile MODE [PATH]`; prints its port on stdout, then serves
 //! until killed.
@@ -66,6 +68,23 @@ impl Nvlinkd for Hostile {
             let cwd = std::path::PathBuf::from(&start.cwd);
             let o = start.args.iter().position(|a| a == "-o").and_then(|i| start.args.get(i + 1)).cloned();
             let o = cwd.join(o.unwrap_or_default());
+            if mode == "big-output" {
+                let mib: usize = path.parse().unwrap_or(1);
+                for i in 0..mib {
+                    let piece = OutputFile {
+                        path: o.display().to_string(),
+                        data: bytes::Bytes::from(vec![(i % 251) as u8; 1 << 20]),
+                        more: i + 1 < mib,
+                        ..Default::default()
+                    };
+                    if tx.send(Ok(ServerMessage { msg: Some(server_message::Msg::Output(piece)) })).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(result(0))).await;
+                while let Ok(Some(_)) = inbound.message().await {}
+                return;
+            }
             let msgs = match mode.as_str() {
                 "read-secret" => vec![
                     ServerMessage {

@@ -18,6 +18,8 @@ pub struct Daemon {
     /// Address-space limit of the daemon process (RLIMIT_AS), for tests whose
     /// failure mode is unbounded memory: it then dies instead of taking the machine.
     pub memory_limit: Option<u64>,
+    /// Open-file limit of the daemon process (RLIMIT_NOFILE, soft and hard).
+    pub file_limit: Option<u64>,
 }
 
 impl Daemon {
@@ -41,6 +43,7 @@ impl Daemon {
             env: Vec::new(),
             shared_cache: Some(other.cache_dir()),
             memory_limit: None,
+            file_limit: None,
         };
         d.spawn(extra);
         d
@@ -59,7 +62,7 @@ impl Daemon {
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = TempDir::new("d");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut d = Daemon { dir, child: None, env, shared_cache: None, memory_limit: None };
+        let mut d = Daemon { dir, child: None, env, shared_cache: None, memory_limit: None, file_limit: None };
         d.spawn(extra);
         d
     }
@@ -72,6 +75,21 @@ impl Daemon {
             env: Vec::new(),
             shared_cache: None,
             memory_limit: Some(memory_limit),
+            file_limit: None,
+        };
+        d.spawn(extra);
+        d
+    }
+
+    /// Start with extra `serve` arguments and an open-file limit (soft and hard).
+    pub fn start_with_file_limit(extra: &[&str], files: u64) -> Daemon {
+        let mut d = Daemon {
+            dir: TempDir::new("d"),
+            child: None,
+            env: Vec::new(),
+            shared_cache: None,
+            memory_limit: None,
+            file_limit: Some(files),
         };
         d.spawn(extra);
         d
@@ -85,13 +103,20 @@ impl Daemon {
     /// (Re)start the daemon process on the same socket and cache.
     pub fn spawn(&mut self, extra: &[&str]) {
         let mut cmd = Command::new(nvlinkd());
-        if let Some(limit) = self.memory_limit {
+        if self.memory_limit.is_some() || self.file_limit.is_some() {
             use std::os::unix::process::CommandExt;
+            let (memory, files) = (self.memory_limit, self.file_limit);
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
-                    let l = libc::rlimit { rlim_cur: limit, rlim_max: limit };
-                    libc::setrlimit(libc::RLIMIT_AS, &l);
+                    if let Some(limit) = memory {
+                        let l = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                        libc::setrlimit(libc::RLIMIT_AS, &l);
+                    }
+                    if let Some(limit) = files {
+                        let l = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+                    }
                     Ok(())
                 });
             }

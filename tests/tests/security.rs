@@ -972,6 +972,67 @@ fn a_connection_flood_starves_nothing() {
     assert!(d.answers(), "the daemon died");
 }
 
+/// A flood from many addresses past the daemon's open-file limit (640
+/// half-open connections against a limit of 256): the cap (half the limit)
+/// holds, descriptors stay for the local socket and the cache, local links are
+/// answered promptly, the daemon idles, and remote links resume after.
+#[test]
+fn a_flood_past_the_file_limit_starves_nothing() {
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let d = Daemon::start_with_file_limit(
+        &["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens],
+        256,
+    );
+    let flood: Vec<TcpStream> = runtime().block_on(async {
+        let mut flood = Vec::new();
+        for source in 2..10u8 {
+            for _ in 0..80 {
+                let s = tokio::net::TcpSocket::new_v4().unwrap();
+                if s.bind(std::net::SocketAddr::from(([127, 0, 0, source], 0))).is_err() {
+                    continue;
+                }
+                if let Ok(Ok(c)) =
+                    tokio::time::timeout(Duration::from_secs(2), s.connect(([127, 0, 0, 1], port).into())).await
+                {
+                    flood.push(c.into_std().unwrap());
+                }
+            }
+        }
+        flood
+    });
+    assert!(flood.len() > 256, "the flood could not pass the file limit: {} connections", flood.len());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.stat("tcp_connections_refused") < flood.len() as u64 - 128 {
+        assert!(Instant::now() < deadline, "connections past the cap were not refused: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.stat("tcp_connections") <= 128, "{}", d.stats());
+    let out = TempDir::new("sec-fdflood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link during the flood");
+    assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
+    let pid = d.pid().expect("daemon pid");
+    let cpu = || -> u64 {
+        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        field(14) + field(15)
+    };
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(2));
+    let ticks = cpu() - before;
+    assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
+    drop(flood);
+    let remote = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    assert_same(&expected, &remote, "a remote link after the flood");
+    assert!(d.answers(), "the daemon died");
+}
+
 /// Another user's symlink in a sticky, world-writable directory (`/tmp`'s
 /// kind) as the output: with `fs.protected_symlinks` the kernel refuses to
 /// follow it for nvlink ("Could not open output file", exit 1), and so for

@@ -99,8 +99,14 @@ fn daemon_over(cache: &Path, stderr: &Path) -> Daemon {
         .stderr(std::fs::File::create(stderr).expect("stderr file"))
         .spawn()
         .expect("spawn nvlinkd serve");
-    let mut d =
-        Daemon { dir, child: Some(child), env: Vec::new(), shared_cache: Some(cache.to_owned()), memory_limit: None };
+    let mut d = Daemon {
+        dir,
+        child: Some(child),
+        env: Vec::new(),
+        shared_cache: Some(cache.to_owned()),
+        memory_limit: None,
+        file_limit: None,
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !d.answers() {
         if let Some(Ok(Some(status))) = d.child.as_mut().map(|c| c.try_wait()) {

@@ -50,6 +50,11 @@
 //!       against 64 concurrent nvlink processes, and the replicas' memory.
 //!       Targets: (w2) under 4 RTT + 10 ms, no input bytes sent; (w1) within
 //!       1.2x of nvlink's cold link. `NVLINKD_BENCH_ONLY=wan` runs only (w).
+//!   (v) verification: the (e) burst of 8 concurrent distinct cold links on a
+//!       daemon with `--verify=background` (each link then run again by the
+//!       real nvlink, at idle priority, after its answer) against the same
+//!       daemon with `--verify=off`; the left column is `off`. Target: under
+//!       1.1x. `NVLINKD_BENCH_ONLY=verify` runs only (v).
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
 //!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
@@ -317,6 +322,12 @@ fn main() {
     // `NVLINKD_BENCH_ONLY=cold`: only the rows (a) and (c), with CPU times.
     if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "cold") {
         cold_rows(&mut report, reps, &corpus, &work, &o);
+        print_rows(&report);
+        std::process::exit(if report.all_identical { 0 } else { 1 });
+    }
+    // `NVLINKD_BENCH_ONLY=verify`: only the row (v).
+    if std::env::var("NVLINKD_BENCH_ONLY").is_ok_and(|v| v == "verify") {
+        verify_rows(&mut report, reps, &corpus, &work, &o);
         print_rows(&report);
         std::process::exit(if report.all_identical { 0 } else { 1 });
     }
@@ -947,6 +958,54 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
     }
     report.row("(e) 8 concurrent distinct links (cold cache)", median(p8), median(d8), identical, "");
     report.row("(e) the same, CPU time (user + system)", median(pcpu), median(dcpu), identical, "");
+}
+
+/// (v): the (e) burst through a daemon verifying in the background against
+/// one not verifying, alternating which goes first; every output compared
+/// with nvlink's.
+fn verify_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    let links = burst_links(8);
+    for (i, l) in links.iter().enumerate() {
+        let t = timed(&real_nvlink(), &args(l, &o(&format!("v{i}.nvlink"))), work, &[]);
+        assert!(t.ok, "nvlink failed: {l}");
+    }
+    let (mut off, mut bg) = (Vec::new(), Vec::new());
+    let mut identical = true;
+    let mut verified = 0;
+    for rep in 0..reps {
+        let modes: [&str; 2] = if rep % 2 == 0 { ["off", "background"] } else { ["background", "off"] };
+        for mode in modes {
+            let d = Daemon::start_with(&[&format!("--verify={mode}")]);
+            let out = TempDir::new("warmup");
+            timed(&shim(), &args(TINY, &out.path().join("w.cubin")), corpus, &d.shim_env());
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for (i, l) in links.iter().enumerate() {
+                    let out = o(&format!("v{i}.{mode}"));
+                    let env = d.shim_env();
+                    s.spawn(move || assert!(timed(&shim(), &args(l, &out), work, &env).ok, "link failed"));
+                }
+            });
+            let wall = t.elapsed();
+            if mode == "off" {
+                off.push(wall);
+            } else {
+                // Let the verifications finish (counted), then the daemon goes.
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while d.stat("verify_pending") > 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                verified += d.stat("verified");
+                assert_eq!(d.stat("verify_mismatches"), 0, "verification found a mismatch: {}", d.stats());
+                bg.push(wall);
+            }
+            for i in 0..links.len() {
+                identical &= same(&o(&format!("v{i}.nvlink")), &o(&format!("v{i}.{mode}")));
+            }
+        }
+    }
+    println!("(v) {verified} links verified by the real nvlink in the background over {reps} repetitions");
+    report.row("(v) 8 concurrent links: verify off | background", median(off), median(bg), identical, "");
 }
 
 /// Time all cores of the machine have spent idle so far: the residency of

@@ -27,6 +27,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 
 work=$(mktemp -d /tmp/nvlinkd-multiarch.XXXXXX)
+# shellcheck disable=SC2154 # $s is the trap's own loop variable
 trap 'for s in "$work"/daemon*/nvlinkd.sock; do "$bin/nvlinkd" stop --socket "$s" >/dev/null 2>&1 || true; done; rm -rf "$work"' EXIT
 cd "$work"
 cp "$here"/tests/bench/*.cu .

@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # nvl_bin, nvl_cuda, nvl_work, nvl_root: set by the caller (below)
 # Shared by scripts/demo.sh and scripts/gpu-check.sh (sourced, not run): a
 # private nvlinkd over a toolkit, an overlay whose nvcc links through it, the
 # demo program built with that nvcc, its device link compared with the real

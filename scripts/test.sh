@@ -6,7 +6,7 @@
 #
 #   scripts/test.sh [cargo test filter args...]
 #
-# NVLINKD_SKIP_LINT=1 skips `cargo fmt --check` and clippy (local iteration).
+# NVLINKD_SKIP_LINT=1 skips `cargo fmt --check`, clippy, rustdoc and shellcheck (local iteration).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CUDA_HOME=$(scripts/setup-toolkit.sh)
@@ -28,6 +28,12 @@ if [[ ${NVLINKD_SKIP_LINT:-0} != 1 ]]; then
   cargo fmt --all --check
   step "cargo clippy --workspace --all-targets -- -D warnings"
   cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
+  step "cargo doc (maintainers' docs, warnings denied)"
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items --locked --quiet
+  if command -v shellcheck >/dev/null; then
+    step "shellcheck (warnings and errors)"
+    shellcheck -S warning scripts/*.sh .ci/run tests/corpus/build.sh
+  fi
 fi
 
 step "cargo build --workspace"

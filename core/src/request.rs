@@ -17,7 +17,7 @@ pub const LINK_ENV: &[&str] = &["LIBRARY_PATH"];
 /// An nvlink invocation.
 #[derive(Clone, Debug, Default)]
 pub struct Request {
-    /// nvlink's arguments, without argv[0].
+    /// nvlink's arguments, without `argv[0]`.
     pub args: Vec<String>,
     /// The invoking process's working directory (absolute).
     pub cwd: PathBuf,

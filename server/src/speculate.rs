@@ -17,7 +17,7 @@
 //! as a request), bounds how many run at once (past the bound a prediction is
 //! dropped, `speculative_dropped`; watch retries its recipes later), and runs
 //! the link on its own thread with the daemon's own view of the caller's files
-//! ([`LocalFs`]: speculation exists only where the daemon shares the caller's
+//! (`LocalFs`: speculation exists only where the daemon shares the caller's
 //! filesystem). Its `Cancel` kills the worker or child processes computing it
 //! when a newer change makes it pointless.
 

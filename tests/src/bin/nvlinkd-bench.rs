@@ -57,7 +57,7 @@
 //!       1.1x. `NVLINKD_BENCH_ONLY=verify` runs only (v).
 //! Every nvlinkd output is compared byte for byte with nvlink's.
 //!
-//!   nvlinkd-bench [REPS]        (scripts/bench.sh builds and runs it)
+//!   nvlinkd-bench `[REPS]`        (scripts/bench.sh builds and runs it)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -165,7 +165,7 @@ fn same(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Kibibytes of a /proc/<pid>/status field (VmRSS, VmHWM).
+/// Kibibytes of a `/proc/<pid>/status` field (VmRSS, VmHWM).
 fn proc_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()

@@ -119,6 +119,8 @@ pub struct Linker {
     /// Test hook (`NVLINKD_TEST_CORRUPT_IN_PROCESS`): the in-process engine's
     /// output files come out damaged (a fault verification must catch).
     test_corrupt_in_process: bool,
+    /// When this linker started (`uptime_s` in the stats).
+    started: std::time::Instant,
 }
 
 /// How many unused speculative entries are remembered for `speculative_hits`.
@@ -264,6 +266,7 @@ impl Linker {
             speculated: Default::default(),
             verifier: crate::verify::Verifier::new(config.verify, &config.cache_dir),
             test_corrupt_in_process: std::env::var_os("NVLINKD_TEST_CORRUPT_IN_PROCESS").is_some(),
+            started: std::time::Instant::now(),
             config,
         }
     }
@@ -309,6 +312,7 @@ impl Linker {
             ("queued", self.sched.queued()),
             ("running_foreground", self.sched.running().0),
             ("running_background", self.sched.running().1),
+            ("uptime_s", self.started.elapsed().as_secs()),
         ];
         let v = self.verifier.counters();
         let relaxed = std::sync::atomic::Ordering::Relaxed;
@@ -322,10 +326,17 @@ impl Linker {
         let mut json = self.stats.to_json(&extra);
         // Two objects, reason → count, after the flat counters.
         json.pop();
+        let toolkits: Vec<String> = self
+            .config
+            .toolkits
+            .iter()
+            .map(|t| format!("\"{}\"", t.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect();
         json.push_str(&format!(
-            ",\"routed\":{},\"fallback_reasons\":{}}}",
+            ",\"routed\":{},\"fallback_reasons\":{},\"toolkits\":[{}]}}",
             self.routed.to_json(),
-            self.fallback_reasons.to_json()
+            self.fallback_reasons.to_json(),
+            toolkits.join(",")
         ));
         json
     }

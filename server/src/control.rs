@@ -102,8 +102,11 @@ pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, Str
 pub async fn stop(socket: &Path) -> Result<String, String> {
     let mut c = match connect(socket).await {
         Ok(c) => c,
-        // Nothing to stop: not an error (scripts stop unconditionally).
-        Err(e) if e == not_running(socket) => return Ok(format!("no daemon is running at {}", socket.display())),
+        // Nothing to stop: not an error (scripts stop unconditionally), said on stderr.
+        Err(e) if e == not_running(socket) => {
+            eprintln!("nvlinkd: no daemon is running at {}", socket.display());
+            return Ok(String::new());
+        }
         Err(e) => return Err(e),
     };
     let p = c.ping(PingRequest {}).await.map_err(|s| s.message().to_string())?.into_inner();
@@ -159,12 +162,126 @@ fn exited_unreaped(pid: u32) -> bool {
 
 pub async fn status(socket: &Path) -> Result<String, String> {
     let p = ping(socket).await?;
-    Ok(format!("nvlinkd {} running (pid {})\nsocket: {}\ncache: {}", p.version, p.pid, socket.display(), p.cache_dir))
+    let head =
+        format!("nvlinkd {} running (pid {})\nsocket: {}\ncache: {}", p.version, p.pid, socket.display(), p.cache_dir);
+    let Ok(json) = stats_json(socket).await else { return Ok(head) };
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+    let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    Ok(format!(
+        "{head}\ntoolkits: {}\nup {}; {} links, {} fell back to the real nvlink",
+        toolkits(&v),
+        duration(n("uptime_s")),
+        n("requests"),
+        n("fallbacks")
+    ))
 }
 
-pub async fn stats(socket: &Path) -> Result<String, String> {
+async fn stats_json(socket: &Path) -> Result<String, String> {
     let mut c = connect(socket).await?;
     c.stats(StatsRequest {}).await.map(|r| r.into_inner().json).map_err(|s| s.message().to_string())
+}
+
+/// `nvlinkd stats`: the counters in words, or (`--json`) as one JSON object.
+pub async fn stats(socket: &Path, json: bool) -> Result<String, String> {
+    let raw = stats_json(socket).await?;
+    if json {
+        return Ok(raw);
+    }
+    let v: serde_json::Value = serde_json::from_str(&raw).map_err(|e| format!("unreadable stats: {e}"))?;
+    Ok(stats_in_words(&v))
+}
+
+fn toolkits(v: &serde_json::Value) -> String {
+    let list: Vec<&str> = v
+        .get("toolkits")
+        .and_then(|t| t.as_array())
+        .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
+        .unwrap_or_default();
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.join(", ")
+    }
+}
+
+fn duration(s: u64) -> String {
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+fn bytes(b: u64) -> String {
+    match b {
+        0..=1023 => format!("{b} B"),
+        1024..=1048575 => format!("{:.1} KiB", b as f64 / 1024.0),
+        1048576..=1073741823 => format!("{:.1} MiB", b as f64 / 1048576.0),
+        _ => format!("{:.2} GiB", b as f64 / 1073741824.0),
+    }
+}
+
+/// The counters a user asks about, in plain words (every counter: `--json`).
+fn stats_in_words(v: &serde_json::Value) -> String {
+    let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let by_reason = |k: &str| -> String {
+        let Some(m) = v.get(k).and_then(|m| m.as_object()).filter(|m| !m.is_empty()) else { return String::new() };
+        let parts: Vec<String> = m.iter().map(|(r, c)| format!("{r} {}", c.as_u64().unwrap_or(0))).collect();
+        format!(" ({})", parts.join(", "))
+    };
+    let mut out = vec![
+        format!("up {}; toolkits: {}", duration(n("uptime_s")), toolkits(v)),
+        format!(
+            "links: {} answered — {} from the cache, {} linked in process, {} by the real nvlink{}, {} by the front end",
+            n("requests"),
+            n("cache_hits"),
+            n("in_process"),
+            n("nvlink_process"),
+            by_reason("routed"),
+            n("frontend")
+        ),
+        format!("fell back (the shim ran nvlink itself): {}{}", n("fallbacks"), by_reason("fallback_reasons")),
+        format!(
+            "now: {} in flight, {} queued; {} workers ({} crashed so far)",
+            n("in_flight"),
+            n("queued"),
+            n("workers"),
+            n("worker_crashes")
+        ),
+        format!(
+            "cache: {} in memory, {} on disk; compile steps reused: {} of {}",
+            bytes(n("cache_mem_bytes")),
+            bytes(n("cache_disk_bytes")),
+            n("jit_hits") + n("nvvm_hits") + n("ptxas_hits"),
+            n("jit_hits") + n("nvvm_hits") + n("ptxas_hits") + n("jit_misses") + n("nvvm_misses") + n("ptxas_misses")
+        ),
+        format!(
+            "checked against nvlink: {} verified, {} differed, {} pending, {} skipped",
+            n("verified"),
+            n("verify_mismatches"),
+            n("verify_pending"),
+            n("verify_skipped")
+        ),
+    ];
+    if n("speculative_links") > 0 {
+        out.push(format!(
+            "speculative links: {} started, {} finished, {} used by a build",
+            n("speculative_links"),
+            n("speculative_finished"),
+            n("speculative_hits")
+        ));
+    }
+    if n("remote_cache_hits") + n("remote_cache_rejected") + n("auth_failures") + n("tcp_connections_refused") > 0 {
+        out.push(format!(
+            "farm: {} shared-cache hits, {} entries rejected, {} refused tokens, {} connections refused",
+            n("remote_cache_hits"),
+            n("remote_cache_rejected"),
+            n("auth_failures"),
+            n("tcp_connections_refused")
+        ));
+    }
+    out.push("(every counter: nvlinkd stats --json)".into());
+    out.join("\n")
 }
 
 /// `nvlinkd events --json`: print the daemon's events, one JSON object per

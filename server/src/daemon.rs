@@ -303,6 +303,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // Without a whole-link cache a speculative link's result would go nowhere
     // (`nvlinkd watch`, which receives its results, still works).
     let cached = opts.linker.cache_mem > 0 || opts.linker.cache_size > 0;
+    // One line for whoever started `serve` in a terminal (the rest goes to the log).
+    let listening = opts.remote.as_ref().map(|r| format!(" and {}", r.listen)).unwrap_or_default();
+    let toolkits: Vec<String> = opts.linker.toolkits.iter().map(|t| t.display().to_string()).collect();
+    let started_line = format!(
+        "nvlinkd {} serving on {}{listening} (pid {}; toolkit {}; cache and log in {})",
+        env!("CARGO_PKG_VERSION"),
+        opts.socket.display(),
+        std::process::id(),
+        toolkits.join(", "),
+        opts.cache_dir.display()
+    );
     let linker = Arc::new(Linker::new(opts.linker));
     if let Some(r) = opts.remote_cache.clone() {
         let tier = crate::remote::RemoteCache::new(r, tokio::runtime::Handle::current())?;
@@ -326,6 +337,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         "speculative links"
     );
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
+    eprintln!("{started_line}");
 
     // Signals start the same graceful shutdown as the RPC.
     let signals = shutdown_tx.clone();

@@ -62,7 +62,7 @@ struct ServeArgs {
     /// release; the first serves requests that name none) [default: $CUDA_HOME]
     #[arg(long)]
     cuda_home: Vec<PathBuf>,
-    /// Worker threads for parallel compilation [default: number of CPUs]
+    /// Links and compile steps that run at once (and nvJitLink worker processes) [default: number of CPUs]
     #[arg(long)]
     jobs: Option<usize>,
     /// Bytes of cached results kept in memory
@@ -423,7 +423,7 @@ enum Command {
         /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// Print the counters as one JSON object (the only format; accepted for scripts)
+        /// Print every counter as one JSON object (default: the main ones, in words)
         #[arg(long)]
         json: bool,
     },
@@ -501,7 +501,9 @@ fn runtime() -> tokio::runtime::Runtime {
 fn report(r: Result<String, String>) -> ExitCode {
     match r {
         Ok(msg) => {
-            println!("{msg}");
+            if !msg.is_empty() {
+                println!("{msg}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -608,7 +610,7 @@ fn main() -> ExitCode {
         },
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),
-        Command::Stats { socket, json: _ } => report(runtime().block_on(control::stats(&socket_or_default(socket)))),
+        Command::Stats { socket, json } => report(runtime().block_on(control::stats(&socket_or_default(socket), json))),
         Command::Events { socket, json: _ } => match runtime().block_on(control::events(&socket_or_default(socket))) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {

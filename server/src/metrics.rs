@@ -92,6 +92,7 @@ impl std::fmt::Debug for StatsCollector {
 /// Stats that go up and down (the rest only go up).
 const GAUGES: &[(&str, &str)] = &[
     ("in_flight", "Links being served now"),
+    ("uptime_s", "Seconds since the daemon started"),
     ("workers", "nvJitLink worker processes alive"),
     ("cache_mem_bytes", "Bytes in the memory cache tier"),
     ("cache_disk_bytes", "Bytes in the disk cache tier"),

@@ -8,6 +8,7 @@ use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::{proc_stat_field, Daemon};
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
+use std::process::Command;
 
 fn inv(args: &str, out: &TempDir) -> Invocation {
     Invocation::templated(args, corpus::dir(), out)
@@ -25,6 +26,17 @@ fn stats_json_has_integer_counters_and_status_reports() {
     }
     let (ok, status) = d.control("status").unwrap();
     assert!(ok && status.contains("running"), "{status}");
+    // Status and plain `stats` speak words: toolkit, uptime, links and fallbacks.
+    let out = TempDir::new("words");
+    let link = inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", &out);
+    assert_eq!(run(&shim(), &link, &d.shim_env()).code, 0);
+    let (_, status) = d.control("status").unwrap();
+    let toolkit = cuda_home().display().to_string();
+    assert!(status.contains(&format!("toolkits: {toolkit}")) && status.contains("1 links, 0 fell back"), "{status}");
+    let words = Command::new(nvlinkd()).arg("stats").arg("--socket").arg(d.socket()).output().unwrap();
+    let words = String::from_utf8_lossy(&words.stdout);
+    assert!(words.contains("links: 1 answered") && words.contains("1 linked in process"), "{words}");
+    assert!(serde_json::from_str::<serde_json::Value>(&words).is_err(), "plain stats printed JSON: {words}");
     let mode = std::fs::metadata(d.socket()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
 }
@@ -200,9 +212,11 @@ fn control_commands_without_a_daemon_say_so() {
                 "nvlinkd {c}"
             );
         }
+        // Stopping nothing succeeds (scripts stop unconditionally), said on stderr as status says it.
         let out = cmd("stop");
         assert!(out.status.success(), "nvlinkd stop failed: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{absent}\n"));
+        assert_eq!(String::from_utf8_lossy(&out.stderr), format!("nvlinkd: {absent}\n"));
+        assert!(out.stdout.is_empty());
     }
 }
 

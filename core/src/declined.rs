@@ -3,8 +3,8 @@
 //! A link the in-process engine does not reproduce byte for byte goes to the
 //! real nvlink (*routed*); a link no engine of this process can answer goes
 //! back to the shim, which runs nvlink itself (*fallback*). Both carry a
-//! [`Declined`]: a [`Reason`] (a category of ARCHITECTURE.md's "Cases routed to
-//! nvlink", or a fault of the daemon's side) and the detail for the log. The
+//! [`Declined`]: a [`Reason`] (a category of docs/routed.md, or a
+//! fault of the daemon's side) and the detail for the log. The
 //! detail is what the shim is told (`fallback_reason`) and what the log shows;
 //! the reason is what `nvlinkd stats --json` counts (`routed`).
 

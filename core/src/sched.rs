@@ -38,8 +38,8 @@
 //!   worker, ptxas, finalize. Admission gives the plan permit back, so at most
 //!   `jobs` links compute and at most `jobs` more hold a plan: memory stays
 //!   bounded however many links arrive, and a slot that frees finds its next
-//!   link planned. Measured on 8 concurrent distinct links on 2 cores (README,
-//!   row (e)): with one admission for both, the plans of queued links waited
+//!   link planned. Measured on 8 concurrent distinct links on 2 cores
+//!   (docs/benchmarks.md, row (e)): with one admission for both, the plans of queued links waited
 //!   for slots while cores idled.
 //!
 //! Background links compute only while no foreground link waits at either

@@ -2,7 +2,7 @@
 //!
 //! nvJitLink (and NVVM and ptxas inside it) is NVIDIA code that trusts its
 //! inputs: a cubin member with a few flipped bits makes it segfault, and the
-//! real nvlink crashes on the same input (NOTES.md). Loaded into the daemon, one
+//! real nvlink crashes on the same input (docs/workers.md). Loaded into the daemon, one
 //! such input would kill every link in flight. So the library runs in worker
 //! processes (`nvlinkd worker`, [`serve`]): each loads it once and then links
 //! request after request (warm), and the daemon keeps at most `--jobs` of them

@@ -429,7 +429,7 @@ enum Command {
     },
     /// Print what the daemon does as it happens, one JSON object per line, until
     /// interrupted (link_started, link_queued, link_admitted, phase, diagnostic,
-    /// link_finished, link_cancelled; see README "IDE and background use")
+    /// link_finished, link_cancelled; see docs/ide.md)
     Events {
         /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]

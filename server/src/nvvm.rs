@@ -4,8 +4,8 @@
 //! `-lto`) in this executable when it lies beside `nvlinkd`. Its `malloc`,
 //! `free`, ... are jemalloc's, unprefixed (the crate feature): the
 //! libnvJitLink it loads binds to them, and NVVM (LLVM, allocation-heavy)
-//! takes about 15% less CPU than on glibc's malloc, for the same PTX (README,
-//! "Benchmark"). Non-LTO links stay in `nvlinkd worker` on glibc's malloc:
+//! takes about 15% less CPU than on glibc's malloc, for the same PTX
+//! (docs/benchmarks.md). Non-LTO links stay in `nvlinkd worker` on glibc's malloc:
 //! nvJitLink's crash on a damaged cubin, like nvlink's, depends on it (test
 //! `workers.rs`, `crashing_input_fails_only_its_link`).
 

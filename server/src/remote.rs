@@ -30,7 +30,7 @@
 //! key, or altered — is a miss, counted in `remote_cache_rejected`, never
 //! served. Keyed entries live under their own action digests (format `1k`),
 //! so daemons with and without a key never overwrite each other's entries.
-//! Who must hold what: README, "Threat model".
+//! Who must hold what: docs/trust.md, "Threat model of the farm".
 //!
 //! The tier is an optimisation, never a condition. Every call has a deadline
 //! (`--remote-timeout`; a lookup as a whole too), failures are misses, and after

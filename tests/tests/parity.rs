@@ -568,8 +568,8 @@ const BYTE_IDENTICAL: &[&str] = &[
 ];
 
 /// Cases the real nvlink still serves (routed), with the `Reason` the daemon
-/// counts for them (`stats --json` `routed`); ARCHITECTURE.md ("Cases routed to
-/// nvlink") lists the same. Any other case routed fails the test, and so does a
+/// counts for them (`stats --json` `routed`); docs/routed.md lists the
+/// same. Any other case routed fails the test, and so does a
 /// case listed here that is served otherwise (then the list is out of date).
 const ROUTED: &[(&str, &str)] = &[
     ("opt-verbose", "options"),

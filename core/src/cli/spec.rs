@@ -4,7 +4,7 @@
 //! (H: `lcs-aug`, I: `lcs-abs`) that skips device linking entirely; otherwise the
 //! device link runs, shaped by `-r` (B), `-dlto` (C), `-dlto -r` or
 //! `--force-partial-lto` (D), `-dlto --emit-ptx` (E), or neither (A); see
-//! ARCHITECTURE.md ("A request, step by step", 3). [`Spec::from_parsed`]
+//! docs/nvlink-behaviour.md ("The command line and its modes"). [`Spec::from_parsed`]
 //! types the options and [`Spec::mode`] applies nvlink's option-level checks
 //! in its order and with its messages.
 

@@ -1,7 +1,7 @@
 //! The target of a link: `--arch sm_XY[a|f]` as an SM number and a suffix,
 //! and the rules nvlink follows for which SASS and PTX serve it (measured on
 //! every target of the toolkit, sm_75 … sm_121, plain, `a` and `f`; see
-//! ARCHITECTURE.md, "The in-process engine and what it reproduces").
+//! docs/nvlink-behaviour.md, "Which member serves a target").
 
 /// The target of the link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The real nvlink as an engine.
 //!
 //! Used for the cases the in-process engine does not reproduce yet (see
-//! ARCHITECTURE.md, "Cases routed to nvlink"). It needs the caller's files at
+//! docs/routed.md). It needs the caller's files at
 //! the same paths: a daemon sharing the caller's filesystem runs it there, any
 //! other on a copy of them (`sandbox.rs`, whose request this then runs).
 //! nvlink runs in the caller's working directory with the caller's arguments,

@@ -1,5 +1,5 @@
 //! Loading the inputs of a link into units of device code, following nvlink's
-//! decision tree for each file (measured on nvlink 13.5, see ARCHITECTURE.md):
+//! decision tree for each file (measured on nvlink 13.5, see docs/nvlink-behaviour.md):
 //!
 //! 1. Open and probe: unopenable → `Could not open input file`; empty → skipped;
 //!    1–55 bytes → `Could not open input file` unless it starts like an archive.

@@ -19,7 +19,8 @@
 //! is). A file at the socket path is replaced only when it is a socket no daemon
 //! answers on; anything else is refused.
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use crate::net::auth::Auth;
+use crate::net::listener::Remote;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,111 +28,21 @@ use std::time::Duration;
 use nvlinkd_core::{Linker, LinkerConfig};
 use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
-use crate::events::{Hub, PhaseLayer};
-use crate::service::{Activity, Limits, Service};
+use crate::link::service::{Activity, Limits, Service};
+use crate::observe::events::{Hub, PhaseLayer};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
-/// The remote listener and its security, read and checked before the daemon
-/// starts (a key that cannot be read or a token file without tokens stop it).
-pub struct Remote {
-    pub listen: String,
-    tls: Option<tonic::transport::ServerTlsConfig>,
-    pub auth: Option<Arc<Auth>>,
-    /// Tokens or client certificates are required.
-    authenticated: bool,
-}
-
-/// Who may call the remote listener: the BLAKE3 hashes of the bearer tokens
-/// (`--token-file`). A presented token is hashed and compared with each in
-/// constant time, so neither its contents nor its length leak through timing.
-pub struct Auth {
-    tokens: Vec<[u8; 32]>,
-}
-
-impl Auth {
-    /// Whether `metadata` carries `authorization: Bearer <one of the tokens>`.
-    pub fn allows(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
-        let Some(token) = metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer) else {
-            return false;
-        };
-        let presented = blake3::hash(token.as_bytes());
-        // Every token is compared (no early exit): the time taken does not say which matched.
-        self.tokens.iter().fold(false, |ok, t| ok | constant_time_eq::constant_time_eq_32(t, presented.as_bytes()))
-    }
-}
-
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim()).filter(|t| !t.is_empty())
-}
-
-impl Remote {
-    pub fn configure(
-        listen: String,
-        tls: Option<(&Path, &Path)>,
-        token_file: Option<&Path>,
-        client_ca: Option<&Path>,
-        insecure: bool,
-    ) -> Result<Remote, String> {
-        let read =
-            |what: &str, p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {what} {}: {e}", p.display()));
-        let auth = match token_file {
-            Some(f) => {
-                let text = String::from_utf8(read("--token-file", f)?)
-                    .map_err(|_| format!("--token-file {} is not text", f.display()))?;
-                let tokens: Vec<[u8; 32]> = text
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(|t| *blake3::hash(t.as_bytes()).as_bytes())
-                    .collect();
-                if tokens.is_empty() {
-                    return Err(format!("--token-file {} holds no token", f.display()));
-                }
-                Some(Arc::new(Auth { tokens }))
-            }
-            None => None,
-        };
-        if client_ca.is_some() && tls.is_none() {
-            return Err("--client-ca needs --tls-cert and --tls-key".into());
-        }
-        let tls = match tls {
-            Some((cert, key)) => {
-                let identity = tonic::transport::Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
-                let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-                if let Some(ca) = client_ca {
-                    config = config.client_ca_root(tonic::transport::Certificate::from_pem(read("--client-ca", ca)?));
-                }
-                Some(config)
-            }
-            None => None,
-        };
-        let authenticated = auth.is_some() || client_ca.is_some();
-        if !insecure && (tls.is_none() || !authenticated) {
-            let missing = match (tls.is_none(), authenticated) {
-                (true, false) => "TLS (--tls-cert, --tls-key) and authentication (--token-file and/or --client-ca)",
-                (true, true) => "TLS (--tls-cert, --tls-key)",
-                _ => "authentication (--token-file and/or --client-ca)",
-            };
-            return Err(format!(
-                "refusing to serve --listen {listen} without {missing}: anyone reaching the port could link as this \
-                 daemon; give them, or --insecure behind a TLS-terminating, authenticating proxy"
-            ));
-        }
-        Ok(Remote { listen, tls, auth, authenticated })
-    }
-}
+use crate::speculate::watch::Watcher;
 use crate::speculate::Speculator;
-use crate::watch::Watcher;
 
 pub struct ServeOptions {
     pub socket: PathBuf,
@@ -144,7 +55,7 @@ pub struct ServeOptions {
     /// Exit after this long without a link.
     pub idle_exit: Option<Duration>,
     /// The shared REAPI cache tier (`--remote-cache`).
-    pub remote_cache: Option<crate::remote::RemoteOptions>,
+    pub remote_cache: Option<crate::reapi::RemoteOptions>,
     /// Where to serve Prometheus metrics (`--metrics-listen`).
     pub metrics_listen: Option<String>,
     /// Where the event stream is published (`events.rs`).
@@ -173,7 +84,7 @@ pub struct Speculation {
 /// line saying why, and the daemon serves (the cache then also runs without
 /// its disk tier, see `cache::store`).
 ///
-/// The event stream's layer ([`crate::events::PhaseLayer`]) sits beside the
+/// The event stream's layer ([`crate::observe::events::PhaseLayer`]) sits beside the
 /// log's: each has its own filter, so the core's phase spans (`debug`) exist
 /// for the events whatever `NVLINKD_LOG` lets the log show.
 pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::non_blocking::WorkerGuard> {
@@ -214,77 +125,6 @@ pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::
     installed.ok().map(|()| guard)
 }
 
-/// The socket's directory: created private when missing (with any missing
-/// parents), checked and left as it is when it exists.
-fn socket_dir(dir: &Path) -> std::io::Result<()> {
-    let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
-    match std::fs::metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)?;
-            }
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => Ok(()),
-                // Another daemon starting at the same moment: check what it made.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => socket_dir(dir),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-        Ok(m) if !m.is_dir() => Err(refuse(format!("{} is not a directory", dir.display()))),
-        Ok(m) => {
-            // SAFETY: geteuid cannot fail.
-            let me = unsafe { libc::geteuid() };
-            if m.uid() != me && m.uid() != 0 {
-                return Err(refuse(format!(
-                    "the socket directory {} belongs to uid {}, not to this user ({me})",
-                    dir.display(),
-                    m.uid()
-                )));
-            }
-            if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
-                return Err(refuse(format!(
-                    "the socket directory {} is writable by others and not sticky (mode {:o})",
-                    dir.display(),
-                    m.mode() & 0o7777
-                )));
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Bind the unix socket: its directory made or checked, a stale socket of a
-/// dead daemon replaced, mode 0600. A path that exists and is not a socket is
-/// refused, never deleted.
-fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        socket_dir(dir)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            // A live daemon answers on it; a dead one left it behind.
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    "another nvlinkd is serving this socket",
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        Ok(_) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket; nvlinkd will not replace it", path.display()),
-            ))
-        }
-        Err(_) => {}
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
 /// HTTP/2 windows large enough that whole input files flow without waiting
 /// for window updates.
 fn builder() -> tonic::transport::Server {
@@ -297,8 +137,9 @@ fn builder() -> tonic::transport::Server {
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     // A farm daemon needs more descriptors than the usual soft limit of 1024.
-    let nofile = crate::incoming::raise_fd_limit();
-    let unix = bind_unix(&opts.socket).map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
+    let nofile = crate::net::incoming::raise_fd_limit();
+    let unix = crate::net::listener::bind_unix(&opts.socket)
+        .map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let jobs = opts.linker.jobs;
     // Without a whole-link cache a speculative link's result would go nowhere
     // (`nvlinkd watch`, which receives its results, still works).
@@ -316,7 +157,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     );
     let linker = Arc::new(Linker::new(opts.linker));
     if let Some(r) = opts.remote_cache.clone() {
-        let tier = crate::remote::RemoteCache::new(r, tokio::runtime::Handle::current())?;
+        let tier = crate::reapi::RemoteCache::new(r, tokio::runtime::Handle::current())?;
         linker.set_remote_tier(Arc::new(tier));
     }
     let speculator = Speculator::new(
@@ -372,8 +213,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let auth_failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let blobs =
         Arc::new(crate::blobs::BlobStore::open(Some(&opts.cache_dir), opts.limits.blob_mem, opts.limits.blob_size));
-    let staged = Arc::new(crate::staging::Counters::default());
-    let connections = Arc::new(crate::incoming::Counters::default());
+    let staged = Arc::new(crate::link::staging::Counters::default());
+    let connections = Arc::new(crate::net::incoming::Counters::default());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
@@ -404,7 +245,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     };
     if let Some(addr) = &opts.metrics_listen {
         let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
-        tokio::spawn(crate::metrics::serve(
+        tokio::spawn(crate::observe::metrics::serve(
             listener,
             linker.clone(),
             blobs.clone(),
@@ -435,13 +276,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             let mut server = builder();
             let tls = remote.tls.is_some();
             match remote.tls {
-                Some(config) => server = server.tls_config(config.timeout(crate::incoming::HANDSHAKE_TIMEOUT))?,
+                Some(config) => server = server.tls_config(config.timeout(crate::net::incoming::HANDSHAKE_TIMEOUT))?,
                 None => warn!(listen = %remote.listen, "--insecure: serving remote shims without TLS"),
             }
             if !remote.authenticated {
                 warn!(listen = %remote.listen, "--insecure: serving remote shims without authentication");
             }
-            let connection_limits = crate::incoming::ConnectionLimits::new(opts.max_connections, nofile);
+            let connection_limits = crate::net::incoming::ConnectionLimits::new(opts.max_connections, nofile);
             info!(
                 listen = %remote.listen,
                 tls,
@@ -455,7 +296,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                     .add_service(health_service)
                     .add_service(service(false, remote.auth))
                     .serve_with_incoming_shutdown(
-                        crate::incoming::guarded(listener, connection_limits, connections.clone()),
+                        crate::net::incoming::guarded(listener, connection_limits, connections.clone()),
                         stopped(shutdown_rx.clone()),
                     ),
             )

@@ -1,20 +1,24 @@
 //! `nvlinkd`: the device-link daemon and its control commands.
 
+//!
+//! Layout: `daemon` wires `serve` together; `net` is the trust boundary's
+//! edge (listeners, tokens, connection limits); `link` serves one link per
+//! stream; `speculate` links ahead (other archs, `--watch`); `reapi` is the
+//! shared cache tier; `blobs` holds remote shims' inputs; `observe` is the
+//! event stream and `/metrics`; `cmd` the subcommands besides `serve`.
+
 mod blobs;
-mod control;
+mod cmd;
 mod daemon;
-mod events;
-mod exec;
-mod incoming;
-mod install;
-mod metrics;
-mod remote;
-mod service;
+mod link;
+mod net;
+mod observe;
+mod reapi;
 mod speculate;
-mod staging;
-mod stream_fs;
-mod watch;
-mod watchcmd;
+
+use cmd::{control, exec, install};
+use link::service;
+use observe::events;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -226,7 +230,7 @@ fn format_duration(d: Duration) -> String {
 
 impl ServeArgs {
     /// The shared cache's settings, files read (a token file's first line is the token).
-    fn remote_options(&self) -> Result<Option<remote::RemoteOptions>, String> {
+    fn remote_options(&self) -> Result<Option<reapi::RemoteOptions>, String> {
         let Some(url) = &self.remote_cache else { return Ok(None) };
         let read = |f: &PathBuf, what: &str| std::fs::read(f).map_err(|e| format!("{what} {}: {e}", f.display()));
         let token = match &self.remote_token_file {
@@ -251,11 +255,11 @@ impl ServeArgs {
                 if bytes.iter().all(u8::is_ascii_whitespace) {
                     return Err(format!("--remote-cache-key {}: the file is empty", f.display()));
                 }
-                Some(remote::FleetKey::from_file_bytes(&bytes))
+                Some(reapi::FleetKey::from_file_bytes(&bytes))
             }
             None => None,
         };
-        Ok(Some(remote::RemoteOptions {
+        Ok(Some(reapi::RemoteOptions {
             url: url.clone(),
             instance: self.remote_instance.clone(),
             token,
@@ -296,9 +300,9 @@ impl ServeArgs {
         }
     }
     /// The remote listener's security, read and checked before anything starts.
-    fn remote(&self) -> Result<Option<daemon::Remote>, String> {
+    fn remote(&self) -> Result<Option<net::listener::Remote>, String> {
         let Some(listen) = self.listen.clone() else { return Ok(None) };
-        daemon::Remote::configure(
+        net::listener::Remote::configure(
             listen,
             self.tls_cert.as_deref().zip(self.tls_key.as_deref()),
             self.token_file.as_deref(),
@@ -624,7 +628,7 @@ fn main() -> ExitCode {
         Command::Install { cuda_home, .. } => report(install::install_in_place(&cuda_home)),
         Command::Uninstall { cuda_home } => report(install::uninstall(&cuda_home)),
         Command::Exec { explain, args } => exec::run(args, explain),
-        Command::Watch { socket, args } => runtime().block_on(watchcmd::run(&socket_or_default(socket), args)),
+        Command::Watch { socket, args } => runtime().block_on(cmd::watch::run(&socket_or_default(socket), args)),
         Command::Worker { lib, release, mem } => {
             let Some(lib) = nvlinkd_core::worker::LibSpec::with_release(lib, &release) else {
                 eprintln!("nvlinkd worker: bad --release {release}");

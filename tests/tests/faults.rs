@@ -800,7 +800,7 @@ fn outputs_are_written_where_nvlink_writes_them() {
 }
 
 /// A local link's large output is written by the daemon beside the output and
-/// renamed into place by the shim (`server/src/staging.rs`), and must end as
+/// renamed into place by the shim (`server/src/link/staging.rs`), and must end as
 /// nvlink's file: its bytes, under umask 027 its mode for a new file (0640),
 /// an existing file's own mode (nvlink truncates in place), through a symlink
 /// (which stays), no other file in the directory, and in place in a

@@ -1,7 +1,7 @@
 //! A shared cache tier behind the local ones: the trait the store calls.
 //!
 //! The core is synchronous and knows no network; the daemon implements this
-//! trait with a Remote Execution API client (`server/src/remote.rs`) and hands
+//! trait with a Remote Execution API client (`server/src/reapi.rs`) and hands
 //! it to the linker. The store asks it after a local miss and fills the local
 //! tiers from its answer; it gives it every entry it stores.
 //!

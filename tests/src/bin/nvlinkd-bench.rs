@@ -677,7 +677,7 @@ fn ide_rows(reps: usize, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
 
 const LTO2_OBJECTS: &str = "tu1_lto2.o tu2_lto2.o tu3_lto2.o tu4_lto2.o tu5_lto2.o transforms_lto2.o";
 
-/// (s1)–(s3): speculative links (`server/src/speculate.rs`, `watch.rs`).
+/// (s1)–(s3): speculative links (`server/src/speculate/mod.rs`, `watch.rs`).
 fn speculation_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path) {
     let out = TempDir::new("bench-spec");
     let o = |n: &str| out.path().join(n);

@@ -3,7 +3,7 @@
 //! For tools that relink without a build system (an IDE's "link on save", a
 //! test loop). Run in the link's working directory, it asks the local daemon
 //! to watch the link (the `Watch` RPC: the daemon reads and watches the input
-//! files itself, see `watch.rs`); the daemon links at once and again after
+//! files itself, see `speculate/watch.rs`); the daemon links at once and again after
 //! every change of an input, and streams each result here. This command writes
 //! the outputs exactly as the shim does for nvlink (each to a temporary file
 //! beside it, then renamed over it), sends nvlink's own messages to stderr,
@@ -28,7 +28,7 @@ use nvlinkd_proto::paths::{OverlayRecord, ENV_REAL_NVLINK};
 use nvlinkd_proto::shared::RELEVANT_ENV;
 use nvlinkd_proto::v1::{LinkResult, Start, WatchEvent};
 
-use crate::control;
+use crate::cmd::control;
 
 pub async fn run(socket: &Path, args: Vec<String>) -> ExitCode {
     match watch(socket, args).await {

@@ -18,7 +18,7 @@
 //!
 //! `nvlinkd watch -- <nvlink arguments>` subscribes one recipe: it is linked at
 //! once and after every change, and each result is streamed to the command,
-//! which writes the outputs as nvlink would (`watchcmd.rs`). Its recipe stays
+//! which writes the outputs as nvlink would (`cmd/watch.rs`). Its recipe stays
 //! until the command goes away.
 
 use std::collections::HashMap;

@@ -32,9 +32,11 @@ use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs};
 use nvlinkd_core::request::{Outcome, Request};
 use nvlinkd_core::sched::Priority;
 
-use crate::events::Hub;
+use crate::observe::events::Hub;
 use nvlinkd_core::speculate::sibling_archs;
 use nvlinkd_core::stats::bump;
+pub mod watch;
+
 use nvlinkd_core::worker::Cancel;
 use nvlinkd_core::Linker;
 use tracing::{debug, info, warn};
@@ -228,7 +230,7 @@ impl Speculator {
                     link_id,
                     outcome.exit_code,
                     t.elapsed().as_secs_f64() * 1e3,
-                    crate::events::engine_name(outcome.engine),
+                    crate::observe::events::engine_name(outcome.engine),
                     outcome.fallback.is_some(),
                 ),
             }

@@ -39,10 +39,10 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
-use crate::events::Hub;
+use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::observe::events::Hub;
+use crate::speculate::watch::{Subscriber, Watcher};
 use crate::speculate::Speculator;
-use crate::stream_fs::{LinkChannel, LinkFs, Outbound};
-use crate::watch::{Subscriber, Watcher};
 
 /// Limits every link is held to.
 #[derive(Clone, Copy, Debug)]
@@ -103,12 +103,12 @@ pub struct Service {
     pub linker: Arc<Linker>,
     /// Speculative links: other archs of multi-arch steps (`speculate.rs`).
     pub speculator: Arc<Speculator>,
-    /// Recipes of recent links, relinked when their inputs change (`watch.rs`).
+    /// Recipes of recent links, relinked when their inputs change (`speculate/watch.rs`).
     pub watcher: Arc<Watcher>,
     /// Whether this listener is the local unix socket (the caller shares our filesystem).
     pub local: bool,
     /// Bearer tokens required of callers (the remote listener with `--token-file`).
-    pub auth: Option<Arc<crate::daemon::Auth>>,
+    pub auth: Option<Arc<crate::net::auth::Auth>>,
     /// Calls refused for a missing or wrong token (`auth_failures` in the stats).
     pub auth_failures: Arc<AtomicU64>,
     pub shutdown: watch::Sender<bool>,
@@ -123,9 +123,9 @@ pub struct Service {
     /// Remote shims' input files by digest, shared by the listeners (`blobs.rs`).
     pub blobs: Arc<BlobStore>,
     /// Outputs written here for local shims (`staging.rs`).
-    pub staged: Arc<crate::staging::Counters>,
+    pub staged: Arc<crate::link::staging::Counters>,
     /// The TCP listener's connections (`incoming.rs`).
-    pub connections: Arc<crate::incoming::Counters>,
+    pub connections: Arc<crate::net::incoming::Counters>,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -201,7 +201,7 @@ impl Service {
         // Outputs written here for the shim to rename (`staging.rs`); what it
         // leaves is removed once its stream ends.
         let staging = (self.local && same_user && start.accepts_staged && req.shared_fs)
-            .then(|| Arc::new(crate::staging::Staging::default()));
+            .then(|| Arc::new(crate::link::staging::Staging::default()));
         let cleanup = staging.clone();
         let reply_timeout = self.limits.reply_timeout;
         tokio::spawn(async move {
@@ -239,7 +239,8 @@ impl Service {
         });
 
         // What a remote shim announced: stats and contents (by digest) of its files.
-        let announced = if req.shared_fs { Default::default() } else { crate::stream_fs::announced(&start.files) };
+        let announced =
+            if req.shared_fs { Default::default() } else { crate::link::stream_fs::announced(&start.files) };
         let blobs = self.blobs.clone();
         let linker = self.linker.clone();
         let watcher = self.watcher.clone();
@@ -303,7 +304,7 @@ impl Service {
                         link_id,
                         o.exit_code,
                         ms,
-                        crate::events::engine_name(o.engine),
+                        crate::observe::events::engine_name(o.engine),
                         o.fallback.is_some(),
                     );
                     info!(
@@ -360,7 +361,7 @@ impl Service {
                 + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
             let (engine, cache) = if result.fallback { ("fallback", "none") } else { (engine, cache) };
             blobs.input_bytes_received.fetch_add(fs.bytes_received(), Ordering::Relaxed);
-            crate::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
+            crate::observe::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.
             let _ = channel.send(ServerMessage { msg: Some(server_message::Msg::Result(result)) }, false);
@@ -379,8 +380,8 @@ const MAX_TEXT: usize = nvlinkd_proto::MAX_MESSAGE_BYTES / 2;
 fn send_output(
     channel: &LinkChannel,
     f: &nvlinkd_core::request::OutputFile,
-    staging: Option<&crate::staging::Staging>,
-    counters: &crate::staging::Counters,
+    staging: Option<&crate::link::staging::Staging>,
+    counters: &crate::link::staging::Counters,
 ) -> Option<usize> {
     let path = f.path.to_string_lossy().into_owned();
     if let Some(staged) = staging.filter(|_| !f.append).and_then(|st| st.stage(&f.path, &f.data, counters)) {
@@ -535,7 +536,7 @@ impl Nvlinkd for Service {
         let this = self.clone();
         let active = self.activity.begin();
         let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
-        let same_user = crate::staging::same_user(peer);
+        let same_user = crate::link::staging::same_user(peer);
         tokio::spawn(async move {
             if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user).await {
                 let _ = tx.try_send(Err(status));

@@ -1,0 +1,6 @@
+//! The trust boundary's edge: who may connect and call (listeners, tokens,
+//! connection limits).
+
+pub mod auth;
+pub mod incoming;
+pub mod listener;

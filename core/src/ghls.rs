@@ -12,7 +12,7 @@ use std::process::Command;
 
 use crate::cli::spec::{HostScript, Spec};
 use crate::declined::{Declined, Reason};
-use crate::diag::{Diagnostic, Report};
+use crate::diag::Report;
 
 /// The block nvlink appends (the trailing space after `__nv_relfatbin`'s braces is nvlink's).
 pub const SECTIONS_BLOCK: &str = "SECTIONS\n{\n\t.nvFatBinSegment : { *(.nvFatBinSegment) }\n\t__nv_relfatbin : { *(__nv_relfatbin) } \n\t.nv_fatbin : { *(.nv_fatbin) }\n}\n";
@@ -101,9 +101,4 @@ pub(crate) fn generate(
             Ok(Script { file: Some(script) })
         }
     }
-}
-
-/// `-ghls` with inputs is rejected before anything runs.
-pub(crate) fn inputs_not_allowed() -> Diagnostic {
-    Diagnostic::fatal("Input files are not allowed with -ghls option; use --help for more information")
 }

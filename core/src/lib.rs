@@ -13,6 +13,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cache;
+pub mod cancel;
 pub mod cli;
 pub mod confine;
 pub mod declined;

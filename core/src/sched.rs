@@ -62,7 +62,7 @@ use std::collections::BTreeSet;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::worker::Cancel;
+use crate::cancel::Cancel;
 
 /// How often a queued link checks whether it was cancelled.
 pub const CANCEL_POLL: Duration = Duration::from_millis(20);

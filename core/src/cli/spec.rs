@@ -180,7 +180,7 @@ impl Spec {
         }
         if let Some(kind) = self.ghls {
             if !self.inputs.is_empty() {
-                return Err(crate::ghls::inputs_not_allowed());
+                return Err(ghls_inputs_not_allowed());
             }
             return Ok(Mode::HostLinkerScript(kind));
         }
@@ -268,6 +268,11 @@ fn names_any(list: &str) -> bool {
     list.split(',').any(|n| !n.is_empty())
 }
 
+/// `-ghls` with inputs is rejected before anything runs.
+fn ghls_inputs_not_allowed() -> Diagnostic {
+    Diagnostic::fatal("Input files are not allowed with -ghls option; use --help for more information")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +297,7 @@ mod tests {
             // -ghls skips the device link; inputs are refused.
             ("-ghls=lcs-aug", Ok(Mode::HostLinkerScript(HostScript::Aug))),
             ("-ghls=lcs-abs -o x.ld", Ok(Mode::HostLinkerScript(HostScript::Abs))),
-            ("-ghls=lcs-aug a.o", Err(crate::ghls::inputs_not_allowed().message)),
+            ("-ghls=lcs-aug a.o", Err(ghls_inputs_not_allowed().message)),
             // A missing -arch is reported first, then a missing -o (checked
             // against the real nvlink: `nvlink a.o`, `nvlink -arch=sm_90 a.o`).
             ("a.o", Err("Unknown arch name '(null)'".into())),

@@ -123,7 +123,17 @@ for f in weak_dead_a weak_dead_b weak_dead_c; do dc $f.cu -o $f.o & done
 dc jit_lookup_use.cu -o jit_lookup_use.o &
 for f in lto_inline_a lto_inline_b lto_inline_c; do dc -dlto $f.cu -o $f.o & done
 wait
+# A unit whose kernels no host code launches beside a counter, dynamic shared
+# memory and a weak template kernel: plain, line information, device debug
+# information, and in archives.
+for f in diag_app diag_kernels; do
+  dc $f.cu -o $f.o &
+  dc -lineinfo $f.cu -o ${f}_li.o &
+  dc -G $f.cu -o ${f}_G.o &
+done
+wait
 mkdir -p lib && ar rcs lib/libdynsmem.a dynsmem.o && ar rcs lib/liblinedead.a lineinfo_dead_li.o
+ar rcs lib/libdiag.a diag_kernels.o && ar rcs lib/libdiag_li.a diag_kernels_li.o
 
 # Device-only inputs: cubins (sm_90, sm_100, arch-specific sm_90a) and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &

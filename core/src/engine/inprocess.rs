@@ -35,6 +35,7 @@ use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
 use crate::declined::{declined, Declined, Reason};
 use crate::diag::Diagnostic;
+use crate::finalize::strtab::InputObject;
 use crate::finalize::{self, Fixups};
 use crate::input::cubin;
 use crate::input::host::HostRefs;
@@ -291,7 +292,12 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             match &m.code {
                 Code::Cubin(data) => {
                     inputs.push(JitInput { kind: InputType::Cubin, data, name: &unit.name });
-                    functions.push(m.info.as_deref().map(|i| i.functions.clone()).unwrap_or_default());
+                    functions.push(
+                        m.info
+                            .as_deref()
+                            .map(|i| InputObject { functions: i.functions.clone(), names: i.names.clone() })
+                            .unwrap_or_default(),
+                    );
                 }
                 Code::Ptx(_) => return no(Reason::PtxJit, "PTX left uncompiled"),
                 Code::LtoObject(_) => return no(Reason::PartialLto, "LTO IR in a non-LTO link"),

@@ -14,7 +14,7 @@ pub mod tkinfo;
 use std::collections::{BTreeSet, HashSet};
 
 use image::CubinImage;
-use strtab::{InputFunction, StrTab};
+use strtab::{InputObject, StrTab};
 
 /// The build string nvJitLink's embedded ptxas writes for PTX it compiled itself.
 pub const JIT_PTXAS_BUILD_PLACEHOLDER: &str = "Build system must define TOOLS_VERSION_EXTENDED";
@@ -41,9 +41,9 @@ pub struct Fixups {
     /// nvlink's own tkinfo entry (replaces nvJitLink's "nvJIT API" entry);
     /// `None` for whole-program LTO, where nvlink writes no entry of its own.
     pub linker_entry: Option<tkinfo::Entry>,
-    /// The functions of each linked cubin in link order, to place ghost names
-    /// of dead kernels; empty when nothing was removed.
-    pub inputs: Vec<Vec<InputFunction>>,
+    /// The functions and names of each linked cubin in link order, to place
+    /// ghost names of dead kernels; empty when nothing was removed.
+    pub inputs: Vec<InputObject>,
 }
 
 /// Rewrite `jit_cubin` into nvlink's bytes.
@@ -162,9 +162,9 @@ pub(crate) fn live_functions(img: &CubinImage) -> HashSet<String> {
     img.sections.iter().filter_map(|s| s.name.strip_prefix(".text.")).map(str::to_owned).collect()
 }
 
-fn insert_ghost_names(img: &mut CubinImage, inputs: &[Vec<InputFunction>]) -> Result<(), FinalizeError> {
+fn insert_ghost_names(img: &mut CubinImage, inputs: &[InputObject]) -> Result<(), FinalizeError> {
     let live = live_functions(img);
-    if inputs.iter().flatten().all(|f| !f.is_kernel || live.contains(&f.name)) {
+    if inputs.iter().flat_map(|i| &i.functions).all(|f| !f.is_kernel || live.contains(&f.name)) {
         return Ok(());
     }
     // .shstrtab: section names.

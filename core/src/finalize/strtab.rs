@@ -10,7 +10,9 @@
 //! never visits dead kernels. [`insert_ghosts`] puts the ghosts where nvlink's
 //! walk would have created them; [`StrTab::remap`] then moves every reference.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// A parsed ELF string table: NUL-separated strings, the first one empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,28 +103,116 @@ pub struct InputFunction {
     pub is_kernel: bool,
 }
 
+/// One linked cubin, as the ghost names need it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InputObject {
+    /// Its functions, in `.text` section order.
+    pub functions: Vec<InputFunction>,
+    /// The names it brings to the string tables
+    /// ([`crate::input::cubin::CubinInfo::names`]).
+    pub names: Arc<[String]>,
+}
+
+/// The names the linker writes before every object's names (`HEAD`) and after
+/// them (`TAIL`), whichever objects have them too.
+const HEAD: &[&str] = &[
+    "",
+    ".shstrtab",
+    ".strtab",
+    ".symtab",
+    ".symtab_shndx",
+    ".note.nv.tkinfo",
+    ".note.nv.cuinfo",
+    ".nv.info",
+    ".nv.compat",
+];
+const TAIL: &[&str] = &[".nv.callgraph", ".nv.prototype", ".nv.rel.action"];
+
+/// Which block of the string tables each known name belongs to: 0 for the
+/// linker's head, `o + 1` for the first object `o` (in link order) that can
+/// bring the name, `objects + 1` for the linker's tail. An object can bring its
+/// own names ([`InputObject::names`]) and those of its functions' sections
+/// (`.text.F`, `.nv.info.F`, `.nv.shared.F`, `.nv.constant0.F`,
+/// `.rel.nv.constant0.F`, `.rela.text.F`). Global symbol names come after the
+/// tail in `.strtab` and are not known here.
+struct Blocks<'a> {
+    rank: HashMap<Cow<'a, str>, usize>,
+}
+
+impl<'a> Blocks<'a> {
+    fn new(objects: &'a [InputObject]) -> Self {
+        let mut rank: HashMap<Cow<'a, str>, usize> = HashMap::new();
+        for (o, obj) in objects.iter().enumerate() {
+            let mut add = |name: Cow<'a, str>| {
+                rank.entry(name).or_insert(o + 1);
+            };
+            for n in obj.names.iter() {
+                add(Cow::Borrowed(n.as_str()));
+            }
+            for f in &obj.functions {
+                let n = &f.name;
+                for name in
+                    [".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.", ".rel.nv.constant0.", ".rela.text."]
+                {
+                    add(Cow::Owned(format!("{name}{n}")));
+                }
+            }
+        }
+        for n in HEAD {
+            rank.insert(Cow::Borrowed(n), 0);
+        }
+        for n in TAIL {
+            rank.insert(Cow::Borrowed(n), objects.len() + 1);
+        }
+        Blocks { rank }
+    }
+
+    fn rank(&self, name: &str) -> Option<usize> {
+        self.rank.get(name).copied()
+    }
+
+    /// Where object `o`'s block starts in `strings`: at the first name of `o`,
+    /// of a later object or of the tail. `None` when that is not sure: a name
+    /// of an earlier object (or of the head) comes after it, or the name just
+    /// before it is of no known block (it could be `o`'s: a renamed local
+    /// symbol, a name the linker made).
+    fn start(&self, strings: &[String], o: usize) -> Option<usize> {
+        let at = strings.iter().position(|s| self.rank(s).is_some_and(|r| r > o))?;
+        if strings[at..].iter().any(|s| self.rank(s).is_some_and(|r| r <= o)) {
+            return None;
+        }
+        self.rank(strings.get(at.checked_sub(1)?)?)?;
+        Some(at)
+    }
+}
+
 /// Insert the ghost `.nv.shared.K` names of dead kernels into `strings`, the
 /// string list of an output produced without those kernels.
 ///
-/// `objects` are the inputs' function lists in link order; `live` the functions
+/// `objects` are the linked cubins in link order; `live` the functions
 /// present in the output. nvlink's walk gives each object a block of names,
-/// in link order. A ghost goes right after the names of the function before it
+/// in link order: first its functions' (`.text.F`, `.nv.info.K`,
+/// `.nv.shared.K` in `.text` order), then its data's, debug sections' and
+/// the rest. A ghost goes right after the names of the function before it
 /// in its object (a live kernel ends with `.nv.shared.K`, a live device
 /// function with `.text.F`, a dead kernel with its own ghost). A function an
 /// earlier object already defined (a weak function in two objects: the first
 /// definition wins) adds no names in this object and anchors nothing. With
 /// nothing before it, a ghost opens its object's block: right before the
-/// `.text.F` of the next live function of its object, or of the next object
-/// that has functions (the first live one), or, when no later object has
-/// functions, right before `.nv.callgraph`. Measured on sm_90 executable
-/// links (weak function in 2 and 3 objects, dead kernel in any position,
-/// `-lcudadevrt`, globals and constants in the next object). Not
+/// `.text.F` of the next live function of its object, or, when none is left,
+/// before the first name the object brings itself (a `.nv.global`, a
+/// `.nv.constant3`, `.debug_frame`, `-lineinfo`'s `.nv_debug_ptx_txt.N`,
+/// `.nv_debug.shared`), or when it brings none, where the next block starts
+/// (the next object's, or the tail's `.nv.callgraph`). Measured on sm_90
+/// executable links (weak function in 2 and 3 objects, dead kernel in any
+/// position, the dead kernel's object first, in the middle and last, alone
+/// or with a global, a constant, printf, static or `extern __shared__`
+/// memory, plain, `-lineinfo` and `-G` objects, `-lcudadevrt`). Not
 /// reproduced (`NoAnchor`): a dead kernel another object also defines, and a
-/// next object whose functions are all dead or already defined (its own
-/// names, data's included, are not known here).
+/// block start that the names do not tell ([`Blocks::start`]).
 pub(crate) fn insert_ghosts(
     strings: &mut Vec<String>,
-    objects: &[Vec<InputFunction>],
+    objects: &[InputObject],
     live: &HashSet<String>,
 ) -> Result<(), StrTabError> {
     let position = |strings: &[String], name: &str| strings.iter().position(|s| s == name);
@@ -130,11 +220,14 @@ pub(crate) fn insert_ghosts(
     let mut earlier: HashSet<&str> = HashSet::new();
     let mut own: Vec<Vec<&InputFunction>> = Vec::with_capacity(objects.len());
     let mut duplicated: HashSet<&str> = HashSet::new();
-    for funcs in objects {
+    for obj in objects {
+        let funcs = &obj.functions;
         own.push(funcs.iter().filter(|f| !earlier.contains(f.name.as_str())).collect());
         duplicated.extend(funcs.iter().map(|f| f.name.as_str()).filter(|n| earlier.contains(n)));
         earlier.extend(funcs.iter().map(|f| f.name.as_str()));
     }
+    // Built when a ghost needs a block's start.
+    let mut blocks: Option<Blocks<'_>> = None;
     for (o, funcs) in own.iter().enumerate() {
         for (i, f) in funcs.iter().enumerate() {
             if !f.is_kernel || live.contains(&f.name) {
@@ -164,17 +257,10 @@ pub(crate) fn insert_ghosts(
                 break;
             }
             if at.is_none() {
-                let first_live =
-                    |fs: &[&InputFunction]| fs.iter().find(|n| live.contains(&n.name)).map(|n| n.name.clone());
-                let next = match first_live(&funcs[i + 1..]) {
-                    Some(n) => Some(format!(".text.{n}")),
-                    // The next object with functions of its own opens the next block.
-                    None => match own[o + 1..].iter().find(|fs| !fs.is_empty()) {
-                        Some(fs) => first_live(fs).map(|n| format!(".text.{n}")),
-                        None => Some(".nv.callgraph".to_owned()),
-                    },
+                at = match funcs[i + 1..].iter().find(|n| live.contains(&n.name)) {
+                    Some(n) => position(strings, &format!(".text.{}", n.name)),
+                    None => blocks.get_or_insert_with(|| Blocks::new(objects)).start(strings, o),
                 };
-                at = next.and_then(|n| position(strings, &n));
             }
             let at = at.ok_or_else(|| StrTabError::NoAnchor(f.name.clone()))?;
             strings.insert(at, ghost);
@@ -211,17 +297,34 @@ mod tests {
         assert_eq!(f(100), None);
     }
 
+    fn owned(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn kernel(n: &str) -> InputFunction {
+        InputFunction { name: n.into(), is_kernel: true }
+    }
+
+    fn device(n: &str) -> InputFunction {
+        InputFunction { name: n.into(), is_kernel: false }
+    }
+
+    fn object(functions: Vec<InputFunction>, names: &[&str]) -> InputObject {
+        InputObject { functions, names: owned(names).into() }
+    }
+
+    fn live(v: &[&str]) -> HashSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn ghosts_follow_the_walk() {
         // nvlink on g1.o (k_dead2, k_live, k_dead1) and g2.o (k_live2, k_dead3, helper_live, helper_dead)
-        let k = |n: &str| InputFunction { name: n.into(), is_kernel: true };
-        let d = |n: &str| InputFunction { name: n.into(), is_kernel: false };
         let objects = vec![
-            vec![k("k_dead2"), k("k_live"), k("k_dead1")],
-            vec![k("k_live2"), k("k_dead3"), d("helper_live"), d("helper_dead")],
+            object(vec![kernel("k_dead2"), kernel("k_live"), kernel("k_dead1")], &[]),
+            object(vec![kernel("k_live2"), kernel("k_dead3"), device("helper_live"), device("helper_dead")], &[]),
         ];
-        let live: HashSet<String> = ["k_live", "k_live2", "helper_live"].iter().map(|s| s.to_string()).collect();
-        let mut s: Vec<String> = [
+        let mut s = owned(&[
             "",
             ".nv.compat",
             ".text.k_live",
@@ -233,11 +336,8 @@ mod tests {
             ".nv.info.k_live2",
             ".nv.shared.k_live2",
             ".text.helper_live",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        insert_ghosts(&mut s, &objects, &live).unwrap();
+        ]);
+        insert_ghosts(&mut s, &objects, &live(&["k_live", "k_live2", "helper_live"])).unwrap();
         let expect = [
             "",
             ".nv.compat",
@@ -260,12 +360,13 @@ mod tests {
     fn weak_duplicates_add_no_names() {
         // nvlink on a.o (w, ka) b.o (w, kb) c.o (w, kc), a weak `w` in each, kb
         // dead: its ghost closes a.o's block. Then `a.o c.o b.o`: it goes last.
-        let k = |n: &str| InputFunction { name: n.into(), is_kernel: true };
-        let d = |n: &str| InputFunction { name: n.into(), is_kernel: false };
-        let (a, b, c) = (vec![d("w"), k("ka")], vec![d("w"), k("kb")], vec![d("w"), k("kc")]);
-        let live: HashSet<String> = ["w", "ka", "kc"].iter().map(|s| s.to_string()).collect();
-        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let mut s = owned(&[".text.w", ".text.ka", ".rela.debug_frame", ".text.kc", ".rela.text.kc", ".nv.callgraph"]);
+        let names = [".debug_frame", ".rela.debug_frame"];
+        let a = object(vec![device("w"), kernel("ka")], &names);
+        let b = object(vec![device("w"), kernel("kb")], &names);
+        let c = object(vec![device("w"), kernel("kc")], &names);
+        let live = live(&["w", "ka", "kc"]);
+        let out = [".text.w", ".text.ka", ".rela.debug_frame", ".text.kc", ".rela.text.kc", ".nv.callgraph"];
+        let mut s = owned(&out);
         insert_ghosts(&mut s, &[a.clone(), b.clone(), c.clone()], &live).unwrap();
         assert_eq!(
             s,
@@ -279,7 +380,7 @@ mod tests {
                 ".nv.callgraph"
             ])
         );
-        let mut s = owned(&[".text.w", ".text.ka", ".rela.debug_frame", ".text.kc", ".rela.text.kc", ".nv.callgraph"]);
+        let mut s = owned(&out);
         insert_ghosts(&mut s, &[a, c, b], &live).unwrap();
         assert_eq!(
             s,
@@ -293,5 +394,138 @@ mod tests {
                 ".nv.callgraph"
             ])
         );
+    }
+
+    /// The head of nvlink's `.shstrtab` for sm_90.
+    const HEAD: [&str; 9] = [
+        "",
+        ".shstrtab",
+        ".strtab",
+        ".symtab",
+        ".symtab_shndx",
+        ".note.nv.tkinfo",
+        ".note.nv.cuinfo",
+        ".nv.info",
+        ".nv.compat",
+    ];
+
+    fn with_head(v: &[&str]) -> Vec<String> {
+        owned(&HEAD).into_iter().chain(owned(v)).collect()
+    }
+
+    #[test]
+    fn ghost_opens_a_block_of_names_other_than_functions() {
+        // nvlink on -lineinfo objects a.o (ka, launched) and b.o (kb alone, dead):
+        // kb's ghost comes before b.o's own `.nv_debug_ptx_txt.N`, not after it.
+        let common = [
+            ".shstrtab",
+            ".strtab",
+            ".symtab",
+            ".debug_frame",
+            ".debug_line",
+            ".nv_debug_line_sass",
+            ".rela.debug_line",
+            ".rela.nv_debug_line_sass",
+            ".rela.debug_frame",
+        ];
+        let a_names: Vec<&str> = common.iter().copied().chain([".nv_debug_ptx_txt.1097894412", ".nv.compat"]).collect();
+        let b_names: Vec<&str> = common.iter().copied().chain([".nv_debug_ptx_txt.1163430418", ".nv.compat"]).collect();
+        let a = object(vec![kernel("ka")], &a_names);
+        let b = object(vec![kernel("kb")], &b_names);
+        let mut s = with_head(&[
+            ".text.ka",
+            ".nv.info.ka",
+            ".nv.shared.ka",
+            ".debug_frame",
+            ".debug_line",
+            ".nv_debug_line_sass",
+            ".nv_debug_ptx_txt.1097894412",
+            ".nv.constant0.ka",
+            ".rel.nv.constant0.ka",
+            ".rela.debug_line",
+            ".rela.nv_debug_line_sass",
+            ".rela.debug_frame",
+            ".nv_debug_ptx_txt.1163430418",
+            ".nv.callgraph",
+            ".nv.prototype",
+            ".nv.rel.action",
+        ]);
+        insert_ghosts(&mut s, &[a.clone(), b.clone()], &live(&["ka"])).unwrap();
+        let at = s.iter().position(|n| n == ".nv.shared.kb").unwrap();
+        assert_eq!(s[at + 1], ".nv_debug_ptx_txt.1163430418");
+        assert_eq!(s[at - 1], ".rela.debug_frame");
+
+        // `b.o a.o`: kb's ghost opens the first block, right after the head.
+        let mut s = with_head(&[
+            ".debug_frame",
+            ".debug_line",
+            ".nv_debug_line_sass",
+            ".nv_debug_ptx_txt.1163430418",
+            ".rela.debug_line",
+            ".rela.nv_debug_line_sass",
+            ".rela.debug_frame",
+            ".text.ka",
+            ".nv.info.ka",
+            ".nv.shared.ka",
+            ".nv_debug_ptx_txt.1097894412",
+            ".nv.constant0.ka",
+            ".rel.nv.constant0.ka",
+            ".nv.callgraph",
+            ".nv.prototype",
+            ".nv.rel.action",
+        ]);
+        insert_ghosts(&mut s, &[b, a], &live(&["ka"])).unwrap();
+        assert_eq!(s[HEAD.len()], ".nv.shared.kb");
+        assert_eq!(s[HEAD.len() + 1], ".debug_frame");
+    }
+
+    #[test]
+    fn ghost_before_the_name_extern_shared_memory_makes() {
+        // nvlink on a.o (ka) b.o (kb, dead, using `extern __shared__`) c.o (kc):
+        // b.o's only name is the `.nv_debug.shared` nvlink makes for it.
+        let common =
+            [".shstrtab", ".strtab", ".symtab", ".debug_frame", ".rela.debug_frame", ".nv.compat", ".nv.callgraph"];
+        let a = object(vec![kernel("ka")], &common);
+        let b_names: Vec<&str> = common.iter().copied().chain([".nv_debug.shared"]).collect();
+        let b = object(vec![kernel("kb")], &b_names);
+        let c = object(vec![kernel("kc")], &common);
+        let mut s = with_head(&[
+            ".text.ka",
+            ".nv.info.ka",
+            ".nv.shared.ka",
+            ".debug_frame",
+            ".nv.constant0.ka",
+            ".rel.nv.constant0.ka",
+            ".rela.debug_frame",
+            ".nv_debug.shared",
+            ".text.kc",
+            ".nv.info.kc",
+            ".nv.shared.kc",
+            ".nv.constant0.kc",
+            ".rel.nv.constant0.kc",
+            ".nv.callgraph",
+            ".nv.prototype",
+            ".nv.rel.action",
+        ]);
+        insert_ghosts(&mut s, &[a, b, c], &live(&["ka", "kc"])).unwrap();
+        let at = s.iter().position(|n| n == ".nv.shared.kb").unwrap();
+        assert_eq!(s[at - 1], ".rela.debug_frame");
+        assert_eq!(s[at + 1], ".nv_debug.shared");
+    }
+
+    #[test]
+    fn a_block_start_the_names_do_not_tell_is_refused() {
+        // A name of no known object just before the next block (a renamed
+        // local symbol: it may be b.o's): no anchor.
+        let a = object(vec![kernel("ka")], &[".nv.global.init", "$str"]);
+        let b = object(vec![kernel("kb")], &[".nv.global.init", "$str"]);
+        let c = object(vec![kernel("kc")], &[]);
+        let mut s = with_head(&[".text.ka", ".nv.global.init", "$str", "$str$1", ".text.kc", ".nv.callgraph"]);
+        let err = insert_ghosts(&mut s, &[a.clone(), b.clone(), c.clone()], &live(&["ka", "kc"]));
+        assert_eq!(err, Err(StrTabError::NoAnchor("kb".into())));
+        // A name of an earlier object after the block's start: no anchor either.
+        let mut s = with_head(&[".text.ka", ".text.kc", ".nv.global.init", ".nv.callgraph"]);
+        let err = insert_ghosts(&mut s, &[a, b, c], &live(&["ka", "kc"]));
+        assert_eq!(err, Err(StrTabError::NoAnchor("kb".into())));
     }
 }

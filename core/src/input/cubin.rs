@@ -1,6 +1,9 @@
 //! What the link plan needs to know about a device cubin: its target, its
-//! functions in `.text` order (for the finalizer's ghost names), and the global
-//! symbols it defines and needs (for archive member selection and diagnostics).
+//! functions in `.text` order and its names (for the finalizer's ghost names),
+//! and the global symbols it defines and needs (for archive member selection
+//! and diagnostics).
+
+use std::sync::Arc;
 
 use crate::elf::{Elf, ElfError, EM_CUDA};
 use crate::finalize::strtab::InputFunction;
@@ -15,6 +18,11 @@ pub struct CubinInfo {
     pub accelerated: bool,
     /// Functions defined here, in symbol-table order.
     pub functions: Vec<InputFunction>,
+    /// The names this cubin brings to a linked output's string tables (for
+    /// the finalizer's ghost names): its section names, the names of its
+    /// local symbols (section symbols aside), and `.nv_debug.shared`, which
+    /// nvlink makes for a cubin that refers to an `extern __shared__` array.
+    pub names: Arc<[String]>,
     /// Global and weak symbols defined here.
     pub defined: Vec<String>,
     /// Weak definitions among them.
@@ -103,6 +111,16 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
         })
         .map(|s| InputFunction { name: s.name.clone(), is_kernel: s.is_entry() })
         .collect();
+    let mut names: Vec<String> = elf.sections.iter().map(|s| s.name.clone()).filter(|n| !n.is_empty()).collect();
+    names.extend(
+        symbols
+            .iter()
+            .filter(|s| !s.is_global() && s.kind() != object::elf::STT_SECTION.0 && !s.name.is_empty())
+            .map(|s| s.name.clone()),
+    );
+    if symbols.iter().any(|s| s.is_dynamic_shared()) {
+        names.push(".nv_debug.shared".to_owned());
+    }
     let mut info = CubinInfo {
         sm: sm_of(&elf),
         relocatable: elf.e_type == object::elf::ET_REL.0,
@@ -115,6 +133,7 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
             .collect(),
         refs: relocation_refs(&elf, &symbols)?,
         functions,
+        names: names.into(),
         tools_patch: elf
             .sections
             .iter()

@@ -158,14 +158,9 @@ impl ReasonCounts {
         self.0[r.index()].load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A JSON object of the reasons counted at least once: `{"arch":2,…}`.
-    pub(crate) fn to_json(&self) -> String {
-        let fields: Vec<String> = Reason::ALL
-            .iter()
-            .filter(|r| self.get(**r) > 0)
-            .map(|r| format!("\"{}\":{}", r.name(), self.get(*r)))
-            .collect();
-        format!("{{{}}}", fields.join(","))
+    /// The reasons counted at least once, with their counts.
+    pub(crate) fn pairs(&self) -> Vec<(&'static str, u64)> {
+        Reason::ALL.iter().filter(|r| self.get(**r) > 0).map(|r| (r.name(), self.get(*r))).collect()
     }
 }
 
@@ -183,13 +178,13 @@ mod tests {
     }
 
     #[test]
-    fn counts_render_as_a_json_object() {
+    fn counts_list_the_reasons_counted_in_reason_order() {
         let c = ReasonCounts::default();
-        assert_eq!(c.to_json(), "{}");
+        assert!(c.pairs().is_empty());
         c.bump(Reason::Arch);
         c.bump(Reason::Arch);
         c.bump(Reason::PartialLto);
-        assert_eq!(c.to_json(), "{\"partial_lto\":1,\"arch\":2}");
+        assert_eq!(c.pairs(), vec![("partial_lto", 1), ("arch", 2)]);
     }
 
     #[test]

@@ -285,60 +285,52 @@ impl Linker {
     }
 
     pub fn stats_json(&self) -> String {
+        self.snapshot().to_json()
+    }
+
+    /// One reading of every figure of this linker (`stats.rs`).
+    pub fn snapshot(&self) -> crate::stats::Snapshot {
+        use std::sync::atomic::Ordering::Relaxed;
         let (mem, disk, corrupt, write_errors, disk_on) = match &self.cache {
             Some(c) => {
                 let (m, d) = c.store.sizes();
-                let relaxed = std::sync::atomic::Ordering::Relaxed;
-                (m, d, c.store.corrupt.load(relaxed), c.store.write_errors.load(relaxed), c.store.has_disk())
+                (m, d, c.store.corrupt.load(Relaxed), c.store.write_errors.load(Relaxed), c.store.has_disk())
             }
             None => (0, 0, 0, 0, false),
         };
-        let remote = self.cache.as_ref().map(|c| c.store.remote_counters()).unwrap_or_default();
-        let mut extra = vec![
-            ("in_flight", self.in_flight.load(std::sync::atomic::Ordering::Relaxed)),
-            ("cache_mem_bytes", mem),
-            ("cache_disk_bytes", disk),
-            ("cache_corrupt_entries", corrupt),
-            ("cache_write_errors", write_errors),
-            ("cache_disk", u64::from(disk_on)),
-            ("decoded_input_bytes", self.decode_memo.bytes()),
-            ("input_memo_bytes", self.contents.bytes()),
-            ("input_memo_hits", self.contents.hits()),
-            (
-                "worker_crashes",
-                self.workers.as_ref().map_or(0, |w| w.crashes.load(std::sync::atomic::Ordering::Relaxed)),
-            ),
-            ("workers", self.workers.as_ref().map_or(0, |w| w.live())),
-            ("queued", self.sched.queued()),
-            ("running_foreground", self.sched.running().0),
-            ("running_background", self.sched.running().1),
-            ("uptime_s", self.started.elapsed().as_secs()),
-        ];
+        let mut s = crate::stats::Snapshot::default();
+        self.stats.read_into(&mut s);
+        s.gauge("in_flight", self.in_flight.load(Relaxed));
+        s.gauge("cache_mem_bytes", mem);
+        s.gauge("cache_disk_bytes", disk);
+        s.counter("cache_corrupt_entries", corrupt);
+        s.counter("cache_write_errors", write_errors);
+        s.gauge("cache_disk", u64::from(disk_on));
+        s.gauge("decoded_input_bytes", self.decode_memo.bytes());
+        s.gauge("input_memo_bytes", self.contents.bytes());
+        s.counter("input_memo_hits", self.contents.hits());
+        s.counter("worker_crashes", self.workers.as_ref().map_or(0, |w| w.crashes.load(Relaxed)));
+        s.gauge("workers", self.workers.as_ref().map_or(0, |w| w.live()));
+        s.gauge("queued", self.sched.queued());
+        s.gauge("running_foreground", self.sched.running().0);
+        s.gauge("running_background", self.sched.running().1);
+        s.gauge("uptime_s", self.started.elapsed().as_secs());
         let v = self.verifier.counters();
-        let relaxed = std::sync::atomic::Ordering::Relaxed;
-        extra.extend([
-            ("verified", v.verified.load(relaxed)),
-            ("verify_mismatches", v.mismatches.load(relaxed)),
-            ("verify_skipped", v.skipped.load(relaxed)),
-            ("verify_pending", v.pending.load(relaxed)),
-        ]);
-        extra.extend(remote);
-        let mut json = self.stats.to_json(&extra);
-        // Two objects, reason → count, after the flat counters.
-        json.pop();
-        let toolkits: Vec<String> = self
-            .config
-            .toolkits
-            .iter()
-            .map(|t| format!("\"{}\"", t.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")))
-            .collect();
-        json.push_str(&format!(
-            ",\"routed\":{},\"fallback_reasons\":{},\"toolkits\":[{}]}}",
-            self.routed.to_json(),
-            self.fallback_reasons.to_json(),
-            toolkits.join(",")
-        ));
-        json
+        s.counter("verified", v.verified.load(Relaxed));
+        s.counter("verify_mismatches", v.mismatches.load(Relaxed));
+        s.counter("verify_skipped", v.skipped.load(Relaxed));
+        s.gauge("verify_pending", v.pending.load(Relaxed));
+        for (name, value) in self.cache.as_ref().map(|c| c.store.remote_counters()).unwrap_or_default() {
+            if name.ends_with("_pending") {
+                s.gauge(name, value);
+            } else {
+                s.counter(name, value);
+            }
+        }
+        s.routed = self.routed.pairs();
+        s.fallback_reasons = self.fallback_reasons.pairs();
+        s.toolkits = self.config.toolkits.iter().map(|t| t.display().to_string()).collect();
+        s
     }
 
     /// "Run the real nvlink yourself": counted, with its reason.

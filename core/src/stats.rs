@@ -1,6 +1,78 @@
-//! Counters of a linker, reported by `nvlinkd stats --json`.
+//! Counters of a linker, and [`Snapshot`]: one reading of every figure of a
+//! daemon, made once and written out by each reader (`nvlinkd stats --json`,
+//! `/metrics`, `nvlinkd status`) — nobody parses another's text.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether a figure only grows (a counter) or goes up and down (a gauge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One reading of a daemon's figures.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Flat figures, in report order: name, value, kind.
+    pub values: Vec<(&'static str, u64, Kind)>,
+    /// Links routed to the real nvlink, by reason (reasons counted at least once).
+    pub routed: Vec<(&'static str, u64)>,
+    /// Links answered "fall back", by reason.
+    pub fallback_reasons: Vec<(&'static str, u64)>,
+    /// The toolkits' roots.
+    pub toolkits: Vec<String>,
+}
+
+impl Snapshot {
+    pub fn counter(&mut self, name: &'static str, v: u64) {
+        self.values.push((name, v, Kind::Counter));
+    }
+
+    pub fn gauge(&mut self, name: &'static str, v: u64) {
+        self.values.push((name, v, Kind::Gauge));
+    }
+
+    /// Figures that go first (the daemon's own, before the linker's).
+    pub fn prepend(&mut self, first: impl IntoIterator<Item = (&'static str, u64, Kind)>) {
+        let mut v: Vec<_> = first.into_iter().collect();
+        v.append(&mut self.values);
+        self.values = v;
+    }
+
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.values.iter().find(|(n, _, _)| *n == name).map(|(_, v, _)| *v)
+    }
+
+    /// One JSON object: every flat figure as a top-level integer, then
+    /// `routed` and `fallback_reasons` (reason → count) and `toolkits`.
+    pub fn to_json(&self) -> String {
+        let quote = |s: &str| {
+            let mut q = String::with_capacity(s.len() + 2);
+            q.push('"');
+            for c in s.chars() {
+                match c {
+                    '"' => q.push_str("\\\""),
+                    '\\' => q.push_str("\\\\"),
+                    c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+                    c => q.push(c),
+                }
+            }
+            q.push('"');
+            q
+        };
+        let object = |pairs: &[(&str, u64)]| {
+            let f: Vec<String> = pairs.iter().map(|(k, v)| format!("{}:{v}", quote(k))).collect();
+            format!("{{{}}}", f.join(","))
+        };
+        let mut fields: Vec<String> = self.values.iter().map(|(k, v, _)| format!("{}:{v}", quote(k))).collect();
+        fields.push(format!("\"routed\":{}", object(&self.routed)));
+        fields.push(format!("\"fallback_reasons\":{}", object(&self.fallback_reasons)));
+        let toolkits: Vec<String> = self.toolkits.iter().map(|t| quote(t)).collect();
+        fields.push(format!("\"toolkits\":[{}]", toolkits.join(",")));
+        format!("{{{}}}", fields.join(","))
+    }
+}
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -9,13 +81,9 @@ macro_rules! counters {
         pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
 
         impl Stats {
-            /// One JSON object with every counter as a top-level integer.
-            pub fn to_json(&self, extra: &[(&str, u64)]) -> String {
-                let mut fields: Vec<String> = vec![
-                    $(format!("\"{}\":{}", stringify!($name), self.$name.load(Ordering::Relaxed)),)*
-                ];
-                fields.extend(extra.iter().map(|(k, v)| format!("\"{k}\":{v}")));
-                format!("{{{}}}", fields.join(","))
+            /// Every counter into `snapshot`.
+            pub fn read_into(&self, snapshot: &mut Snapshot) {
+                $(snapshot.counter(stringify!($name), self.$name.load(Ordering::Relaxed));)*
             }
         }
     };
@@ -74,4 +142,24 @@ counters! {
 
 pub fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_is_one_json_object_with_its_maps_and_toolkits() {
+        let mut s = Snapshot::default();
+        s.counter("requests", 3);
+        s.gauge("in_flight", 1);
+        s.prepend([("auth_failures", 2, Kind::Counter)]);
+        s.routed.push(("arch", 1));
+        s.toolkits.push("/opt/cuda \"13\"".into());
+        assert_eq!(
+            s.to_json(),
+            r#"{"auth_failures":2,"requests":3,"in_flight":1,"routed":{"arch":1},"fallback_reasons":{},"toolkits":["/opt/cuda \"13\""]}"#
+        );
+        assert_eq!(s.get("in_flight"), Some(1));
+    }
 }

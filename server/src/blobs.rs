@@ -17,6 +17,7 @@
 //! then read the store, or, if the flight failed (the owner's stream ended,
 //! its bytes were refused), ask their own shims.
 
+use nvlinkd_core::stats::Kind;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,16 +115,16 @@ impl BlobStore {
     }
 
     /// Counters for `nvlinkd stats --json`.
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+    pub fn counters(&self) -> Vec<(&'static str, u64, Kind)> {
         let (mem, disk) = self.store.sizes();
         let r = Ordering::Relaxed;
         vec![
-            ("input_bytes_received", self.input_bytes_received.load(r)),
-            ("blob_hits", self.hits.load(r)),
-            ("blob_misses", self.misses.load(r)),
-            ("blob_rejected", self.rejected.load(r)),
-            ("blob_mem_bytes", mem),
-            ("blob_disk_bytes", disk),
+            ("input_bytes_received", self.input_bytes_received.load(r), Kind::Counter),
+            ("blob_hits", self.hits.load(r), Kind::Counter),
+            ("blob_misses", self.misses.load(r), Kind::Counter),
+            ("blob_rejected", self.rejected.load(r), Kind::Counter),
+            ("blob_mem_bytes", mem, Kind::Gauge),
+            ("blob_disk_bytes", disk, Kind::Gauge),
         ]
     }
 }

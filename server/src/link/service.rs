@@ -618,15 +618,14 @@ impl Nvlinkd for Service {
 
     async fn stats(&self, request: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
         self.authenticate(&request)?;
-        // The listener's own counter, first among the linker's.
-        let json = self.linker.stats_json();
-        let rest = json.strip_prefix('{').unwrap_or(&json);
-        let failures = self.auth_failures.load(Ordering::Relaxed);
-        let (blobs, staged) = (self.blobs.counters(), self.staged.counters());
-        let connections = self.connections.counters();
-        let daemon: String =
-            blobs.iter().chain(&staged).chain(&connections).map(|(k, v)| format!("\"{k}\":{v},")).collect();
-        Ok(Response::new(StatsReply { json: format!("{{\"auth_failures\":{failures},{daemon}{rest}") }))
+        let figures = crate::observe::Figures {
+            linker: self.linker.clone(),
+            blobs: self.blobs.clone(),
+            staged: self.staged.clone(),
+            connections: self.connections.clone(),
+            auth_failures: self.auth_failures.clone(),
+        };
+        Ok(Response::new(StatsReply { json: figures.snapshot().to_json() }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

@@ -37,10 +37,11 @@ pub struct Counters {
 }
 
 impl Counters {
-    pub fn counters(&self) -> [(&'static str, u64); 2] {
+    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 2] {
+        use nvlinkd_core::stats::Kind::Counter;
         [
-            ("outputs_staged", self.files.load(Ordering::Relaxed)),
-            ("output_bytes_staged", self.bytes.load(Ordering::Relaxed)),
+            ("outputs_staged", self.files.load(Ordering::Relaxed), Counter),
+            ("output_bytes_staged", self.bytes.load(Ordering::Relaxed), Counter),
         ]
     }
 }

@@ -63,12 +63,13 @@ pub struct Counters {
 
 impl Counters {
     /// For `stats --json`.
-    pub fn counters(&self) -> [(&'static str, u64); 3] {
+    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 3] {
+        use nvlinkd_core::stats::Kind::{Counter, Gauge};
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner()).0 as u64;
         [
-            ("tcp_connections", open),
-            ("tcp_connections_refused", self.refused.load(Ordering::Relaxed)),
-            ("tcp_accept_backoffs", self.accept_backoffs.load(Ordering::Relaxed)),
+            ("tcp_connections", open, Gauge),
+            ("tcp_connections_refused", self.refused.load(Ordering::Relaxed), Counter),
+            ("tcp_accept_backoffs", self.accept_backoffs.load(Ordering::Relaxed), Counter),
         ]
     }
 

@@ -40,6 +40,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, info};
 
 use crate::blobs::BlobStore;
+use nvlinkd_core::stats::Kind;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -52,8 +53,8 @@ struct LinkMetrics {
 }
 
 fn latency_histogram() -> Histogram {
-    // 1 ms to about 65 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    // 1 ms to about 35 min: past the default worker time limit (30 min).
+    Histogram::new(exponential_buckets(0.001, 2.0, 22))
 }
 
 static LINKS: OnceLock<LinkMetrics> = OnceLock::new();
@@ -89,7 +90,8 @@ impl std::fmt::Debug for StatsCollector {
     }
 }
 
-/// Stats that go up and down (the rest only go up).
+/// What the figures that go up and down mean (whether a figure is a gauge is
+/// the snapshot's word, `Kind`; this is only their help text).
 const GAUGES: &[(&str, &str)] = &[
     ("in_flight", "Links being served now"),
     ("uptime_s", "Seconds since the daemon started"),
@@ -102,6 +104,11 @@ const GAUGES: &[(&str, &str)] = &[
     ("remote_cache_uploads_pending", "Shared-cache uploads waiting or running"),
     ("blob_mem_bytes", "Bytes of remote inputs (blobs) in memory"),
     ("blob_disk_bytes", "Bytes of remote inputs (blobs) on disk"),
+    ("queued", "Links waiting for a slot"),
+    ("running_foreground", "Foreground links computing now"),
+    ("running_background", "Background links computing now"),
+    ("verify_pending", "Links waiting to be checked against the real nvlink"),
+    ("tcp_connections", "TCP connections open now"),
 ];
 
 /// Per-level cache counters: (level, hits, misses) in the stats.
@@ -114,14 +121,13 @@ const LEVELS: &[(&str, &str, &str)] = &[
 
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let json = self.0.stats_json();
-        let Ok(serde_json::Value::Object(mut stats)) = serde_json::from_str::<serde_json::Value>(&json) else {
-            return Ok(());
-        };
+        let mut snapshot = self.0.snapshot();
+        let mut own = vec![("auth_failures", self.2.load(Ordering::Relaxed), Kind::Counter)];
         // The blob store's, as in `nvlinkd stats --json`.
-        stats.extend(self.1.counters().into_iter().map(|(k, v)| (k.to_owned(), v.into())));
-        stats.insert("auth_failures".to_owned(), self.2.load(Ordering::Relaxed).into());
-        let get = |name: &str| stats.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+        own.extend(self.1.counters());
+        snapshot.prepend(own);
+        let stats = &snapshot;
+        let get = |name: &str| stats.get(name).unwrap_or(0);
         for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
             let name = format!("cache_{hits_or_misses}");
             let help = format!("Cache {hits_or_misses} per level (link: whole links; jit, nvvm, ptxas: artifacts)");
@@ -133,13 +139,13 @@ impl Collector for StatsCollector {
                 ConstCounter::new(get(counter)).encode(family.encode_family(&labels)?)?;
             }
         }
-        for (name, value) in &stats {
-            let Some(v) = value.as_u64() else { continue };
+        for &(name, v, kind) in &stats.values {
             if LEVELS.iter().any(|l| l.1 == name || l.2 == name) {
                 // Already in the per-level families above.
                 continue;
             }
-            if let Some((_, help)) = GAUGES.iter().find(|(g, _)| g == name) {
+            if kind == Kind::Gauge {
+                let help = GAUGES.iter().find(|(g, _)| *g == name).map_or("nvlinkd gauge", |(_, h)| h);
                 let g = ConstGauge::new(v as i64);
                 g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
             } else {

@@ -99,6 +99,12 @@ impl SandboxUser {
 pub struct Policy {
     pub mode: Mode,
     pub user: Option<SandboxUser>,
+    /// The executable whose `confine` subcommand confines itself and then
+    /// runs the tool ([`enter`]): the daemon starts it without forking
+    /// (`posix_spawn`), so its own memory is never marked copy-on-write (a
+    /// fork would make its next write to every page fault). None: the jail is
+    /// applied between fork and exec.
+    pub exe: Option<PathBuf>,
 }
 
 /// What the kernel offers (checked once).
@@ -121,7 +127,50 @@ pub fn support() -> Support {
 
 impl Policy {
     pub fn off() -> Policy {
-        Policy { mode: Mode::Off, user: None }
+        Policy { mode: Mode::Off, user: None, exe: None }
+    }
+
+    /// A command that runs `program` confined to `read` (and the system's
+    /// libraries) and `write`, at idle CPU priority where `idle`: through the
+    /// `confine` helper where there is one (no fork of the daemon), else with
+    /// the jail applied between fork and exec. Off: `program` as it is.
+    pub fn command(&self, program: &Path, read: &[PathBuf], write: &[&Path], idle: bool) -> Result<Command, String> {
+        if !self.enabled() {
+            let mut cmd = Command::new(program);
+            if idle {
+                crate::sched::apply_to_command(&mut cmd, crate::sched::Priority::Background);
+            }
+            return Ok(cmd);
+        }
+        if let Some(exe) = &self.exe {
+            let mut cmd = Command::new(exe);
+            cmd.arg("confine");
+            if self.mode == Mode::Require {
+                cmd.arg("--require");
+            }
+            if idle {
+                cmd.arg("--idle");
+            }
+            for r in read {
+                cmd.arg("--read").arg(r);
+            }
+            for w in write {
+                cmd.arg("--write").arg(w);
+            }
+            if let Some(u) = &self.user {
+                cmd.arg("--uid").arg(u.uid.to_string()).arg("--gid").arg(u.gid.to_string());
+            }
+            cmd.arg("--").arg(program);
+            return Ok(cmd);
+        }
+        let mut cmd = Command::new(program);
+        if idle {
+            crate::sched::apply_to_command(&mut cmd, crate::sched::Priority::Background);
+        }
+        if let Some(jail) = self.jail(read, write)? {
+            jail.apply(&mut cmd);
+        }
+        Ok(cmd)
     }
 
     /// Whether processes are confined at all.
@@ -252,6 +301,23 @@ fn filter() -> Result<Arc<seccompiler::BpfProgram>, String> {
                 libc::SYS_reboot,
                 libc::SYS_swapon,
                 libc::SYS_swapoff,
+                libc::SYS_sethostname,
+                libc::SYS_setdomainname,
+                libc::SYS_settimeofday,
+                libc::SYS_clock_settime,
+                libc::SYS_clock_adjtime,
+                libc::SYS_adjtimex,
+                libc::SYS_syslog,
+                libc::SYS_mknod,
+                libc::SYS_mknodat,
+                libc::SYS_open_by_handle_at,
+                libc::SYS_name_to_handle_at,
+                libc::SYS_acct,
+                libc::SYS_quotactl,
+                #[cfg(target_arch = "x86_64")]
+                libc::SYS_iopl,
+                #[cfg(target_arch = "x86_64")]
+                libc::SYS_ioperm,
             ];
             let rules = refused.iter().map(|&s| (s, Vec::new())).collect();
             let arch = std::env::consts::ARCH.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
@@ -261,6 +327,103 @@ fn filter() -> Result<Arc<seccompiler::BpfProgram>, String> {
             Ok(Arc::new(prog))
         })
         .clone()
+}
+
+/// `nvlinkd confine [--require] [--idle] [--read P]... [--write P]... [--uid U --gid G] -- PROGRAM ARGS...`:
+/// confine this process and become `PROGRAM` (its environment, working
+/// directory and standard streams as given). Returns only on failure.
+pub fn confine_and_exec(args: &[String]) -> String {
+    let (mut read, mut write) = (Vec::new(), Vec::new());
+    let (mut uid, mut gid, mut idle, mut require) = (None, None, false, false);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--read" => read.extend(it.next().map(PathBuf::from)),
+            "--write" => write.extend(it.next().map(PathBuf::from)),
+            "--uid" => uid = it.next().and_then(|v| v.parse::<u32>().ok()),
+            "--gid" => gid = it.next().and_then(|v| v.parse::<u32>().ok()),
+            "--idle" => idle = true,
+            "--require" => require = true,
+            "--" => break,
+            other => return format!("confine: unknown argument {other}"),
+        }
+    }
+    let rest: Vec<&String> = it.collect();
+    let Some((program, program_args)) = rest.split_first() else { return "confine: no program".into() };
+    if idle {
+        crate::sched::idle_priority();
+    }
+    // SAFETY: plain syscalls on this process, before it runs anything else:
+    // close every inherited descriptor but the standard streams, then change
+    // identity or drop root's capabilities.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        if let (Some(u), Some(g)) = (uid, gid) {
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(g) != 0 || libc::setuid(u) != 0 {
+                return format!("confine: cannot become uid {u}: {}", std::io::Error::last_os_error());
+            }
+        } else if libc::geteuid() == 0 {
+            drop_capabilities();
+        }
+    }
+    let writable: Vec<&Path> = write.iter().map(PathBuf::as_path).collect();
+    let ruleset = match ruleset(&read, &writable) {
+        Ok(r) => r,
+        Err(e) => return format!("confine: {e}"),
+    };
+    if ruleset.is_none() && require {
+        return "confine: Landlock is not available".into();
+    }
+    let filter = match filter() {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    // SAFETY: prctl and landlock_restrict_self on this process with a ruleset
+    // descriptor it owns.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return format!("confine: no_new_privs: {}", std::io::Error::last_os_error());
+        }
+        if let Some(fd) = &ruleset {
+            if libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0 {
+                return format!("confine: landlock: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    drop(ruleset);
+    if let Err(e) = seccompiler::apply_filter(&filter) {
+        return format!("confine: seccomp: {e}");
+    }
+    let e = Command::new(program.as_str()).args(program_args.iter().map(|a| a.as_str())).exec();
+    format!("confine: cannot run {program}: {e}")
+}
+
+/// A root process without a sandbox user keeps no capability: none
+/// effective, permitted, inheritable or ambient, and none in its bounding set.
+///
+/// # Safety
+/// Plain syscalls on the calling process.
+unsafe fn drop_capabilities() {
+    for cap in 0..64 {
+        libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+    }
+    libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    // _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header { version: 0x2008_0522, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    libc::syscall(libc::SYS_capset, &header, data.as_ptr());
 }
 
 /// One process's confinement, prepared before the fork.
@@ -287,6 +450,8 @@ impl Jail {
                     {
                         return Err(std::io::Error::last_os_error());
                     }
+                } else if libc::geteuid() == 0 {
+                    drop_capabilities();
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());

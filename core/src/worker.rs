@@ -30,7 +30,7 @@ use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -655,10 +655,9 @@ impl WorkerPool {
 
     fn spawn(&self, lib: &LibSpec, class: Priority, nvvm: bool) -> Result<Worker, WorkerError> {
         let exe = if nvvm { &self.nvvm_exe } else { &self.config.exe };
-        let mut cmd = Command::new(exe);
-        crate::sched::apply_to_command(&mut cmd, class);
         // A worker reads its own executable and the toolkit's libraries, and
-        // writes nothing: requests and answers cross its pipes.
+        // writes nothing: requests and answers cross its pipes. Background
+        // workers run at idle CPU priority (`sched.rs`).
         let mut read: Vec<PathBuf> = exe.canonicalize().into_iter().collect();
         if let Some(root) = lib.path.parent().and_then(Path::parent) {
             read.extend(crate::confine::toolkit_reads(root));
@@ -667,11 +666,8 @@ impl WorkerPool {
         // Test hook: a held worker marks and polls a file in the hold's directory.
         let hold_dir = std::env::var_os(HOLD_ENV).and_then(|h| Path::new(&h).parent().map(Path::to_owned));
         let write: Vec<&Path> = hold_dir.as_deref().into_iter().collect();
-        match self.config.confine.jail(&read, &write) {
-            Ok(Some(jail)) => jail.apply(&mut cmd),
-            Ok(None) => {}
-            Err(e) => return Err(WorkerError::Spawn(e)),
-        }
+        let idle = class == Priority::Background;
+        let mut cmd = self.config.confine.command(exe, &read, &write, idle).map_err(WorkerError::Spawn)?;
         let mut child = cmd
             .arg("worker")
             .arg("--lib")

@@ -165,7 +165,8 @@ impl ServeArgs {
     /// The confinement policy, checked against this host.
     fn confinement(&self) -> Result<nvlinkd_core::confine::Policy, String> {
         let user = self.sandbox_user.as_deref().map(nvlinkd_core::confine::SandboxUser::lookup).transpose()?;
-        let policy = nvlinkd_core::confine::Policy { mode: self.confine, user };
+        let exe = std::env::current_exe().ok();
+        let policy = nvlinkd_core::confine::Policy { mode: self.confine, user, exe };
         let summary = policy.check()?;
         tracing::info!("{summary}");
         Ok(policy)
@@ -518,6 +519,15 @@ fn report(r: Result<String, String>) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // `nvlinkd confine ... -- TOOL ARGS`: the daemon's way to start a tool
+    // confined without forking itself (core/src/confine.rs); kept off clap,
+    // on the path of every confined start.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("confine") {
+        let why = nvlinkd_core::confine::confine_and_exec(&argv[2..]);
+        eprintln!("nvlinkd: {why}");
+        return ExitCode::from(126);
+    }
     let cli = Cli::parse();
     let socket_or_default = |s: Option<PathBuf>| s.unwrap_or_else(control::default_socket);
     match cli.command {

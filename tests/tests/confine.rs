@@ -167,6 +167,44 @@ fn confined_tools_running_as_a_sandbox_user_give_nvlinks_bytes() {
     assert!(d.stat("nvlink_process") >= 1 && d.stat("in_process") >= 2, "{}", d.stats());
 }
 
+/// A compromised nvlink that makes its output a symlink to a file only the
+/// daemon may read gets nothing back: the daemon reads back only regular
+/// files of the tool's own.
+#[test]
+fn a_planted_symlink_as_the_output_reads_nothing_for_the_tool() {
+    let dir = TempDir::new("confine-plant");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret-plant\n").unwrap();
+    let conf = format!("real={}\nplant={}\n", real_nvlink().display(), secret.display());
+    let tk = probe_toolkit(dir.path(), &conf);
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let tk_s = tk.display().to_string();
+    let d = Daemon::start_with(&[
+        "--cuda-home",
+        &tk_s,
+        "--listen",
+        &listen,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--token-file",
+        &tokens,
+    ]);
+    let out = TempDir::new("confine-plant-out");
+    let link = Invocation::templated("--arch=sm_90 --preserve-relocs scale.o -o {OUT}/out.cubin", corpus::dir(), &out);
+    let r = run(&shim(), &link, &pki.shim_env(&format!("https://127.0.0.1:{port}"), "never"));
+    for (name, data) in &r.files {
+        assert!(!String::from_utf8_lossy(data).contains("s3cret-plant"), "{name} carries the secret");
+    }
+    assert!(!String::from_utf8_lossy(&r.stdout).contains("s3cret-plant"));
+    assert_ne!(r.code, 0, "a planted symlink was taken as nvlink's output");
+    drop(d);
+}
+
 /// The `Seccomp` and `NoNewPrivs` fields of a process's status.
 fn confinement_of(pid: u32) -> (String, String) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -86,6 +86,8 @@ const ENVIRONMENT_MESSAGES: &[&str] = &[
     "Too many open files",
     "Cannot allocate memory",
     "Input/output error",
+    // The confinement helper could not start the tool (`confine.rs`).
+    "nvlinkd: confine:",
 ];
 
 /// Whether a tool's messages blame the environment (or name the scratch directory).
@@ -101,6 +103,25 @@ pub(crate) fn blames_environment(stdout: &[u8], stderr: &[u8], scratch: &Path) -
         }
     }
     None
+}
+
+/// A file a tool wrote into its scratch or sandbox, read back by the daemon:
+/// only a regular file with one link, never through a symlink (the tool,
+/// confined, may have planted one to a file only the daemon can read).
+pub(crate) fn read_tool_output(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() || m.nlink() != 1 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a regular file of the tool's own"));
+    }
+    let mut data = Vec::with_capacity(m.len() as usize);
+    f.read_to_end(&mut data)?;
+    Ok(data)
 }
 
 /// Why a run of nvlink is no answer for the caller.
@@ -254,9 +275,23 @@ fn run_in(
         let _ = at;
         redirected.push((dest, tmp, id == Opt::OutputFile));
     }
-    let mut cmd = Command::new(nvlink);
-    // A background link's nvlink runs at idle CPU priority (`sched.rs`).
-    crate::sched::apply_to_command(&mut cmd, cancel.priority());
+    // A background link's nvlink runs at idle CPU priority (`sched.rs`); on a
+    // client's mirrored files, confined (`confine.rs`): it reads the toolkit
+    // and writes its sandbox and scratch, nothing else.
+    let idle = cancel.priority() == crate::sched::Priority::Background;
+    let mut cmd = match confined {
+        Some(c) => {
+            c.policy.hand_over(&[&scratch.0, c.sandbox]).map_err(env_err("sandbox user"))?;
+            let mut read = crate::confine::toolkit_reads(c.toolkit_root);
+            read.extend(nvlink.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
+            c.policy.command(nvlink, &read, &[&scratch.0, c.sandbox], idle).map_err(RunError::Environment)?
+        }
+        None => {
+            let mut cmd = Command::new(nvlink);
+            crate::sched::apply_to_command(&mut cmd, cancel.priority());
+            cmd
+        }
+    };
     cmd.args(&args).current_dir(&req.cwd).env_clear();
     // Of the caller's environment, only what the link depends on (the
     // request holds nothing else; checked again here, where a process starts).
@@ -271,16 +306,6 @@ fn run_in(
     let tmpdir = scratch.0.join("tmp");
     std::fs::create_dir(&tmpdir).map_err(env_err("scratch directory"))?;
     cmd.env("TMPDIR", &tmpdir);
-    if let Some(c) = confined {
-        c.policy.hand_over(&[&scratch.0, c.sandbox]).map_err(env_err("sandbox user"))?;
-        let mut read = crate::confine::toolkit_reads(c.toolkit_root);
-        read.extend(nvlink.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
-        match c.policy.jail(&read, &[&scratch.0, c.sandbox]) {
-            Ok(Some(jail)) => jail.apply(&mut cmd),
-            Ok(None) => {}
-            Err(e) => return Err(RunError::Environment(e)),
-        }
-    }
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -300,7 +325,7 @@ fn run_in(
     }
     let mut outputs = Vec::new();
     for (dest, tmp, is_output) in redirected {
-        match std::fs::read(&tmp) {
+        match read_tool_output(&tmp) {
             Ok(data) => {
                 // nvlink never succeeds with an empty output file.
                 if exit_code == 0 && is_output && data.is_empty() {

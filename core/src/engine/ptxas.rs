@@ -14,7 +14,7 @@
 //! once, and a killed ptxas never yields an artifact.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use super::process::{self, Scratch};
@@ -104,18 +104,13 @@ fn compile_in(
     // ptxas reads text: a trailing NUL (fatbin members carry one) is not PTX.
     let text = ptx.strip_suffix(&[0]).unwrap_or(ptx);
     std::fs::write(&input, text).map_err(|e| env("scratch", e))?;
-    let mut cmd = Command::new(tk.ptxas());
-    // A background link's ptxas runs at idle CPU priority (`sched.rs`).
-    crate::sched::apply_to_command(&mut cmd, cancel.priority());
-    // ptxas parses a client's PTX: confined to the toolkit and its scratch.
+    // ptxas parses a client's PTX: confined to the toolkit and its scratch; a
+    // background link's at idle CPU priority (`sched.rs`).
     confine.hand_over(&[&scratch.0]).map_err(|e| env("sandbox user", e))?;
     let mut read = crate::confine::toolkit_reads(&tk.root);
     read.extend(tk.ptxas().canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned)));
-    match confine.jail(&read, &[&scratch.0]) {
-        Ok(Some(jail)) => jail.apply(&mut cmd),
-        Ok(None) => {}
-        Err(e) => return Err(Failure::Environment(e)),
-    }
+    let idle = cancel.priority() == crate::sched::Priority::Background;
+    let mut cmd = confine.command(&tk.ptxas(), &read, &[&scratch.0], idle).map_err(Failure::Environment)?;
     let child = cmd
         .args(args)
         .arg(&input)
@@ -152,7 +147,7 @@ fn compile_in(
         // Messages would have to be nvlink's; let nvlink speak.
         return Err(Failure::Tool(Declined::new(Reason::Tool, "ptxas printed messages other than warnings")));
     }
-    match std::fs::read(&output) {
+    match process::read_tool_output(&output) {
         Ok(cubin) if !cubin.is_empty() => Ok((cubin, warnings)),
         Ok(_) => Err(Failure::Environment("ptxas exited 0 and its output is empty".into())),
         Err(e) => Err(env("ptxas output", e)),

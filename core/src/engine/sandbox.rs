@@ -304,7 +304,7 @@ impl Sandbox {
             mapped.push(f);
         }
         if let (Some((at, old)), Some(t)) = (&self.time, spec.time.as_deref()) {
-            let data = std::fs::read(at).map_err(env_fault)?;
+            let data = crate::engine::process::read_tool_output(at).map_err(env_fault)?;
             let added = data.get(*old..).ok_or_else(|| unsupported("the -time file shrank"))?;
             mapped.push(OutputFile { path: absolute(caller_cwd, t), data: strip(added, root).into(), append: true });
         }

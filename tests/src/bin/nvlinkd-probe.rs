@@ -8,7 +8,9 @@
 //! What to try comes from `probe.conf` beside the probe, `key=value` lines:
 //! `real` (the real nvlink), `secret` (a file to read), `outside` (a file to
 //! create), `tcp` (an address to connect to), `unix` (a socket to connect to),
-//! `exec` (a program to run).
+//! `exec` (a program to run); with `plant` (a file the probe may not read),
+//! it only makes its `-o` file a symlink to that file and exits 0, as a
+//! compromised nvlink would to have the daemon read the file for it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,14 @@ fn main() {
         let e = std::process::Command::new(real).args(&args).exec();
         eprintln!("probe: cannot run {real}: {e}");
         std::process::exit(127);
+    }
+    if let Some(target) = get("plant") {
+        let o = args.iter().position(|a| a == "-o").and_then(|i| args.get(i + 1));
+        let o = o.cloned().or_else(|| args.iter().find_map(|a| a.strip_prefix("-o=").map(str::to_owned)));
+        let o = o.expect("an -o argument");
+        let _ = std::fs::remove_file(&o);
+        outcome("plant", std::os::unix::fs::symlink(target, &o));
+        std::process::exit(0);
     }
     if let Some(p) = get("secret") {
         outcome("read secret", std::fs::File::open(p).and_then(|mut f| f.read_to_string(&mut String::new())));

@@ -4,7 +4,7 @@
 //! Inputs are taken in command-line order, then the `-l` libraries in `-l`
 //! order (wherever they sit in argv). An archive contributes all its members,
 //! once however often it is named; libcudadevrt contributes only what resolves
-//! an undefined symbol. Host-reference pruning applies when linking
+//! an undefined function. Host-reference pruning applies when linking
 //! an executable (not `-r`, not `--ignore-host-info`) and every unit outside
 //! libcudadevrt carries `.nvHR*` sections; the kernels kept are those matching
 //! a host pattern of any unit.
@@ -274,7 +274,7 @@ fn liveness(units: &[Unit], patterns: &[&str], referenced_kernels: bool) -> Prun
 
 /// nvlink links every member of an archive, except that the CUDA device
 /// runtime (a "system library") contributes only what resolves an undefined
-/// symbol, unless `--keep-system-libraries`.
+/// function, unless `--keep-system-libraries`.
 fn add_library(units: &mut Vec<Unit>, lib: Library, keep_system: bool, system: &mut Option<SystemLibrary>) {
     if lib.is_system() && !keep_system {
         let at = units.len();
@@ -348,7 +348,7 @@ mod tests {
     //! The rules of the plan as tables, on synthetic units (no toolkit): each
     //! module is written as words — `k:K` a kernel, `f:F` a device function,
     //! `s:S` a static function (`sk:K` a static kernel), `A>B` a relocation in
-    //! A's code to B, `>B` one in data, `u:U` an undefined symbol.
+    //! A's code to B, `>B` one in data, `u:U` an undefined function.
 
     use std::sync::Arc;
 
@@ -376,7 +376,7 @@ mod tests {
                         info.defined.push(name);
                     }
                 }
-                "u" => info.undefined.push(name),
+                "u" => info.undefined_functions.push(name),
                 _ => {
                     let (from, to) = word.split_once('>').expect("A>B or >B");
                     info.refs.push(Ref { from: (!from.is_empty()).then(|| from.to_owned()), to: to.to_owned() });
@@ -563,6 +563,11 @@ mod tests {
             ("libcudadevrt.a", true, &["k:k u:b"], &["f:a", "f:b"], &[0, 1]),
             // A path naming cudadevrt is a system library wherever it is.
             ("/opt/x/libcudadevrt_static.a", false, &["k:k u:a"], &["f:a", "f:b"], &[0]),
+            // A function undefined that it does not define takes all of it...
+            ("libcudadevrt.a", false, &["k:k u:x"], &["f:a", "f:b"], &[0, 1]),
+            ("libcudadevrt.a", false, &["k:k u:printf"], &["f:a"], &[0]),
+            // ... but not one the driver provides.
+            ("libcudadevrt.a", false, &["k:k u:malloc u:cnpGetLimit u:__cuda_syscall_cnpv2GetLimit"], &["f:a"], &[]),
         ];
         for (name, keep, before, members, taken) in rows {
             let mut units: Vec<Unit> = before.iter().map(|m| unit("a.o", Some(&[]), m)).collect();

@@ -399,7 +399,7 @@ fn suppressed_debug_info(spec: &Spec, mode: Mode, plan: &Plan) -> Result<BTreeSe
         for f in info.functions.iter().filter(|f| !p.live_functions.contains(&f.name)) {
             let calls = info.refs.iter().any(|r| {
                 r.from.as_deref() == Some(&f.name)
-                    && (functions.contains(r.to.as_str()) || info.undefined.contains(&r.to))
+                    && (functions.contains(r.to.as_str()) || info.undefined_functions.contains(&r.to))
             });
             if !f.is_kernel || info.weak.contains(&f.name) || calls {
                 return no(

@@ -659,8 +659,9 @@ pub(crate) const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__ass
 /// of system calls, `vprintf` to `cudaSubgridSchedule...`), and `malloc`: an
 /// undefined call of one takes nothing from libcudadevrt, and nvlink reports
 /// no undefined reference for it. Each measured: a unit calling it alone
-/// beside `-lcudadevrt` links without the runtime's member; a call of any
-/// other name (`printf`, `__cuda_foo`) takes it.
+/// (compiled, or a cubin whose call was renamed to it) beside `-lcudadevrt`
+/// links without the runtime's member; a call of any other name (`printf`,
+/// `__cuda_foo`) takes it.
 const DRIVER_FUNCTIONS: &[&str] = &[
     "vprintf",
     "malloc",

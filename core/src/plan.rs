@@ -4,7 +4,7 @@
 //! Inputs are taken in command-line order, then the `-l` libraries in `-l`
 //! order (wherever they sit in argv). An archive contributes all its members,
 //! once however often it is named; libcudadevrt contributes only what resolves
-//! an undefined symbol. Host-reference pruning applies when linking
+//! an undefined function. Host-reference pruning applies when linking
 //! an executable (not `-r`, not `--ignore-host-info`) and every unit outside
 //! libcudadevrt carries `.nvHR*` sections; the kernels kept are those matching
 //! a host pattern of any unit.
@@ -274,7 +274,7 @@ fn liveness(units: &[Unit], patterns: &[&str], referenced_kernels: bool) -> Prun
 
 /// nvlink links every member of an archive, except that the CUDA device
 /// runtime (a "system library") contributes only what resolves an undefined
-/// symbol, unless `--keep-system-libraries`.
+/// function, unless `--keep-system-libraries`.
 fn add_library(units: &mut Vec<Unit>, lib: Library, keep_system: bool, system: &mut Option<SystemLibrary>) {
     if lib.is_system() && !keep_system {
         let at = units.len();
@@ -341,6 +341,24 @@ impl Plan {
         sys.chosen = chosen.len();
         self.units.splice(at..at, chosen);
     }
+
+    /// A unit with device code for the target that comes after the device
+    /// runtime when nvlink links none of the runtime, or after it at all
+    /// under `-dlto` (`lto`), where the runtime is chosen only after NVVM.
+    /// nvlink stops there: `nvlink fatal   : unexpected object after
+    /// cudadevrt` (exit status 1, no output; measured with a `-l` archive, a
+    /// named object after a named `libcudadevrt.a`, SASS or PTX members, and
+    /// under `-dlto`, where an LTO member instead gives the whole program and
+    /// `expected libcudadevrt object`). A runtime that was taken, a host-only
+    /// member or one without code for the target lets the link go on.
+    pub(crate) fn device_code_after_runtime(&self, lto: bool) -> Option<&str> {
+        let sys = self.system_library.as_ref()?;
+        if sys.chosen > 0 && !lto {
+            return None;
+        }
+        let after = self.units.get(sys.at + sys.chosen..)?;
+        after.iter().find(|u| !u.modules.is_empty()).map(|u| u.name.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -348,7 +366,7 @@ mod tests {
     //! The rules of the plan as tables, on synthetic units (no toolkit): each
     //! module is written as words — `k:K` a kernel, `f:F` a device function,
     //! `s:S` a static function (`sk:K` a static kernel), `A>B` a relocation in
-    //! A's code to B, `>B` one in data, `u:U` an undefined symbol.
+    //! A's code to B, `>B` one in data, `u:U` an undefined function.
 
     use std::sync::Arc;
 
@@ -376,7 +394,7 @@ mod tests {
                         info.defined.push(name);
                     }
                 }
-                "u" => info.undefined.push(name),
+                "u" => info.undefined_functions.push(name),
                 _ => {
                     let (from, to) = word.split_once('>').expect("A>B or >B");
                     info.refs.push(Ref { from: (!from.is_empty()).then(|| from.to_owned()), to: to.to_owned() });
@@ -563,6 +581,11 @@ mod tests {
             ("libcudadevrt.a", true, &["k:k u:b"], &["f:a", "f:b"], &[0, 1]),
             // A path naming cudadevrt is a system library wherever it is.
             ("/opt/x/libcudadevrt_static.a", false, &["k:k u:a"], &["f:a", "f:b"], &[0]),
+            // A function undefined that it does not define takes all of it...
+            ("libcudadevrt.a", false, &["k:k u:x"], &["f:a", "f:b"], &[0, 1]),
+            ("libcudadevrt.a", false, &["k:k u:printf"], &["f:a"], &[0]),
+            // ... but not one the driver provides.
+            ("libcudadevrt.a", false, &["k:k u:malloc u:cnpGetLimit u:__cuda_syscall_cnpv2GetLimit"], &["f:a"], &[]),
         ];
         for (name, keep, before, members, taken) in rows {
             let mut units: Vec<Unit> = before.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
@@ -576,6 +599,55 @@ mod tests {
             let got: Vec<String> = units[before.len()..].iter().map(|u| u.name.clone()).collect();
             let want: Vec<String> = taken.iter().map(|i| format!("m{i}")).collect();
             assert_eq!(got, want, "{name} keep={keep} after {before:?} from {members:?}");
+        }
+    }
+
+    /// Device code after the device runtime: (units before, its members,
+    /// units after — `-` one without device code —, `-dlto`, the unit nvlink
+    /// stops at with `unexpected object after cudadevrt`).
+    #[test]
+    fn device_code_after_the_runtime() {
+        type Row = (&'static [&'static str], &'static [&'static str], bool, Option<&'static str>);
+        let rows: &[Row] = &[
+            // Nothing of it linked, device code after it: nvlink stops there.
+            (&["k:k"], &["f:v"], false, Some("after0")),
+            (&["k:k"], &["-", "f:v"], false, Some("after1")),
+            // Its member linked, or nothing with device code after it.
+            (&["k:k u:a"], &["f:v"], false, None),
+            (&["k:k"], &["-"], false, None),
+            (&["k:k"], &[], false, None),
+            // Under -dlto the runtime is chosen after NVVM: any device code after it.
+            (&["k:k u:a"], &["f:v"], true, Some("after0")),
+        ];
+        for (before, after, lto, stops) in rows {
+            let mut units: Vec<Unit> = before.iter().map(|m| unit("a.o", Some(&[]), m)).collect();
+            let lib = Library {
+                name: "libcudadevrt.a".into(),
+                path: "libcudadevrt.a".into(),
+                members: vec![unit("cuda_device_runtime.o", Some(&[]), "f:a")],
+                skipped_host_objects: false,
+            };
+            let mut system = None;
+            add_library(&mut units, lib, false, &mut system);
+            for (i, m) in after.iter().enumerate() {
+                let mut u = unit(&format!("after{i}"), Some(&[]), m.trim_start_matches('-'));
+                if *m == "-" {
+                    u.modules.clear();
+                }
+                units.push(u);
+            }
+            let plan = Plan {
+                units,
+                pruning: None,
+                warnings: Vec::new(),
+                notes: Vec::new(),
+                system_library_found: true,
+                codeless_archive_members: false,
+                system_library: system,
+                partial_lto: false,
+                tool_warnings: Vec::new(),
+            };
+            assert_eq!(plan.device_code_after_runtime(*lto), *stops, "{before:?} then {after:?} lto={lto}");
         }
     }
 }

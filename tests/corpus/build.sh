@@ -135,6 +135,27 @@ wait
 mkdir -p lib && ar rcs lib/libdynsmem.a dynsmem.o && ar rcs lib/liblinedead.a lineinfo_dead_li.o
 ar rcs lib/libdiag.a diag_kernels.o && ar rcs lib/libdiag_li.a diag_kernels_li.o
 
+# nvlink -r outputs as inputs (relocatable cubins, made with the real nvlink):
+# they hold the linker's references (__UFT*, .nv.reservedSmem.*) as global
+# symbols where nvcc's cubins hold them weak. A device function alone, named
+# .cubin and .o; two units; a kernel calling into another -r output; dynamic
+# parallelism; dynamic shared memory; variables defined elsewhere. A variable
+# libcudadevrt defines, read by a kernel; an archive after libcudadevrt.
+rel() { "$CUDA_HOME/bin/nvlink" -m64 --arch=sm_90 -cpu-arch=X86_64 -r "$@"; }
+dc jit_lookup.cu -o jit_lookup.o &
+dc runtime_var.cu -o runtime_var.o &
+wait
+rel jit_lookup.o -o relin_lookup.cubin &
+rel jit_lookup.o -o relin_lookup.o &
+rel accumulate.o scale.o -o relin_accscale.cubin &
+rel jit_lookup_use.o -o relin_use.cubin &
+rel cdp.o -o relin_cdp.cubin &
+rel dynsmem.o -o relin_dynsmem.cubin &
+rel cdp_dynsmem.o -o relin_cdp_dynsmem.cubin &
+rel vars_use.o -o relin_vars_use.cubin &
+wait
+ar rcs lib/libvarsdef.a vars_def.o
+
 # Device-only inputs: cubins (sm_90, sm_100, arch-specific sm_90a) and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_100 -dc -cubin scale.cu -o scale_sm100.cubin &

@@ -373,6 +373,22 @@ const CASES: &[(&str, &str, &str)] = &[
     ("ptx-only-cdp-relocatable", "--arch=sm_90 -r -L{L} cdp_ptx.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("ptx-only-cdp-undefined", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 missing_ptx.o cdp_ptx.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("ptx-only-callee", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 jit_lookup_ptx80.o jit_lookup_use.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // nvlink -r outputs beside libcudadevrt: their references to the linker's
+    // symbols (__UFT*, .nv.reservedSmem.*) are global, and take nothing; an
+    // undefined function takes the runtime (a -r output of dynamic
+    // parallelism), an undefined variable never does.
+    ("relocatable-input-cudadevrt", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 jit_lookup_use.o relin_lookup.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-named-o", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 jit_lookup_use.o relin_lookup.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-several", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 jit_lookup_use.o relin_lookup.cubin relin_accscale.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-only", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 relin_use.cubin relin_lookup.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-cdp", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 relin_cdp.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-dynsmem", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 relin_dynsmem.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-cdp-dynsmem", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 relin_cdp_dynsmem.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-variables", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 relin_vars_use.cubin vars_def.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("relocatable-input-relocatable", "--arch=sm_90 -r -L{L} jit_lookup_use.o relin_lookup.cubin -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("undefined-runtime-variable", "-m64 --arch=sm_90 -L{L} -cpu-arch=X86_64 runtime_var.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // An archive of device code after a libcudadevrt nothing needs: nvlink's fatal.
+    ("archive-after-cudadevrt", "-m64 --arch=sm_90 -L{L} -Llib -cpu-arch=X86_64 accumulate.o scale.o -lcudadevrt -lvarsdef -o {OUT}/out.cubin", ""),
     // A weak device function in several objects beside a kernel no host code
     // launches: where the dead kernel's leftover name goes in the string tables.
     ("weak-dead-kernel", "-m64 --arch=sm_90 -cpu-arch=X86_64 weak_dead_a.o weak_dead_b.o -o {OUT}/out.cubin", ""),
@@ -596,6 +612,8 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-preserve-relocs", "options"),
     ("opt-extra-warnings", "options"),
     ("static-lib-LIBRARY_PATH-routed", "options"),
+    // Device code after a libcudadevrt of which nothing is linked.
+    ("archive-after-cudadevrt", "diagnostics"),
     // A virtual target: nvlink links no device code, it registers the objects.
     ("ptx-only-nvcc-dlink", "arch"),
     ("ptx-only-with-output", "arch"),

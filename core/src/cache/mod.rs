@@ -23,8 +23,10 @@ impl KeyBuilder {
     pub fn new(domain: &str) -> Self {
         let mut h = blake3::Hasher::new();
         // The version changes whenever a fix changes an answer already cached
-        // (v2: libcudadevrt's members chosen again after PTX is compiled).
-        h.update(b"nvlinkd-cache-v2\0");
+        // (v2: libcudadevrt's members chosen again after PTX is compiled;
+        // v3: only undefined functions take them, `nvlink -r` outputs beside
+        // libcudadevrt).
+        h.update(b"nvlinkd-cache-v3\0");
         h.update(domain.as_bytes());
         h.update(b"\0");
         KeyBuilder(h)

@@ -229,6 +229,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx => {}
         _ => return no(Reason::Options, format!("{mode:?} links")),
     }
+    if mode != Mode::Relocatable && mode != Mode::Executable {
+        device_code_after_runtime(plan, true)?;
+    }
     // After partial LTO the link goes on in the mode it returns.
     let mode = match mode {
         Mode::LtoWhole if is_partial(plan) => partial_lto_to_cubin(cx, spec, mode, plan)?,
@@ -255,6 +258,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         // which compiles PTX on input, does.
         plan.reselect_system_library(0);
     }
+    device_code_after_runtime(plan, false)?;
     plan.prune(spec, mode);
     // Decided before linking: what nvlink's --suppress-debug-info drops.
     let suppress = match spec.suppress_debug_info {
@@ -405,7 +409,7 @@ fn suppressed_debug_info(spec: &Spec, mode: Mode, plan: &Plan) -> Result<BTreeSe
         for f in info.functions.iter().filter(|f| !p.live_functions.contains(&f.name)) {
             let calls = info.refs.iter().any(|r| {
                 r.from.as_deref() == Some(&f.name)
-                    && (functions.contains(r.to.as_str()) || info.undefined.contains(&r.to))
+                    && (functions.contains(r.to.as_str()) || info.undefined_functions.contains(&r.to))
             });
             if !f.is_kernel || info.weak.contains(&f.name) || calls {
                 return no(
@@ -608,6 +612,19 @@ fn push_partial_infos(plan: &mut Plan) {
         .collect();
     for name in names {
         plan.notes.push(Diagnostic::info(format!("requested LTO but '{name}' not built for LTO so doing partial LTO")));
+    }
+}
+
+/// Device code after a libcudadevrt nvlink links nothing of (or, under
+/// `-dlto`, after libcudadevrt at all): nvlink's fatal, left to nvlink
+/// ([`Plan::device_code_after_runtime`]).
+fn device_code_after_runtime(plan: &Plan, lto: bool) -> Result<(), Declined> {
+    match plan.device_code_after_runtime(lto) {
+        Some(unit) => no(
+            Reason::Diagnostics,
+            format!("'{unit}' after libcudadevrt, none of which is linked (nvlink: unexpected object after cudadevrt)"),
+        ),
+        None => Ok(()),
     }
 }
 

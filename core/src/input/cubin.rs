@@ -27,9 +27,12 @@ pub struct CubinInfo {
     pub defined: Vec<String>,
     /// Weak definitions among them.
     pub weak: Vec<String>,
-    /// Global symbols referenced but not defined (weak references and
-    /// `extern __shared__` arrays aside).
-    pub undefined: Vec<String>,
+    /// Functions referenced but not defined here, weak references included:
+    /// the undefined symbols that ask libcudadevrt for its member
+    /// ([`crate::input::load::select_members`]). Undefined variables, the
+    /// linker's own symbols (`__UFT*`, `__UDT*`, `.nv.reservedSmem.*`) and
+    /// `extern __shared__` arrays ask nothing, whatever their binding.
+    pub undefined_functions: Vec<String>,
     /// Kernel (entry function) names, local ones included.
     pub kernels: Vec<String>,
     /// Local (static) function names, which resolve within this cubin only.
@@ -147,11 +150,14 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
             if s.is_weak() {
                 info.weak.push(s.name.clone());
             }
-        } else if !s.is_weak() && !s.is_dynamic_shared() {
-            // Neither a weak reference nor an `extern __shared__` array
-            // (dynamic shared memory) asks a library for a definition:
-            // nvlink takes no libcudadevrt member for either.
-            info.undefined.push(s.name.clone());
+        } else if s.kind() == object::elf::STT_FUNC.0 {
+            // Only an undefined function makes nvlink take libcudadevrt, weak
+            // or not. An nvcc cubin's references to the linker's symbols
+            // (`__UFT`, `.nv.reservedSmem.offset0`, ...) are weak, nvlink
+            // `-r` writes them global; both are objects, as are undefined
+            // `extern __device__` variables (even one libcudadevrt defines)
+            // and `extern __shared__` arrays (CUDA_OBJECT): none takes it.
+            info.undefined_functions.push(s.name.clone());
         }
     }
     Ok(info)
@@ -247,5 +253,96 @@ mod compat_tests {
         assert!(has_attribute(&data, 0x2f));
         assert!(!has_attribute(&data[..8], 0x4b));
         assert!(!has_attribute(&[4, 0x2f, 0xff, 0xff], 0x4b));
+    }
+}
+
+#[cfg(test)]
+mod symbol_tests {
+    use super::read;
+
+    /// A relocatable sm_90 device ELF whose symbol table holds `symbols`
+    /// (name, `st_info`, `st_other`, defined in its one `.text.f`).
+    fn cubin(symbols: &[(&str, u8, u8, bool)]) -> Vec<u8> {
+        let shstrtab = b"\0.shstrtab\0.strtab\0.symtab\0.text.f\0".to_vec();
+        let mut strtab = vec![0u8];
+        let mut symtab = vec![0u8; 24];
+        for (name, info, other, defined) in symbols {
+            let mut sym = [0u8; 24];
+            sym[0..4].copy_from_slice(&(strtab.len() as u32).to_le_bytes());
+            sym[4] = *info;
+            sym[5] = *other;
+            sym[6..8].copy_from_slice(&(if *defined { 4u16 } else { 0 }).to_le_bytes());
+            symtab.extend_from_slice(&sym);
+            strtab.extend_from_slice(name.as_bytes());
+            strtab.push(0);
+        }
+        let text = vec![0u8; 16];
+        // (name offset, type, link, entsize, contents)
+        let sections: [(u32, u32, u32, u64, &[u8]); 4] =
+            [(1, 3, 0, 0, &shstrtab), (11, 3, 0, 0, &strtab), (19, 2, 2, 24, &symtab), (27, 1, 0, 0, &text)];
+        let mut body = Vec::new();
+        let mut headers = vec![0u8; 64];
+        for (name, kind, link, entsize, data) in sections {
+            let mut h = [0u8; 64];
+            h[0..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&kind.to_le_bytes());
+            h[24..32].copy_from_slice(&(64 + body.len() as u64).to_le_bytes());
+            h[32..40].copy_from_slice(&(data.len() as u64).to_le_bytes());
+            h[40..44].copy_from_slice(&link.to_le_bytes());
+            h[56..64].copy_from_slice(&entsize.to_le_bytes());
+            headers.extend_from_slice(&h);
+            body.extend_from_slice(data);
+        }
+        let mut elf = vec![0u8; 64];
+        elf[0..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+        elf[16..18].copy_from_slice(&1u16.to_le_bytes()); // ET_REL
+        elf[18..20].copy_from_slice(&190u16.to_le_bytes()); // EM_CUDA
+        elf[20..24].copy_from_slice(&1u32.to_le_bytes());
+        elf[40..48].copy_from_slice(&(64 + body.len() as u64).to_le_bytes()); // e_shoff
+        elf[48] = 5; // e_flags: sm_90
+        elf[49] = 90;
+        elf[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        elf[58..60].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+        elf[60..62].copy_from_slice(&5u16.to_le_bytes()); // e_shnum
+        elf[62..64].copy_from_slice(&1u16.to_le_bytes()); // e_shstrndx
+        elf.extend_from_slice(&body);
+        elf.extend_from_slice(&headers);
+        elf
+    }
+
+    const GLOBAL: u8 = 1 << 4;
+    const WEAK: u8 = 2 << 4;
+    const NOTYPE: u8 = 0;
+    const OBJECT: u8 = 1;
+    const FUNC: u8 = 2;
+    const CUDA_OBJECT: u8 = 13;
+
+    /// Only undefined functions, weak ones too, ask libcudadevrt for its
+    /// member: nvlink `-r` writes the linker's symbols as global references
+    /// where nvcc writes them weak, and neither takes anything (measured with
+    /// nvlink 13.5 on such cubins and on cubins edited to each case).
+    #[test]
+    fn only_undefined_functions_ask_for_a_definition() {
+        let data = cubin(&[
+            ("f", GLOBAL | FUNC, 0, true),
+            // An nvcc cubin's references to the linker's symbols...
+            ("__UFT", WEAK | OBJECT, 0, false),
+            (".nv.reservedSmem.offset0", WEAK | OBJECT, 0, false),
+            // ... and nvlink -r's.
+            ("__UDT", GLOBAL | OBJECT, 0, false),
+            (".nv.reservedSmem.cap", GLOBAL | OBJECT, 0, false),
+            // An `extern __device__` variable, an `extern __shared__` array
+            // (shared CUDA_OBJECT), a symbol without a type.
+            ("missing_var", GLOBAL | OBJECT, 0, false),
+            ("smem", WEAK | CUDA_OBJECT, 0x40, false),
+            ("untyped", GLOBAL | NOTYPE, 0, false),
+            // Calls.
+            ("g", GLOBAL | FUNC, 0, false),
+            ("h", WEAK | FUNC, 0, false),
+        ]);
+        let info = read(&data).expect("a cubin");
+        assert_eq!(info.sm, 90);
+        assert_eq!(info.defined, ["f"]);
+        assert_eq!(info.undefined_functions, ["g", "h"]);
     }
 }

@@ -655,16 +655,87 @@ enum Sass {
 /// Functions and variables a whole program may leave to the driver.
 pub(crate) const SYSTEM_EXTERNS: &[&str] = &["vprintf", "malloc", "free", "__assertfail"];
 
-/// libcudadevrt semantics: take the members that define a symbol still
-/// undefined, until nothing changes; then, if a symbol is still undefined,
-/// the rest.
+/// The functions the driver provides, as nvlink 13.5 lists them (its table
+/// of system calls, `vprintf` to `cudaSubgridSchedule...`), and `malloc`: an
+/// undefined call of one takes nothing from libcudadevrt, and nvlink reports
+/// no undefined reference for it. Each measured: a unit calling it alone
+/// (compiled, or a cubin whose call was renamed to it) beside `-lcudadevrt`
+/// links without the runtime's member; a call of any other name (`printf`,
+/// `__cuda_foo`) takes it.
+const DRIVER_FUNCTIONS: &[&str] = &[
+    "vprintf",
+    "malloc",
+    "free",
+    "vfprintf",
+    "__assertfail",
+    "__profile",
+    "cnpGetParameterBuffer",
+    "cnpLaunchDevice",
+    "cnpCtxSynchronize",
+    "cnpFuncGetAttribute",
+    "cnpStreamCreate",
+    "cnpStreamDestroy",
+    "cnpStreamWaitEvent",
+    "cnpEventCreate",
+    "cnpEventRecord",
+    "cnpEventDestroy",
+    "cnpDeviceGetName",
+    "cnpDeviceGetAttribute",
+    "cnpGetDeviceCount",
+    "cnpGetDevice",
+    "cnpGetLastError",
+    "cnpSetLastError",
+    "cnpGetCacheConfig",
+    "cnpGetSharedMemConfig",
+    "cnpGetLimit",
+    "cnpDeviceGetTotalMem",
+    "cnpGetParameterBufferV2",
+    "cnpLaunchDeviceV2",
+    "cudaGraphLaunch",
+    "cudaGraphSetConditional",
+    "cudaGraphKernelNodeSetParam",
+    "cudaGraphKernelNodeSetGridDim",
+    "cudaGraphKernelNodeSetEnabled",
+    "cudaFabricOpErrorStatusCount",
+    "cudaFabricOpErrorStatusGet",
+    "cudaResizeSharedMemory",
+    "cudaDeviceMemcpyAsync",
+    "cudaDeviceMemcpyBatchAsync",
+    "cudaGraphKernelNodeUpdatesApply",
+    "cudaSubgridSynchronousWorkspaceInitialize",
+    "cudaSubgridSynchronousWorkspaceCompleteAndFetchWorkItem",
+    "cudaSubgridSynchronousWorkspaceAdvanceWorkset",
+    "cudaSubgridSynchronousWorkspaceGetWorksetUserData",
+    "cudaSubgridWarpSpecializedWorkspaceInitialize",
+    "cudaSubgridWarpSpecializedWorkspaceAdvanceWorkset",
+    "cudaSubgridWarpSpecializedWorkspaceGetWorksetUserData",
+    "cudaSubgridWarpSpecializedWorkspaceFetchWorkItem",
+    "cudaSubgridWarpSpecializedWorkspaceWaitOnWorkItemDependencies",
+    "cudaSubgridWarpSpecializedWorkspaceCompleteWorkItem",
+    "cudaSubgridScheduleManageWarpSpecializedWorkspaceAndDependencies",
+];
+
+/// Whether the driver provides function `name`: [`DRIVER_FUNCTIONS`], or a
+/// name of nvlink's `__cuda_syscall` prefix (`__cuda_syscall_cnpv2*`, which
+/// libcudadevrt itself calls; a made-up `__cuda_syscall_foo` too).
+pub(crate) fn is_driver_function(name: &str) -> bool {
+    name.starts_with("__cuda_syscall") || DRIVER_FUNCTIONS.contains(&name)
+}
+
+/// libcudadevrt semantics: take the members that define a function still
+/// undefined, until nothing changes; then, if a function is still undefined,
+/// the rest. Only undefined functions count ([`CubinInfo::undefined_functions`]):
+/// nvlink takes nothing for an undefined variable, even one the runtime
+/// defines (`__CNPRT_VERSION_NUMBER__`: an undefined reference, no member).
+///
+/// [`CubinInfo::undefined_functions`]: crate::input::cubin::CubinInfo::undefined_functions
 pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
     use std::collections::HashSet;
     let note = |u: &Unit, defined: &mut HashSet<String>, undefined: &mut HashSet<String>| {
         for m in &u.modules {
             if let Some(info) = &m.info {
                 defined.extend(info.defined.iter().cloned());
-                undefined.extend(info.undefined.iter().cloned());
+                undefined.extend(info.undefined_functions.iter().cloned());
             }
         }
     };
@@ -687,13 +758,14 @@ pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         note(&u, &mut defined, &mut undefined);
         chosen.push(u);
     }
-    // A symbol still undefined when the library is searched, one it does not
-    // define and not one left to the driver (`malloc`, `vprintf`: thrust's
-    // objects), takes its member too (measured on the toolkit's one-member
-    // libcudadevrt: `-lcudadevrt -lxcall`, where `-lxcall` defines what the
-    // objects call, or a link that ends in an undefined reference, registers
-    // `cuda_device_runtime`; `-lcudadevrt` after `-lxcall` does not).
-    if undefined.iter().any(|s| !defined.contains(s) && !SYSTEM_EXTERNS.contains(&s.as_str())) {
+    // A function still undefined when the library is searched, one it does
+    // not define and not one the driver provides (`malloc`, `vprintf`:
+    // thrust's objects; `cnp*`), takes its member too (measured on the
+    // toolkit's one-member libcudadevrt: `-lcudadevrt -lxcall`, where
+    // `-lxcall` defines what the objects call, or a link that ends in an
+    // undefined reference, registers `cuda_device_runtime`; `-lcudadevrt`
+    // after `-lxcall` does not; an undefined variable takes nothing).
+    if undefined.iter().any(|s| !defined.contains(s) && !is_driver_function(s)) {
         chosen.extend(remaining.into_iter().flatten());
     }
     chosen

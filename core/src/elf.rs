@@ -107,6 +107,11 @@ impl Symbol {
     pub(crate) fn is_entry(&self) -> bool {
         self.other & STO_CUDA_ENTRY != 0
     }
+    /// An `extern __shared__` array: a shared `CUDA_OBJECT` without a section.
+    /// It is dynamic shared memory, sized at launch; nothing defines it.
+    pub(crate) fn is_dynamic_shared(&self) -> bool {
+        self.kind() == STT_CUDA_OBJECT && self.other & STO_CUDA_SHARED != 0 && !self.is_defined()
+    }
 }
 
 /// One program header.

@@ -53,6 +53,7 @@ pub struct JitOutput {
 pub enum JitLinkError {
     #[error("cannot load {path}: {reason}")]
     Load { path: String, reason: String },
+    /// `log`: nvJitLink's error log (for `complete`, its info log first).
     #[error("nvJitLink {call} failed with status {status}: {log}")]
     Call { call: &'static str, status: i32, log: String },
     #[error("invalid string argument for nvJitLink")]
@@ -148,7 +149,10 @@ impl JitLink {
         let status = unsafe { (self.complete)(guard.handle) };
         let info_log = self.log(guard.handle, true);
         if status != 0 {
-            return Err(JitLinkError::Call { call: "complete", status, log: self.log(guard.handle, false) });
+            // The info log first: nvlink prints the link's warnings (its
+            // stack-size warnings) before its errors.
+            let log = format!("{info_log}{}", self.log(guard.handle, false));
+            return Err(JitLinkError::Call { call: "complete", status, log });
         }
         let mut out = JitOutput { info_log, ..Default::default() };
         if want_ptx {

@@ -925,16 +925,18 @@ impl Linker {
             }
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
             Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, cancel, why),
-            Err(NotLinked::Errors(e)) if spec.register_link_binaries.is_some() && e.written.is_none() => {
+            Err(NotLinked::Errors(e))
+                if spec.register_link_binaries.is_some() && e.written.is_none() && !e.registers =>
+            {
                 // Whether nvlink writes its registration file before failing
-                // is not reproduced.
+                // is not reproduced (but for its stack-size errors).
                 let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
                 return self.route(tk, req, fs, spec, cancel, why);
             }
             Err(NotLinked::Errors(errors)) => {
                 bump(&self.stats.in_process);
                 debug!("link errors answered in process");
-                self.link_errors_outcome(req, spec, &plan, errors)
+                self.link_errors_outcome(req, fs, spec, mode, &plan, errors)
             }
         };
         with_time_table(outcome, req, spec, time_file_is_new, &timings)
@@ -1061,11 +1063,14 @@ impl Linker {
 
     /// nvlink's answer to a link its link stage rejects: the plan's messages,
     /// then the link errors; no output file, unless nvlink wrote one before
-    /// failing (and then no registration file).
+    /// failing (and then no registration file), and the registration file
+    /// where nvlink writes it before failing (`LinkErrors::registers`).
     fn link_errors_outcome(
         &self,
         req: &Request,
+        fs: &dyn InputFs,
         spec: &Spec,
+        mode: Mode,
         plan: &plan::Plan,
         errors: inprocess::LinkErrors,
     ) -> Outcome {
@@ -1077,14 +1082,19 @@ impl Linker {
         for d in plan.warnings.iter().chain(&plan.notes) {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
+        emit_link_warnings(&mut report, spec, plan);
         emit_tool_warnings(&mut report, spec, plan);
         for d in &errors.messages {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
-        let outputs = match (errors.written, &spec.output) {
+        let mut outputs = match (errors.written, &spec.output) {
             (Some(data), Some(o)) => vec![OutputFile { path: absolute(&req.cwd, o), data: data.into(), append: false }],
             _ => Vec::new(),
         };
+        if let (true, Some(r)) = (errors.registers, &spec.register_link_binaries) {
+            let order = if plan.partial_lto { Mode::Executable } else { mode };
+            outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, order, plan.module_ids(), fs));
+        }
         Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, outputs)
     }
 
@@ -1107,6 +1117,7 @@ impl Linker {
         for d in plan.warnings.iter().chain(&plan.notes) {
             report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
         }
+        emit_link_warnings(&mut report, spec, plan);
         emit_tool_warnings(&mut report, spec, plan);
         let mut outputs = Vec::new();
         let mut output = output;
@@ -1334,6 +1345,14 @@ fn args_summary(args: &[String]) -> String {
         s.push_str("...");
     }
     s
+}
+
+/// nvlink's link-stage warnings (`Plan::link_warnings`), already as it
+/// prints them (`-w` does not hide them), tagged by `-report-arch`.
+fn emit_link_warnings(report: &mut Report, spec: &Spec, plan: &plan::Plan) {
+    for d in &plan.link_warnings {
+        report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
+    }
 }
 
 /// `-report-arch`: every message nvlink prints once its options are read (not

@@ -51,6 +51,10 @@ pub struct Plan {
     /// Lines the link's tools print after the plan's messages, as nvlink's
     /// embedded ptxas prints them (its warnings under `-dlto -g`).
     pub tool_warnings: Vec<String>,
+    /// nvlink's link-stage warnings (that an entry function's stack size
+    /// cannot be statically determined), as it prints them: after the plan's
+    /// messages, whatever `-w` says (`engine::inprocess`).
+    pub link_warnings: Vec<Diagnostic>,
 }
 
 impl Plan {
@@ -142,6 +146,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
         system_library,
         partial_lto: false,
         tool_warnings: Vec::new(),
+        link_warnings: Vec::new(),
     })
 }
 
@@ -549,6 +554,7 @@ mod tests {
                 system_library: None,
                 partial_lto: false,
                 tool_warnings: Vec::new(),
+                link_warnings: Vec::new(),
             };
             plan.prune(&spec, mode);
             assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");

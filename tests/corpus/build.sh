@@ -156,6 +156,19 @@ rel vars_use.o -o relin_vars_use.cubin &
 wait
 ar rcs lib/libvarsdef.a vars_def.o
 
+# Recursion (nvlink's "Stack size for entry function ... cannot be statically
+# determined"): in one unit, mutual, across two units, reached only from a
+# kernel no host code launches; sm_80+sm_90 SASS, PTX only (compiled by
+# nvlink's embedded ptxas), LTO IR; the recursive units in an archive.
+for f in recursion recursion_eval recursion_xa recursion_xb recursion_dead; do dc $f.cu -o $f.o & done
+"$nvcc" -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -dc recursion.cu -o recursion_2arch.o &
+"$nvcc" -arch=compute_90 -dc recursion.cu -o recursion_ptx.o &
+dc -dlto recursion.cu -o recursion_lto.o &
+dc -dlto recursion_xa.cu -o recursion_xa_lto.o &
+dc -G recursion.cu -o recursion_G.o &
+wait
+mkdir -p lib && ar rcs lib/librecursion.a recursion_eval.o recursion_xb.o
+
 # Device-only inputs: cubins (sm_90, sm_100, arch-specific sm_90a) and a PTX file.
 "$nvcc" -arch=sm_90 -dc -cubin scale.cu -o scale.cubin &
 "$nvcc" -arch=sm_100 -dc -cubin scale.cu -o scale_sm100.cubin &

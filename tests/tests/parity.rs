@@ -404,6 +404,34 @@ const CASES: &[(&str, &str, &str)] = &[
     ("dead-unit-archive", "--arch=sm_90 -Llib -L{L} diag_app.o -ldiag -lcudadevrt -o {OUT}/out.cubin", ""),
     ("dead-unit-archive-lineinfo", "--arch=sm_90 -Llib -L{L} diag_app_li.o -ldiag_li -lcudadevrt -o {OUT}/out.cubin", ""),
     ("dead-unit-beside-weak", "--arch=sm_90 -L{L} diag_app.o weak_dead_a.o diag_kernels.o weak_dead_b.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // Recursion (nvlink's link-stage "Stack size for entry function 'K' cannot
+    // be statically determined", per entry, in call-graph order): -w does not
+    // hide it; -Werror makes it an error (exit 255, no cubin, the registration
+    // file written); --disable-infos and --suppress-stack-size-warning drop it;
+    // after nvlink's embedded ptxas ran (PTX input, partial LTO) -Werror and
+    // --disable-infos no longer apply; a kernel no host code launches is not
+    // checked (unless -g keeps it); -r checks nothing; whole-program LTO gets
+    // ptxas's own warning (routed).
+    ("recursion", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 recursion.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
+    ("recursion-werror", "--arch=sm_90 -Werror --register-link-binaries={OUT}/reg.c -L{L} recursion.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("recursion-werror-w", "--arch=sm_90 -Werror -w recursion.o recursion_eval.o -o {OUT}/out.cubin", ""),
+    ("recursion-w", "--arch=sm_90 -w recursion.o -o {OUT}/out.cubin", ""),
+    ("recursion-disable-infos-werror", "--arch=sm_90 --disable-infos -Werror recursion.o -o {OUT}/out.cubin", ""),
+    ("recursion-suppressed-werror", "--arch=sm_90 --suppress-stack-size-warning -Werror recursion.o -o {OUT}/out.cubin", ""),
+    ("recursion-report-arch-werror", "--arch=sm_90 -report-arch -Werror recursion_eval.o -o {OUT}/out.cubin", ""),
+    ("recursion-sm80", "-m64 --arch=sm_80 --register-link-binaries={OUT}/reg.c -L{L} -cpu-arch=X86_64 -report-arch recursion_2arch.o -lcudadevrt -o {OUT}/out.compute_80.cubin", ""),
+    ("recursion-mutual", "--arch=sm_90 recursion_eval.o accumulate.o scale.o -o {OUT}/out.cubin", ""),
+    ("recursion-cross-unit", "--arch=sm_90 recursion_xb.o recursion_xa.o -o {OUT}/out.cubin", ""),
+    ("recursion-dead-werror", "--arch=sm_90 -Werror recursion_dead.o -o {OUT}/out.cubin", ""),
+    ("recursion-archive", "--arch=sm_90 -Llib recursion.o recursion_xa.o -lrecursion -o {OUT}/out.cubin", ""),
+    ("recursion-relocatable", "--arch=sm_90 -r -Werror recursion.o recursion_eval.o -o {OUT}/out.o", ""),
+    ("recursion-ptx-werror", "--arch=sm_90 -Werror recursion_ptx.o -o {OUT}/out.cubin", ""),
+    ("recursion-ptx-beside-werror", "--arch=sm_90 -Werror --disable-infos saxpy_ptx.o recursion.o -o {OUT}/out.cubin", ""),
+    ("recursion-lto-partial-werror", "--arch=sm_90 -dlto -Werror -nvvmpath={NVVM} -L{L} recursion_xa_lto.o recursion_xb.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("recursion-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} recursion_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("recursion-undefined-werror", "--arch=sm_90 -Werror recursion.o recursion_xa.o missing.o -o {OUT}/out.cubin", ""),
+    ("recursion-kernels-used", "--arch=sm_90 --kernels-used=fibTable recursion.o -o {OUT}/out.cubin", ""),
+    ("recursion-debug", "--arch=sm_90 -g recursion_G.o recursion_dead.o -o {OUT}/out.cubin", ""),
     // LTO: a cross-unit call of an inline function (absent from its unit's PTX): a whole program.
     ("lto-forceinline-cross-unit", "-m64 --arch=sm_90 --register-link-binaries={OUT}/reg.c -L{L}/stubs -L{L} -cpu-arch=X86_64 -dlto -nvvmpath={NVVM} lto_inline_a.o lto_inline_b.o -lcudadevrt -o {OUT}/out.cubin --host-ccbin gcc", ""),
     ("lto-inline-cross-unit", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} --register-link-binaries={OUT}/reg.c lto_inline_a.o lto_inline_c.o -lcudadevrt -o {OUT}/out.cubin", ""),
@@ -587,6 +615,26 @@ const IN_PROCESS: &[&str] = &[
     "corrupted-fatbin",
     "no-kernel-functions-only",
     "no-kernel-variables",
+    // Recursion: nvlink's stack-size warnings (from nvJitLink's info log).
+    "recursion",
+    "recursion-werror",
+    "recursion-werror-w",
+    "recursion-w",
+    "recursion-disable-infos-werror",
+    "recursion-suppressed-werror",
+    "recursion-report-arch-werror",
+    "recursion-sm80",
+    "recursion-mutual",
+    "recursion-cross-unit",
+    "recursion-dead-werror",
+    "recursion-archive",
+    "recursion-relocatable",
+    "recursion-ptx-werror",
+    "recursion-ptx-beside-werror",
+    "recursion-lto-partial-werror",
+    "recursion-undefined-werror",
+    "recursion-kernels-used",
+    "recursion-debug",
 ];
 
 /// Cases whose output must be nvlink's to the byte, tool note included (the
@@ -617,6 +665,9 @@ const ROUTED: &[(&str, &str)] = &[
     // A virtual target: nvlink links no device code, it registers the objects.
     ("ptx-only-nvcc-dlink", "arch"),
     ("ptx-only-with-output", "arch"),
+    // Whole-program LTO of recursive code: nvlink's embedded ptxas warns
+    // (`ptxas warning : Stack size ...`); ptxas's messages route a link.
+    ("recursion-lto", "tool"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

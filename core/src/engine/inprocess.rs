@@ -139,24 +139,95 @@ pub struct LinkErrors {
     /// The output file nvlink writes before it fails (`-dlto` without
     /// libcudadevrt); it then writes no `--register-link-binaries` file.
     pub written: Option<Vec<u8>>,
+    /// nvlink writes its `--register-link-binaries` file before failing (its
+    /// stack-size warnings under `-Werror`, measured); otherwise whether it
+    /// does is not reproduced and such a link goes to nvlink.
+    pub registers: bool,
+}
+
+/// nvlink's link-stage warning for an entry function whose call graph reaches
+/// recursion (a cycle of calls: a function calling itself, or functions
+/// calling each other, across units too). Its linker (nvJitLink's is the same
+/// code) checks each entry, in the order of its call graph's nodes; the
+/// counts measured fit one warning per callee of the entry from which a cycle
+/// is reachable (a kernel calling three self-recursive functions: three
+/// times; a kernel calling one function that reaches two cycles, or a
+/// self-recursive function that also enters another cycle: once; two callees
+/// reaching the same recursive function: twice). Entries removed by
+/// host-reference pruning are not checked (`-g` keeps and checks them), `-r`
+/// checks nothing. Measured on nvlink 13.5 (sm_80, sm_90); nvJitLink's info
+/// log was nvlink's in every case tried, and the engine takes the warnings
+/// from there rather than from a model of the rule.
+fn is_stack_size_message(m: &str) -> bool {
+    let name = m
+        .strip_prefix("Stack size for entry function '")
+        .and_then(|r| r.strip_suffix("' cannot be statically determined"));
+    name.is_some_and(|n| !n.is_empty() && !n.contains('\''))
+}
+
+/// The message of a stack-size warning line of nvJitLink's logs
+/// (`warning : Stack size for entry function 'K' cannot be statically determined`).
+fn stack_size_warning(line: &str) -> Option<&str> {
+    line.strip_prefix("warning : ").filter(|m| is_stack_size_message(m))
+}
+
+/// The stack-size warnings of nvJitLink's info log after a link, in its
+/// order; any other message there is not reproduced (nvlink would print it).
+fn info_log_warnings(log: &str) -> Result<Vec<Diagnostic>, Declined> {
+    log.lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .map(|l| match stack_size_warning(l) {
+            Some(m) => Ok(Diagnostic::warning(m)),
+            None => no(Reason::Diagnostics, format!("nvJitLink's info log: {l}")),
+        })
+        .collect()
+}
+
+/// nvlink's stack-size warnings ([`stack_size_warning`]) as it prints them,
+/// other messages unchanged. `--suppress-stack-size-warning` drops them and
+/// `-w` does not hide them. `--disable-infos` drops them, and `-Werror` makes
+/// them errors (the link then fails: exit status 255, no output file, the
+/// registration file written), unless nvlink `compiled` code before its link
+/// stage (its embedded ptxas on a PTX input, even one without recursion, or
+/// partial LTO): then they stay warnings whatever `-Werror` and
+/// `--disable-infos` say (measured; nvlink's compiler seems to reset those
+/// two settings).
+fn stack_size_messages(spec: &Spec, compiled: bool, messages: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let is_stack = |d: &Diagnostic| d.severity == crate::diag::Severity::Warning && is_stack_size_message(&d.message);
+    let drop = spec.suppress_stack_size_warning || (spec.disable_infos && !compiled);
+    let as_error = spec.warning_as_error && !compiled;
+    messages
+        .into_iter()
+        .filter(|d| !(drop && is_stack(d)))
+        .map(|d| match as_error && is_stack(&d) {
+            true => Diagnostic::error(d.message),
+            false => d,
+        })
+        .collect()
 }
 
 /// nvJitLink's error log when it says exactly what nvlink says: undefined
 /// references only (`error   : Undefined reference to 'f' in 'a.o'`, the
-/// message nvlink prints after `nvlink`, from the same linker), then its
-/// status line.
+/// message nvlink prints after `nvlink`, from the same linker), after the
+/// stack-size warnings of its info log, if any (nvlink prints them first),
+/// then its status line.
 fn undefined_references(log: &str) -> Option<Vec<Diagnostic>> {
     // nvJitLink closes its log with its own status line (`ERROR 9: complete`).
     let trailer = |l: &str| l.strip_prefix("ERROR ").and_then(|r| r.split_once(": ")).is_some();
     let lines: Vec<&str> = log.lines().map(str::trim_end).filter(|l| !l.is_empty() && !trailer(l)).collect();
-    let messages: Option<Vec<Diagnostic>> = lines
+    let warnings = lines.iter().take_while(|l| stack_size_warning(l).is_some()).count();
+    let (warnings, errors) = lines.split_at(warnings);
+    let errors: Option<Vec<Diagnostic>> = errors
         .iter()
         .map(|l| {
             let m = l.strip_prefix("error   : ")?;
             (m.starts_with("Undefined reference to '") && m.ends_with('\'')).then(|| Diagnostic::error(m))
         })
         .collect();
-    messages.filter(|m| !m.is_empty())
+    let errors = errors.filter(|m| !m.is_empty())?;
+    let warnings = warnings.iter().filter_map(|l| stack_size_warning(l)).map(Diagnostic::warning);
+    Some(warnings.chain(errors).collect())
 }
 
 impl Context<'_> {
@@ -185,7 +256,12 @@ impl Context<'_> {
         if let crate::jitlink::JitLinkError::Call { call: "complete", log, .. } = e {
             if let Some(messages) = undefined_references(log) {
                 let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-                *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_LINK_ERROR, written: None });
+                *errors = Some(LinkErrors {
+                    messages,
+                    exit_code: crate::diag::EXIT_LINK_ERROR,
+                    written: None,
+                    registers: false,
+                });
                 return Declined::new(Reason::Diagnostics, "undefined references");
             }
         }
@@ -251,6 +327,9 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     if !arch.starts_with("sm_") {
         return no(Reason::Arch, format!("--arch {arch}"));
     }
+    // Whether nvlink's embedded compiler ran before its link stage (see
+    // `stack_size_messages`): partial LTO, or PTX compiled at link time.
+    let compiled = spec.lto || plan.units.iter().flat_map(|u| &u.modules).any(|m| matches!(m.code, Code::Ptx(_)));
     if compile_ptx_modules(cx, spec, plan)? {
         // The device runtime's members were chosen when the PTX modules had no
         // symbols yet (a PTX-only `-dc` object's device-side launches need
@@ -308,16 +387,24 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             }
         }
     }
-    let run = |extra: &[String]| -> Result<Vec<u8>, Declined> {
+    // The cubin and the link's warnings (nvJitLink's info log).
+    let run = |extra: &[String]| -> Result<(Vec<u8>, String), Declined> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
-        let out = tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false))?;
-        out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))
+        let out =
+            tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false)).inspect_err(|_| {
+                // Link errors: the stack-size warnings before them as nvlink prints them.
+                if let Some(e) = cx.errors.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                    e.messages = stack_size_messages(spec, compiled, std::mem::take(&mut e.messages));
+                }
+            })?;
+        let cubin = out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))?;
+        Ok((cubin, out.info_log))
     };
     // The user's --kernels-used/--variables-used replace the host references
     // (nvlink then removes no ghost names either).
     let pruning = plan.pruning.as_ref().filter(|p| p.removes_anything() && !user_used);
-    let cubin = match pruning {
+    let (cubin, info_log) = match pruning {
         None => run(&[])?,
         Some(p) => {
             // After partial LTO nvlink keeps the host-referenced kernels and
@@ -346,7 +433,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
                 }
                 cover.push("#".to_owned());
             }
-            let cubin = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
+            let (cubin, info_log) = run(&cover.iter().map(|k| format!("-kernels-used={k}")).collect::<Vec<_>>())?;
             // nvlink and nvJitLink must agree on what survives.
             let kept =
                 cubin::read(&cubin).map_err(|e| Declined::new(Reason::Tool, format!("nvJitLink output: {e}")))?;
@@ -363,9 +450,25 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
                 );
             }
 
-            cubin
+            (cubin, info_log)
         }
     };
+    let warnings = stack_size_messages(spec, compiled, info_log_warnings(&info_log)?);
+    if warnings.iter().any(|d| d.severity == crate::diag::Severity::Error) {
+        // -Werror: nvlink fails after its link stage, with its registration file.
+        let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *errors = Some(LinkErrors {
+            messages: warnings,
+            exit_code: crate::diag::EXIT_LINK_ERROR,
+            written: None,
+            registers: true,
+        });
+        return no(Reason::Diagnostics, "-Werror: stack size of an entry function cannot be statically determined");
+    }
+    if !warnings.is_empty() && !plan.tool_warnings.is_empty() {
+        return no(Reason::Diagnostics, "stack-size warnings beside ptxas's warnings (their order is not reproduced)");
+    }
+    plan.link_warnings = warnings;
     let fix = Fixups {
         linker_entry: Some(render::linker_entry(&spec.parsed, &cx.tk.release)),
         // nvlink's removal after partial LTO leaves no `.nv.shared` names.
@@ -712,7 +815,8 @@ fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
                 Diagnostic::fatal("merge_elf failed"),
             ];
             let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
-            *errors = Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL, written: None });
+            *errors =
+                Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL, written: None, registers: false });
             no(Reason::Diagnostics, format!("{name} is defined more than once"))
         }
         _ => no(Reason::Diagnostics, "several symbols are defined more than once"),
@@ -744,6 +848,7 @@ fn tools_patch_check(cx: &Context<'_>, plan: &Plan) -> Result<Vec<u8>, Declined>
                 messages: vec![Diagnostic::fatal(message)],
                 exit_code: crate::diag::EXIT_FATAL,
                 written: None,
+                registers: false,
             });
             return no(Reason::Diagnostics, "--link-as-tools-patch: a function without the tools-patch attribute");
         }
@@ -850,6 +955,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
             messages: vec![Diagnostic::fatal("expected libcudadevrt object")],
             exit_code: crate::diag::EXIT_FATAL,
             written: Some(cubin),
+            registers: false,
         });
         return no(Reason::Diagnostics, "-dlto without libcudadevrt: nvlink's output, then its fatal");
     }
@@ -1208,6 +1314,76 @@ mod tests {
         assert!(undefined_references(other).is_none());
         assert!(undefined_references("ERROR 9: complete\n").is_none());
         assert!(undefined_references("").is_none());
+        // The info log's stack-size warnings come first (nvlink prints them first).
+        let with_warning = "warning : Stack size for entry function '_Z1kv' cannot be statically determined\n\
+                            error   : Undefined reference to '_Z1fv' in 'a.o'\nERROR 9: complete\n";
+        assert_eq!(
+            undefined_references(with_warning).unwrap(),
+            vec![
+                Diagnostic::warning("Stack size for entry function '_Z1kv' cannot be statically determined"),
+                Diagnostic::error("Undefined reference to '_Z1fv' in 'a.o'"),
+            ]
+        );
+        let warning_only = "warning : Stack size for entry function '_Z1kv' cannot be statically determined\n";
+        assert!(undefined_references(warning_only).is_none());
+        let other_warning = "warning : something else\nerror   : Undefined reference to '_Z1fv' in 'a.o'\n";
+        assert!(undefined_references(other_warning).is_none());
+    }
+
+    /// nvJitLink's info log after a link: its stack-size warnings, in order;
+    /// any other line is not reproduced.
+    #[test]
+    fn info_log_stack_size_warnings() {
+        let w = |k: &str| format!("Stack size for entry function '{k}' cannot be statically determined");
+        assert!(info_log_warnings("").unwrap().is_empty());
+        let log = format!("warning : {}\nwarning : {}\nwarning : {}\n", w("_Z2k2Pxi"), w("_Z2k1Pxi"), w("_Z2k1Pxi"));
+        let got = info_log_warnings(&log).unwrap();
+        assert_eq!(got, [w("_Z2k2Pxi"), w("_Z2k1Pxi"), w("_Z2k1Pxi")].map(Diagnostic::warning));
+        assert_eq!(
+            got[0].to_string(),
+            "nvlink warning : Stack size for entry function '_Z2k2Pxi' cannot be statically determined"
+        );
+        for other in
+            ["info    : something", "warning : Stack size for entry function '' cannot be statically determined"]
+        {
+            assert_eq!(info_log_warnings(other).unwrap_err().reason, Reason::Diagnostics, "{other}");
+        }
+    }
+
+    /// How nvlink prints its stack-size warnings, by option and by whether
+    /// its embedded compiler ran before the link stage.
+    #[test]
+    fn stack_size_messages_follow_the_options() {
+        use crate::diag::Severity::{Error, Warning};
+        let text = "Stack size for entry function '_Z1kv' cannot be statically determined";
+        let undefined = Diagnostic::error("Undefined reference to '_Z1fv' in 'a.o'");
+        // (options, compiled, the stack-size message's severity or None when dropped)
+        let rows: &[(&[&str], bool, Option<crate::diag::Severity>)] = &[
+            (&[], false, Some(Warning)),
+            (&["-w"], false, Some(Warning)),
+            (&["-Werror"], false, Some(Error)),
+            (&["-Werror", "-w"], false, Some(Error)),
+            (&["--disable-infos"], false, None),
+            (&["--disable-infos", "-Werror"], false, None),
+            (&["--suppress-stack-size-warning", "-Werror"], false, None),
+            // After nvlink's embedded ptxas (PTX input, partial LTO).
+            (&["-Werror"], true, Some(Warning)),
+            (&["--disable-infos", "-Werror"], true, Some(Warning)),
+            (&["--suppress-stack-size-warning"], true, None),
+        ];
+        for (options, compiled, want) in rows {
+            let spec = Spec {
+                disable_warnings: options.contains(&"-w"),
+                warning_as_error: options.contains(&"-Werror"),
+                disable_infos: options.contains(&"--disable-infos"),
+                suppress_stack_size_warning: options.contains(&"--suppress-stack-size-warning"),
+                ..Default::default()
+            };
+            let got = stack_size_messages(&spec, *compiled, vec![Diagnostic::warning(text), undefined.clone()]);
+            let expected: Vec<Diagnostic> =
+                want.iter().map(|s| Diagnostic::new(*s, text)).chain([undefined.clone()]).collect();
+            assert_eq!(got, expected, "{options:?} compiled={compiled}");
+        }
     }
 
     /// Whatever the cover, it keeps exactly the live kernels.

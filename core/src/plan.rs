@@ -652,6 +652,7 @@ mod tests {
                 system_library: system,
                 partial_lto: false,
                 tool_warnings: Vec::new(),
+                link_warnings: Vec::new(),
             };
             assert_eq!(plan.device_code_after_runtime(*lto), *stops, "{before:?} then {after:?} lto={lto}");
         }

@@ -641,8 +641,10 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
             endpoint.connect().await.map_err(|e| format!("cannot connect to {uri}: {e}"))
         }
         Target::Unix(path) => {
-            let endpoint = tuned(shared::unix_endpoint());
-            shared::connect_unix(endpoint, path.clone())
+            // Only a daemon of this user's (or root's) answers a link: another
+            // user's process behind the socket would get the inputs and write
+            // the outputs.
+            shared::connect_unix_own(tuned(shared::unix_endpoint()), path.clone())
                 .await
                 .map_err(|e| format!("cannot connect to {}: {e}", path.display()))
         }
@@ -695,6 +697,11 @@ pub fn remote() -> bool {
 /// The local daemon (unix socket), started if none answers.
 async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
     let socket = paths::socket_path();
+    // The default socket only in a runtime directory of this user's own: in
+    // /tmp another user may have made `nvlinkd-$UID` first and wait there.
+    if std::env::var_os(paths::ENV_SOCKET).is_none_or(|s| s.is_empty()) && paths::private_runtime_dir().is_none() {
+        return Err(format!("{} is not this user's own directory", paths::runtime_dir().display()));
+    }
     let target = Target::Unix(socket.clone());
     if socket.exists() {
         if let Ok(c) = connect(&target).await {

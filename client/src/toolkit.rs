@@ -58,8 +58,10 @@ impl Toolkit {
     pub fn release(&self) -> Option<String> {
         let nvlink = self.real_nvlink.as_ref()?;
         let m = std::fs::metadata(nvlink).ok()?;
-        let dir = paths::runtime_dir();
-        let memo = dir.join(format!(
+        // A memo only in a directory of this user's own, read and written
+        // never through a symlink.
+        let dir = paths::private_runtime_dir();
+        let memo = format!(
             "release-{}-{}-{}-{}.{}-{}.{}",
             m.dev(),
             m.ino(),
@@ -68,8 +70,9 @@ impl Toolkit {
             m.mtime_nsec(),
             m.ctime(),
             m.ctime_nsec()
-        ));
-        if let Some(known) = std::fs::read_to_string(&memo).ok().filter(|t| t.lines().count() == 2) {
+        );
+        let memo = dir.as_ref().map(|d| d.join(memo));
+        if let Some(known) = memo.as_deref().and_then(read_nofollow).filter(|t| t.lines().count() == 2) {
             return Some(known);
         }
         let out =
@@ -78,13 +81,36 @@ impl Toolkit {
         let tools = banner.lines().find(|l| l.starts_with("Cuda compilation tools, release "))?;
         let build = banner.lines().find(|l| l.starts_with("Build "))?;
         let identity = format!("{tools}\n{build}");
-        // Best effort: a private directory, a temporary file renamed into place.
-        use std::os::unix::fs::DirBuilderExt;
-        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir);
-        let tmp = memo.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &identity).is_ok() && std::fs::rename(&tmp, &memo).is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        // Best effort: a new temporary file (never an existing name), renamed into place.
+        if let Some(memo) = memo {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let tmp = memo.with_extension(format!("tmp{}", std::process::id()));
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .and_then(|mut f| f.write_all(identity.as_bytes()));
+            if written.is_err() || std::fs::rename(&tmp, &memo).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
         }
         Some(identity)
     }
+}
+
+/// A small file's text, opened without following a symlink.
+fn read_nofollow(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.by_ref().take(4096).read_to_string(&mut text).ok()?;
+    Some(text)
 }

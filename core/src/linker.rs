@@ -452,12 +452,19 @@ impl Linker {
     /// (cancelling) an older link of the same output still running: an IDE or
     /// a build on save starts a new link and abandons the old one, whose output
     /// would be overwritten anyway. A background link never supersedes a
-    /// foreground one (it then does not register). The registration ends when
-    /// the guard drops.
+    /// foreground one (it then does not register); a remote link neither
+    /// supersedes nor is superseded. The registration ends when the guard drops.
     fn claim_output(&self, req: &Request, spec: &Spec, cancel: &Cancel) -> Option<OutputClaim<'_>> {
         // A speculative link writes no file: the real link of that output joins
         // its computation (`cache/flight.rs`) instead of superseding it.
         if req.speculative {
+            return None;
+        }
+        // Only a caller sharing this daemon's filesystem (the local user, on the
+        // unix socket) supersedes: two remote callers naming the same
+        // directory and output are different machines, and neither may stop
+        // the other's link.
+        if !req.shared_fs {
             return None;
         }
         let out = spec.output.as_ref()?;

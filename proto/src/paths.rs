@@ -92,7 +92,7 @@ impl OverlayRecord {
     }
 }
 
-fn uid() -> u32 {
+pub fn uid() -> u32 {
     // SAFETY: getuid cannot fail.
     unsafe { libc_getuid() }
 }
@@ -108,6 +108,21 @@ pub fn runtime_dir() -> PathBuf {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("nvlinkd"),
         _ => PathBuf::from(format!("/tmp/nvlinkd-{}", uid())),
     }
+}
+
+/// The runtime directory if it is this user's own: created (mode 0700) where
+/// missing; an existing one must be a directory, not a symlink, owned by this
+/// user and writable by nobody else. None otherwise: in `/tmp` another user
+/// may have made it first, to plant a daemon or a symlink there.
+pub fn private_runtime_dir() -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = runtime_dir();
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let m = std::fs::symlink_metadata(&dir).ok()?;
+    (m.is_dir() && m.uid() == uid() && m.mode() & 0o022 == 0).then_some(dir)
 }
 
 /// The socket path: `$NVLINKD_SOCKET`, else `<runtime dir>/nvlinkd.sock`.
@@ -136,6 +151,27 @@ pub fn cache_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another user's directory, a world-writable one or a symlink is not
+    /// this user's own runtime directory; a fresh one is made private.
+    #[test]
+    fn only_a_private_runtime_directory_is_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("nvlinkd-rt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        std::env::set_var("XDG_RUNTIME_DIR", &base);
+        let dir = private_runtime_dir().expect("a fresh runtime directory");
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(private_runtime_dir(), None, "a world-writable directory");
+        std::fs::remove_dir(&dir).unwrap();
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        assert_eq!(private_runtime_dir(), None, "a symlink");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn overlay_record_round_trip() {

@@ -31,6 +31,29 @@ pub async fn connect_unix(endpoint: Endpoint, path: PathBuf) -> Result<Channel, 
         .await
 }
 
+/// [`connect_unix`] to a daemon of this user's or root's only: another user's
+/// process behind the socket (in a directory it made first) is refused
+/// (`PermissionDenied`), before anything is sent.
+pub async fn connect_unix_own(endpoint: Endpoint, path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    let me = crate::paths::uid();
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&path).await?;
+                let peer = stream.peer_cred()?.uid();
+                if peer != me && peer != 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("the daemon at {} runs as uid {peer}, not as this user", path.display()),
+                    ));
+                }
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 /// An endpoint for a unix socket: the URI only names the `:authority` sent.
 pub fn unix_endpoint() -> Endpoint {
     Endpoint::from_static("http://nvlinkd.local")

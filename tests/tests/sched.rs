@@ -290,6 +290,37 @@ fn a_newer_link_of_the_same_output_supersedes_the_older() {
     same(&expected, &run(&shim(), &inv(LTO, &out), &d.shim_env()), "the LTO link after its supersession");
 }
 
+/// Two remote callers naming the same directory and output are different
+/// machines: the newer link does not stop the older one (a token holder could
+/// otherwise fail anyone's link); both give nvlink's bytes.
+#[test]
+fn a_remote_link_supersedes_no_other_link() {
+    use nvlinkd_tests::remote::{free_port, Pki};
+    let work = TempDir::new("sup-remote");
+    let hold = work.path().join("hold");
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let d = held_daemon(&hold, &["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+    let mut ev = Events::follow(&d);
+    let env = pki.shim_env(&format!("https://127.0.0.1:{port}"), "never");
+    let out_a = TempDir::new("sup-remote-a");
+    std::fs::write(&hold, b"").unwrap();
+    let older = spawn_shim(&inv(LTO, &out_a), &env);
+    let a = ev.started("out.cubin");
+    ev.of("link_admitted", a);
+    // The same directory and -o as the daemon sees them: the same template.
+    let newer = spawn_shim(&inv(LINK, &out_a), &env);
+    ev.started("out.cubin");
+    std::fs::remove_file(&hold).unwrap();
+    let older = older.wait_with_output().unwrap();
+    let newer = newer.wait_with_output().unwrap();
+    assert!(older.status.success(), "the older remote link failed: {}", String::from_utf8_lossy(&older.stderr));
+    assert!(newer.status.success(), "{}", String::from_utf8_lossy(&newer.stderr));
+    assert_eq!(d.stat("cancelled_superseded"), 0, "{}", d.stats());
+}
+
 /// Nice value and scheduling policy of a process (fields 19 and 41 of /proc/PID/stat).
 fn policy(pid: u32) -> (i64, i64) {
     let field = |n| proc_stat_field(pid, n).unwrap().parse().unwrap();

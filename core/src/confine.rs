@@ -100,7 +100,7 @@ pub struct Policy {
     pub mode: Mode,
     pub user: Option<SandboxUser>,
     /// The executable whose `confine` subcommand confines itself and then
-    /// runs the tool ([`enter`]): the daemon starts it without forking
+    /// runs the tool ([`confine_and_exec`]): the daemon starts it without forking
     /// (`posix_spawn`), so its own memory is never marked copy-on-write (a
     /// fork would make its next write to every page fault). None: the jail is
     /// applied between fork and exec.

@@ -1,14 +1,23 @@
-//! `nvlinkd serve`: listeners, logging and shutdown.
+//! `nvlinkd serve`: listeners, logging, signals and shutdown.
 //!
 //! The daemon listens on a unix socket (mode 0600) and, with `--listen`, on TCP
-//! for remote shims. The TCP listener is TLS (rustls, through tonic) and
-//! authenticates every call: bearer tokens (`--token-file`, compared in
-//! constant time) and/or client certificates (`--client-ca`). Without TLS and
-//! an authentication it refuses to start, unless `--insecure` says a proxy
-//! does that job. Both listeners also serve `grpc.health.v1` (tonic-health),
-//! unauthenticated: it tells only whether the daemon serves. SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all
-//! start the same shutdown: no new connections or links; links in flight get the
-//! grace period (`--shutdown-grace`) to finish, then are abandoned (their shims
+//! for remote shims. The TCP listener is TLS (rustls, terminated by the daemon
+//! itself: `net/tls.rs`) and authenticates every call: bearer tokens
+//! (`--token-file`, compared in constant time) and/or client certificates
+//! (`--client-ca`). Without TLS and an authentication it refuses to start,
+//! unless `--insecure` says a proxy does that job. Both listeners also serve
+//! `grpc.health.v1` (tonic-health), unauthenticated: it tells only whether the
+//! daemon serves.
+//!
+//! SIGHUP reopens the log file (logrotate) and reads the certificate, key,
+//! client CA and token file again (`Remote::reload`): new connections and
+//! calls use the new ones; a file that is missing, unparsable, a key that does
+//! not match its certificate or a token file without tokens keeps the old
+//! ones, with a warning. It never stops the daemon.
+//!
+//! SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all start the same
+//! shutdown: no new connections or links; links in flight get the grace
+//! period (`--shutdown-grace`) to finish, then are abandoned (their shims
 //! fall back to the real nvlink; outputs are never half-written since the shim
 //! writes them); the socket is removed and the process exits. A stuck client
 //! never holds the daemon up longer than the grace period.
@@ -22,14 +31,14 @@
 use crate::net::auth::Auth;
 use crate::net::listener::Remote;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::{Linker, LinkerConfig};
 use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{error, info, warn};
@@ -64,6 +73,8 @@ pub struct ServeOptions {
     pub speculation: Speculation,
     /// Most TCP connections at once (`--max-connections`; see `incoming.rs`).
     pub max_connections: usize,
+    /// The log file, reopened on SIGHUP.
+    pub log_file: Option<Arc<LogFile>>,
 }
 
 /// What the daemon links before it is asked (`speculate.rs`, `watch.rs`).
@@ -77,7 +88,58 @@ pub struct Speculation {
     pub max_running: usize,
 }
 
-/// Log to `<cache dir>/nvlinkd.log`. The returned guard flushes on drop.
+/// The log file, reopened on SIGHUP: after logrotate moved it away, lines go
+/// to a new file at the same path.
+pub struct LogFile {
+    path: PathBuf,
+    file: Mutex<std::fs::File>,
+}
+
+impl LogFile {
+    fn open(path: &Path) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new().create(true).append(true).open(path)
+    }
+
+    /// Open the file at the log's path again; on failure the old one stays.
+    pub fn reopen(&self) -> Result<(), String> {
+        let file = Self::open(&self.path).map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
+        *self.file.lock().unwrap_or_else(|p| p.into_inner()) = file;
+        Ok(())
+    }
+}
+
+/// Where log lines go: the file, or stderr where it cannot be opened. Written
+/// on the appender's own thread, so a slow disk holds up no link.
+struct Sink {
+    file: Option<Arc<LogFile>>,
+    stderr: bool,
+}
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A line that cannot be written (disk full, stderr closed) is lost;
+        // the daemon goes on.
+        if let Some(f) = &self.file {
+            let _ = f.file.lock().unwrap_or_else(|p| p.into_inner()).write_all(buf);
+        }
+        if self.stderr {
+            let _ = std::io::stderr().write_all(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The daemon's logging: dropping it flushes what is queued.
+pub struct Logging {
+    _guard: Option<tracing_appender::non_blocking::WorkerGuard>,
+    /// The log file (none where it could not be opened), for SIGHUP.
+    pub file: Option<Arc<LogFile>>,
+}
+
+/// Log to `<cache dir>/nvlinkd.log` (reopened on SIGHUP, see [`LogFile`]).
 ///
 /// A cache directory that cannot hold the log (read-only, full, not a
 /// directory) is not a reason to stop: the log goes to stderr instead, with one
@@ -87,22 +149,17 @@ pub struct Speculation {
 /// The event stream's layer ([`crate::observe::events::PhaseLayer`]) sits beside the
 /// log's: each has its own filter, so the core's phase spans (`debug`) exist
 /// for the events whatever `NVLINKD_LOG` lets the log show.
-pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+pub fn init_logging(cache_dir: &Path, events: &Hub) -> Logging {
     let path = cache_dir.join("nvlinkd.log");
-    let file = std::fs::create_dir_all(cache_dir)
-        .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
+    let file = std::fs::create_dir_all(cache_dir).and_then(|()| LogFile::open(&path));
     let filter = tracing_subscriber::EnvFilter::try_from_env("NVLINKD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard, failed) = match file {
-        Ok(f) => {
-            let (w, g) = tracing_appender::non_blocking(f);
-            (w, g, None)
-        }
-        Err(e) => {
-            let (w, g) = tracing_appender::non_blocking(std::io::stderr());
-            (w, g, Some(e))
-        }
+    let (file, failed) = match file {
+        Ok(f) => (Some(Arc::new(LogFile { path: path.clone(), file: Mutex::new(f) })), None),
+        Err(e) => (None, Some(e)),
     };
+    let sink = Sink { file: file.clone(), stderr: file.is_none() };
+    let (writer, guard) = tracing_appender::non_blocking(sink);
     // At debug level each span's end is logged with its duration: a link's
     // phases (see `Linker::link_span`) are its timings.
     let timed = filter.max_level_hint().is_some_and(|l| l >= tracing_subscriber::filter::LevelFilter::DEBUG);
@@ -122,7 +179,7 @@ pub fn init_logging(cache_dir: &Path, events: &Hub) -> Option<tracing_appender::
     if let Some(e) = failed {
         tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
     }
-    installed.ok().map(|()| guard)
+    Logging { _guard: installed.ok().map(|()| guard), file }
 }
 
 /// HTTP/2 windows large enough that whole input files flow without waiting
@@ -134,8 +191,42 @@ fn builder() -> tonic::transport::Server {
         .max_frame_size(Some(shared::FRAME_BYTES))
 }
 
+/// The signals the daemon handles, installed first thing: from then on
+/// SIGHUP cannot end it.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// SIGHUP: reopen the log file (logrotate moved it), then read the remote
+/// listener's certificate, key, client CA and tokens again
+/// ([`Remote::reload`]). What fails keeps what was in force, with a warning.
+fn reload(log: Option<&LogFile>, remote: Option<&Remote>) {
+    let reopened = log.map(LogFile::reopen);
+    info!("SIGHUP: log reopened, reloading the listener's TLS files and tokens");
+    if let Some(Err(why)) = reopened {
+        warn!(%why, "SIGHUP: log file not reopened; logging on to the old one");
+    }
+    if let Some(remote) = remote {
+        remote.reload();
+    }
+}
+
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
+    let mut signals = Signals::install().map_err(|e| format!("cannot handle signals: {e}"))?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let remote = opts.remote.map(Arc::new);
     // A farm daemon needs more descriptors than the usual soft limit of 1024.
     let nofile = crate::net::incoming::raise_fd_limit();
     let unix = crate::net::listener::bind_unix(&opts.socket)
@@ -145,7 +236,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // (`nvlinkd watch`, which receives its results, still works).
     let cached = opts.linker.cache_mem > 0 || opts.linker.cache_size > 0;
     // One line for whoever started `serve` in a terminal (the rest goes to the log).
-    let listening = opts.remote.as_ref().map(|r| format!(" and {}", r.listen)).unwrap_or_default();
+    let listening = remote.as_ref().map(|r| format!(" and {}", r.listen)).unwrap_or_default();
     let toolkits: Vec<String> = opts.linker.toolkits.iter().map(|t| t.display().to_string()).collect();
     let started_line = format!(
         "nvlinkd {} serving on {}{listening} (pid {}; toolkit {}; cache and log in {})",
@@ -180,18 +271,27 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
     eprintln!("{started_line}");
 
-    // Signals start the same graceful shutdown as the RPC.
-    let signals = shutdown_tx.clone();
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: stopping"),
-            _ = int.recv() => info!("SIGINT: stopping"),
-        }
-        let _ = signals.send(true);
-    });
+    // SIGTERM and SIGINT start the same graceful shutdown as the RPC; SIGHUP
+    // reloads the listener's files and reopens the log, and never stops the
+    // daemon. (The handlers were installed at the start of `serve`.)
+    {
+        let (stop, remote, log) = (shutdown_tx.clone(), remote.clone(), opts.log_file.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = signals.term.recv() => {
+                        info!("SIGTERM: stopping");
+                        let _ = stop.send(true);
+                    }
+                    _ = signals.int.recv() => {
+                        info!("SIGINT: stopping");
+                        let _ = stop.send(true);
+                    }
+                    _ = signals.hup.recv() => reload(log.as_deref(), remote.as_deref()),
+                }
+            }
+        });
+    }
 
     let activity = Arc::new(Activity::default());
     if let Some(idle) = opts.idle_exit {
@@ -270,14 +370,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         .add_service(health_service.clone())
         .add_service(service(true, None))
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(shutdown_rx.clone()));
-    let tcp_server = match opts.remote {
+    type Served = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+    let tcp_server: Option<Served> = match &remote {
         Some(remote) => {
             let listener = TcpListener::bind(&remote.listen).await?;
-            let mut server = builder();
-            let tls = remote.tls.is_some();
-            match remote.tls {
-                Some(config) => server = server.tls_config(config.timeout(crate::net::incoming::HANDSHAKE_TIMEOUT))?,
-                None => warn!(listen = %remote.listen, "--insecure: serving remote shims without TLS"),
+            if remote.tls.is_none() {
+                warn!(listen = %remote.listen, "--insecure: serving remote shims without TLS");
             }
             if !remote.authenticated {
                 warn!(listen = %remote.listen, "--insecure: serving remote shims without authentication");
@@ -285,21 +383,24 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             let connection_limits = crate::net::incoming::ConnectionLimits::new(opts.max_connections, nofile);
             info!(
                 listen = %remote.listen,
-                tls,
+                tls = remote.tls.is_some(),
                 tokens = remote.auth.is_some(),
+                client_certificates = remote.tls.as_ref().is_some_and(|t| t.requires_client_certificates()),
                 max_connections = connection_limits.total,
                 per_peer = connection_limits.per_peer,
                 "serving remote shims over TCP"
             );
-            Some(
-                server
-                    .add_service(health_service)
-                    .add_service(service(false, remote.auth))
-                    .serve_with_incoming_shutdown(
-                        crate::net::incoming::guarded(listener, connection_limits, connections.clone()),
-                        stopped(shutdown_rx.clone()),
-                    ),
-            )
+            let tcp = crate::net::incoming::guarded(listener, connection_limits, connections.clone());
+            let router = builder().add_service(health_service).add_service(service(false, remote.auth.clone()));
+            let close = stopped(shutdown_rx.clone());
+            Some(match &remote.tls {
+                // TLS terminated here (`net/tls.rs`), so that SIGHUP can change its files.
+                Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
+                    crate::net::tls::incoming(tcp, tls.clone(), connections.clone()),
+                    close,
+                )),
+                None => Box::pin(router.serve_with_incoming_shutdown(tcp, close)),
+            })
         }
         None => None,
     };

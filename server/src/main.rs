@@ -398,10 +398,12 @@ impl ServeArgs {
     }
 }
 
-/// The daemon's logging, for `serve --help` and `start --help`.
+/// The daemon's logging and signals, for `serve --help` and `start --help`.
 const LOG_HELP: &str = "The daemon logs to <cache dir>/nvlinkd.log; NVLINKD_LOG sets what it logs \
                         (tracing filter syntax: error, warn, info [default], debug, trace, or e.g. \
-                        nvlinkd_core=debug).";
+                        nvlinkd_core=debug).\n\nSIGHUP reopens the log file and reloads --tls-cert, \
+                        --tls-key, --client-ca and --token-file (a bad file keeps the old one, with a \
+                        warning); SIGTERM and SIGINT stop it as `nvlinkd stop` does.";
 
 #[derive(Subcommand)]
 enum Command {
@@ -552,7 +554,7 @@ fn main() -> ExitCode {
             nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             let cache_dir = a.cache_dir();
             let events = events::Hub::default();
-            let _guard = daemon::init_logging(&cache_dir, &events);
+            let logging = daemon::init_logging(&cache_dir, &events);
             let remote_cache = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
@@ -600,6 +602,7 @@ fn main() -> ExitCode {
                     max_running: a.max_speculative.unwrap_or(jobs),
                 },
                 max_connections: a.max_connections,
+                log_file: logging.file.clone(),
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));

@@ -237,6 +237,33 @@ impl Daemon {
         std::fs::read_to_string(self.cache_dir().join("nvlinkd.log")).unwrap_or_default()
     }
 
+    /// Wait until the log holds at least `n` lines containing `what` (lines
+    /// reach the file through the daemon's log thread); fails the test after
+    /// a minute. Returns those lines.
+    pub fn wait_log(&self, what: &str, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let lines: Vec<String> = self.log().lines().filter(|l| l.contains(what)).map(String::from).collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(Instant::now() < deadline, "never {n} log lines with {what:?}:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Send `signal` (e.g. `libc::SIGHUP`) to the daemon process.
+    pub fn signal(&self, signal: i32) {
+        let pid = self.pid().expect("the daemon runs") as i32;
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+    }
+
+    /// Whether the daemon process is still there (not exited).
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Kill the process without warning.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -17,6 +17,7 @@ pub const TOKEN: &str = "s3cret-token-for-tests";
 /// names given), and a token file, in a fresh directory.
 pub struct Pki {
     pub dir: TempDir,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 impl Pki {
@@ -32,18 +33,32 @@ impl Pki {
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         ca_params.distinguished_name.push(rcgen::DnType::CommonName, "nvlinkd test CA");
         let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
+        let pki = Pki { dir, issuer: rcgen::Issuer::new(ca_params, ca_key) };
+        std::fs::write(pki.dir.path().join("ca.pem"), ca.pem()).unwrap();
+        pki.issue(hosts, "cert.pem", "key.pem");
+        std::fs::write(pki.dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
+        std::fs::write(pki.dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
+        pki
+    }
+
+    /// A new server certificate for `hosts` and its new key, signed by the
+    /// same CA, written to `cert` and `key` in the directory (each replaced
+    /// at once, by a rename, as a certificate manager does).
+    pub fn issue(&self, hosts: &[&str], cert: &str, key: &str) {
+        let pair = rcgen::KeyPair::generate().unwrap();
+        let signed = rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
             .unwrap()
-            .signed_by(&key, &issuer)
+            .signed_by(&pair, &self.issuer)
             .unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
-        std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
-        std::fs::write(dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
-        std::fs::write(dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
-        Pki { dir }
+        self.replace(cert, signed.pem().as_bytes());
+        self.replace(key, pair.serialize_pem().as_bytes());
+    }
+
+    /// Replace file `name` of the directory with `contents`, by a rename.
+    pub fn replace(&self, name: &str, contents: &[u8]) {
+        let tmp = self.dir.path().join(format!(".{name}.new"));
+        std::fs::write(&tmp, contents).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
     }
 
     pub fn file(&self, name: &str) -> String {

@@ -1084,3 +1084,42 @@ fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
     assert_eq!(String::from_utf8_lossy(&actual.stderr), String::from_utf8_lossy(&expected.stderr));
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the shim wrote through another user's symlink");
 }
+
+/// Failed TLS handshakes and refused tokens are logged with the peer's
+/// address, at most one line each per 10 s however many there are; the
+/// counters count them all.
+#[test]
+fn failed_handshakes_and_tokens_are_logged_with_the_peer_rate_limited() {
+    use std::io::{Read, Write};
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    for _ in 0..5 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while d.stat("tls_handshake_failures") < 5 {
+        assert!(std::time::Instant::now() < deadline, "{}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lines = d.wait_log("TLS handshake failed", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("peer=127.0.0.1:") && lines[0].contains("WARN"), "{lines:?}");
+
+    runtime().block_on(async {
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        for _ in 0..5 {
+            let e = client.stats(with_token(StatsRequest {}, "wrong")).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        }
+    });
+    assert_eq!(d.stat("auth_failures"), 5);
+    let lines = d.wait_log("without a valid bearer token refused", 1);
+    std::thread::sleep(Duration::from_millis(200));
+    let lines_now = d.wait_log("without a valid bearer token refused", 1);
+    assert_eq!((lines.len(), lines_now.len()), (1, 1), "{lines_now:?}");
+    assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
+}

@@ -10,10 +10,12 @@
 //! - An accept error for lack of descriptors or memory (`EMFILE`, `ENFILE`,
 //!   `ENOBUFS`, `ENOMEM`) waits (10 ms, doubling to 1 s) instead of retrying
 //!   at once: tonic's accept loop would spin on it.
-//! - The TLS handshake has a deadline (`ServerTlsConfig::timeout`, set by the
-//!   daemon): a connection that never completes it is closed and its slot
-//!   freed.
-//! - Refusals are logged at most once per [`LOG_EVERY`], with counts.
+//! - The TLS handshake (`tls.rs`, on these connections) has a deadline,
+//!   [`HANDSHAKE_TIMEOUT`]: a connection that never completes it is closed and
+//!   its slot freed.
+//! - Refusals are logged at most once per [`LOG_EVERY`], with counts; so are
+//!   failed TLS handshakes and refused tokens ([`LogLimit`]), with the peer's
+//!   address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -50,6 +52,29 @@ impl ConnectionLimits {
     }
 }
 
+/// At most one log line of a kind per [`LOG_EVERY`]: a client that fails
+/// on purpose, thousands of times a second, cannot fill the log.
+#[derive(Default)]
+pub struct LogLimit {
+    last: Mutex<Option<Instant>>,
+    held_back: AtomicU64,
+}
+
+impl LogLimit {
+    /// Whether a line may be written now: `Some(lines held back since the
+    /// last one written)`, or `None` (this one is held back and counted).
+    pub fn allow(&self) -> Option<u64> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            *last = Some(Instant::now());
+            Some(self.held_back.swap(0, Ordering::Relaxed))
+        } else {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
 /// Counts shared by the listener and its connections.
 #[derive(Default)]
 pub struct Counters {
@@ -57,26 +82,29 @@ pub struct Counters {
     pub refused: AtomicU64,
     /// Accept errors waited out (no descriptors, no memory).
     pub accept_backoffs: AtomicU64,
+    /// TLS handshakes that failed or timed out (`tls.rs`).
+    pub tls_handshake_failures: AtomicU64,
+    /// The log lines of failed handshakes.
+    pub handshake_log: LogLimit,
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
-    last_log: Mutex<Option<Instant>>,
+    refusal_log: LogLimit,
 }
 
 impl Counters {
     /// For `stats --json`.
-    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 3] {
+    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 4] {
         use nvlinkd_core::stats::Kind::{Counter, Gauge};
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner()).0 as u64;
         [
             ("tcp_connections", open, Gauge),
             ("tcp_connections_refused", self.refused.load(Ordering::Relaxed), Counter),
             ("tcp_accept_backoffs", self.accept_backoffs.load(Ordering::Relaxed), Counter),
+            ("tls_handshake_failures", self.tls_handshake_failures.load(Ordering::Relaxed), Counter),
         ]
     }
 
     fn log_refusal(&self, why: &str) {
-        let mut last = self.last_log.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
-            *last = Some(Instant::now());
+        if self.refusal_log.allow().is_some() {
             warn!(
                 refused = self.refused.load(Ordering::Relaxed),
                 accept_backoffs = self.accept_backoffs.load(Ordering::Relaxed),
@@ -106,6 +134,13 @@ impl Drop for Guarded {
                 }
             }
         }
+    }
+}
+
+impl Guarded {
+    /// The peer's address and port.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.peer_addr().ok()
     }
 }
 

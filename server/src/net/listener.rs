@@ -8,13 +8,18 @@ use std::sync::Arc;
 
 use tokio::net::UnixListener;
 
+use tracing::{info, warn};
+
 use super::auth::Auth;
+use super::tls::{Tls, TlsFiles};
 
 /// The remote listener and its security, read and checked before the daemon
-/// starts (a key that cannot be read or a token file without tokens stop it).
+/// starts (a key that cannot be read, or does not match its certificate, or a
+/// token file without tokens stop it). Both can be read again while it
+/// serves ([`Remote::reload`], on SIGHUP).
 pub struct Remote {
     pub listen: String,
-    pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
+    pub(crate) tls: Option<Arc<Tls>>,
     pub auth: Option<Arc<Auth>>,
     /// Tokens or client certificates are required.
     pub(crate) authenticated: bool,
@@ -28,37 +33,16 @@ impl Remote {
         client_ca: Option<&Path>,
         insecure: bool,
     ) -> Result<Remote, String> {
-        let read =
-            |what: &str, p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {what} {}: {e}", p.display()));
-        let auth = match token_file {
-            Some(f) => {
-                let text = String::from_utf8(read("--token-file", f)?)
-                    .map_err(|_| format!("--token-file {} is not text", f.display()))?;
-                let tokens: Vec<[u8; 32]> = text
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                    .map(|t| *blake3::hash(t.as_bytes()).as_bytes())
-                    .collect();
-                if tokens.is_empty() {
-                    return Err(format!("--token-file {} holds no token", f.display()));
-                }
-                Some(Arc::new(Auth { tokens }))
-            }
-            None => None,
-        };
+        let auth = token_file.map(Auth::load).transpose()?.map(Arc::new);
         if client_ca.is_some() && tls.is_none() {
             return Err("--client-ca needs --tls-cert and --tls-key".into());
         }
         let tls = match tls {
-            Some((cert, key)) => {
-                let identity = tonic::transport::Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
-                let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-                if let Some(ca) = client_ca {
-                    config = config.client_ca_root(tonic::transport::Certificate::from_pem(read("--client-ca", ca)?));
-                }
-                Some(config)
-            }
+            Some((cert, key)) => Some(Arc::new(Tls::load(TlsFiles {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                client_ca: client_ca.map(Path::to_owned),
+            })?)),
             None => None,
         };
         let authenticated = auth.is_some() || client_ca.is_some();
@@ -74,6 +58,30 @@ impl Remote {
             ));
         }
         Ok(Remote { listen, tls, auth, authenticated })
+    }
+
+    /// Read the certificate, key, client CA and token file again (SIGHUP).
+    /// Each part that reads and checks well replaces the one in force, for
+    /// new connections and calls; one that does not keeps the old, with a
+    /// warning saying why. Never fails the daemon.
+    pub fn reload(&self) {
+        if let Some(tls) = &self.tls {
+            match tls.reload() {
+                Ok(()) => info!(listen = %self.listen, client_ca = tls.requires_client_certificates(),
+                                "SIGHUP: TLS certificate and key reloaded"),
+                Err(why) => {
+                    warn!(listen = %self.listen, %why, "SIGHUP: TLS files not reloaded; keeping the ones in use")
+                }
+            }
+        }
+        if let Some(auth) = &self.auth {
+            match auth.reload() {
+                Ok(tokens) => info!(listen = %self.listen, tokens, "SIGHUP: token file reloaded"),
+                Err(why) => {
+                    warn!(listen = %self.listen, %why, "SIGHUP: token file not reloaded; keeping the tokens in use")
+                }
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-//! The trust boundary's edge: who may connect and call (listeners, tokens,
-//! connection limits).
+//! The trust boundary's edge: who may connect and call (listeners, TLS,
+//! tokens, connection limits).
 
 pub mod auth;
 pub mod incoming;
 pub mod listener;
+pub mod tls;

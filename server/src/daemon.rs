@@ -22,6 +22,9 @@
 //! writes them); the socket is removed and the process exits. A stuck client
 //! never holds the daemon up longer than the grace period.
 //!
+//! Logs go to `<cache dir>/nvlinkd.log`, and also to stderr unless the
+//! daemon was detached by `nvlinkd start` ([`init_logging`]).
+//!
 //! The socket's directory belongs to someone: a directory the daemon has to
 //! create is created private (0700); an existing one is never changed, only
 //! checked (owned by us or root, and sticky if others may write to it, as /tmp
@@ -75,6 +78,8 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// The log file, reopened on SIGHUP.
     pub log_file: Option<Arc<LogFile>>,
+    /// The log also goes to stderr (`serve` not detached).
+    pub log_to_stderr: bool,
 }
 
 /// What the daemon links before it is asked (`speculate.rs`, `watch.rs`).
@@ -86,6 +91,17 @@ pub struct Speculation {
     pub watch: bool,
     /// Most speculative links computing at once.
     pub max_running: usize,
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event (`tracing`'s format).
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, the event's
+    /// fields flattened, `span` and `spans`), for log pipelines.
+    Json,
 }
 
 /// The log file, reopened on SIGHUP: after logrotate moved it away, lines go
@@ -108,8 +124,8 @@ impl LogFile {
     }
 }
 
-/// Where log lines go: the file, or stderr where it cannot be opened. Written
-/// on the appender's own thread, so a slow disk holds up no link.
+/// Where log lines go: the file and/or stderr. Written on the appender's own
+/// thread, so a slow disk or a stalled reader of stderr holds up no link.
 struct Sink {
     file: Option<Arc<LogFile>>,
     stderr: bool,
@@ -139,7 +155,9 @@ pub struct Logging {
     pub file: Option<Arc<LogFile>>,
 }
 
-/// Log to `<cache dir>/nvlinkd.log` (reopened on SIGHUP, see [`LogFile`]).
+/// Log to `<cache dir>/nvlinkd.log`, and also to stderr when `to_stderr` (a
+/// daemon that is not detached: run in a terminal, or by a service manager
+/// that collects stderr, as journald and `kubectl logs` do).
 ///
 /// A cache directory that cannot hold the log (read-only, full, not a
 /// directory) is not a reason to stop: the log goes to stderr instead, with one
@@ -149,7 +167,7 @@ pub struct Logging {
 /// The event stream's layer ([`crate::observe::events::PhaseLayer`]) sits beside the
 /// log's: each has its own filter, so the core's phase spans (`debug`) exist
 /// for the events whatever `NVLINKD_LOG` lets the log show.
-pub fn init_logging(cache_dir: &Path, events: &Hub) -> Logging {
+pub fn init_logging(cache_dir: &Path, events: &Hub, format: LogFormat, to_stderr: bool) -> Logging {
     let path = cache_dir.join("nvlinkd.log");
     let file = std::fs::create_dir_all(cache_dir).and_then(|()| LogFile::open(&path));
     let filter = tracing_subscriber::EnvFilter::try_from_env("NVLINKD_LOG")
@@ -158,24 +176,30 @@ pub fn init_logging(cache_dir: &Path, events: &Hub) -> Logging {
         Ok(f) => (Some(Arc::new(LogFile { path: path.clone(), file: Mutex::new(f) })), None),
         Err(e) => (None, Some(e)),
     };
-    let sink = Sink { file: file.clone(), stderr: file.is_none() };
+    let sink = Sink { file: file.clone(), stderr: to_stderr || file.is_none() };
     let (writer, guard) = tracing_appender::non_blocking(sink);
     // At debug level each span's end is logged with its duration: a link's
     // phases (see `Linker::link_span`) are its timings.
     let timed = filter.max_level_hint().is_some_and(|l| l >= tracing_subscriber::filter::LevelFilter::DEBUG);
     let span_events = if timed { FmtSpan::CLOSE } else { FmtSpan::NONE };
-    let log = tracing_subscriber::fmt::layer()
-        .with_span_events(span_events)
-        .with_writer(writer)
-        .with_ansi(false)
-        .with_filter(filter);
+    // One of the two (an absent layer does nothing).
+    let (text, json) = match format {
+        LogFormat::Text => {
+            let layer = tracing_subscriber::fmt::layer().with_span_events(span_events).with_ansi(false);
+            (Some(layer.with_writer(writer).with_filter(filter)), None)
+        }
+        LogFormat::Json => {
+            let layer = tracing_subscriber::fmt::layer().with_span_events(span_events).with_ansi(false);
+            (None, Some(layer.json().flatten_event(true).with_writer(writer).with_filter(filter)))
+        }
+    };
     // The core's spans, and its scheduler's `sched = …` and verification's
     // `verify = …` events only.
     let phases = PhaseLayer { hub: events.clone() }.with_filter(tracing_subscriber::filter::filter_fn(|m| {
         m.target().starts_with("nvlinkd_core")
             && (m.is_span() || m.fields().field("sched").is_some() || m.fields().field("verify").is_some())
     }));
-    let installed = tracing_subscriber::registry().with(log).with(phases).try_init();
+    let installed = tracing_subscriber::registry().with(text).with(json).with(phases).try_init();
     if let Some(e) = failed {
         tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
     }
@@ -269,7 +293,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         "speculative links"
     );
     info!(socket = %opts.socket.display(), cache = %opts.cache_dir.display(), pid = std::process::id(), "nvlinkd serving");
-    eprintln!("{started_line}");
+    if !opts.log_to_stderr {
+        eprintln!("{started_line}");
+    }
 
     // SIGTERM and SIGINT start the same graceful shutdown as the RPC; SIGHUP
     // reloads the listener's files and reopens the log, and never stops the

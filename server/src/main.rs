@@ -159,6 +159,12 @@ struct ServeArgs {
     /// Run confined processes as this unprivileged user (a daemon running as root)
     #[arg(long, value_name = "USER")]
     sandbox_user: Option<String>,
+    /// Log lines as `text` or `json` (one object per line, for log pipelines)
+    #[arg(long, value_enum, default_value_t = daemon::LogFormat::Text)]
+    log_format: daemon::LogFormat,
+    /// Detached by `nvlinkd start`: log to the log file only, not to stderr
+    #[arg(long, hide = true)]
+    detached: bool,
 }
 
 impl ServeArgs {
@@ -394,13 +400,17 @@ impl ServeArgs {
         if let Some(n) = self.max_speculative {
             a.extend(["--max-speculative".into(), n.to_string()]);
         }
+        a.extend(["--log-format".into(), format!("{:?}", self.log_format).to_lowercase()]);
+        // Nobody reads a detached daemon's stderr: it logs to its file only.
+        a.push("--detached".into());
         a
     }
 }
 
 /// The daemon's logging and signals, for `serve --help` and `start --help`.
-const LOG_HELP: &str = "The daemon logs to <cache dir>/nvlinkd.log; NVLINKD_LOG sets what it logs \
-                        (tracing filter syntax: error, warn, info [default], debug, trace, or e.g. \
+const LOG_HELP: &str = "The daemon logs to <cache dir>/nvlinkd.log, and `serve` also to stderr (a \
+                        daemon detached by `start` does not); NVLINKD_LOG sets what it logs (tracing \
+                        filter syntax: error, warn, info [default], debug, trace, or e.g. \
                         nvlinkd_core=debug).\n\nSIGHUP reopens the log file and reloads --tls-cert, \
                         --tls-key, --client-ca and --token-file (a bad file keeps the old one, with a \
                         warning); SIGTERM and SIGINT stop it as `nvlinkd stop` does.";
@@ -554,7 +564,7 @@ fn main() -> ExitCode {
             nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             let cache_dir = a.cache_dir();
             let events = events::Hub::default();
-            let logging = daemon::init_logging(&cache_dir, &events);
+            let logging = daemon::init_logging(&cache_dir, &events, a.log_format, !a.detached);
             let remote_cache = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
@@ -603,6 +613,7 @@ fn main() -> ExitCode {
                 },
                 max_connections: a.max_connections,
                 log_file: logging.file.clone(),
+                log_to_stderr: !a.detached,
             };
             let rt = runtime();
             let served = rt.block_on(daemon::serve(opts));

@@ -310,3 +310,88 @@ fn a_fresh_daemon_links_in_memory_it_touched_at_start() {
     assert!(cold > 500, "without the reserve the link faulted only {cold} pages in: it no longer measures the reserve");
     assert!(warm * 4 < cold, "the daemon's reserve was not used: {warm} faults, {cold} without");
 }
+
+/// Logs for pipelines: `nvlinkd serve` (run in a terminal, or by a service
+/// manager collecting stderr: journald, `kubectl logs`) logs to stderr as
+/// well as to its file, and with `--log-format=json` every line of both is a
+/// JSON object; `nvlinkd start` detaches the daemon, which then logs to its
+/// file only (nobody reads a detached daemon's stderr).
+#[test]
+fn serve_logs_to_stderr_and_a_detached_daemon_to_its_file_only() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("logs");
+    let (sock, cache) = (dir.path().join("s"), dir.path().join("c"));
+    let status = |sock: &std::path::Path| {
+        Command::new(nvlinkd()).arg("status").arg("--socket").arg(sock).output().unwrap().status.success()
+    };
+    let serve = Command::new(nvlinkd())
+        .args(["serve", "--log-format=json", "--verify=off", "--socket"])
+        .arg(&sock)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--cuda-home")
+        .arg(cuda_home())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !status(&sock) {
+        assert!(Instant::now() < deadline, "nvlinkd serve did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = TempDir::new("logs-out");
+    let env = vec![
+        ("NVLINKD_SOCKET".to_string(), sock.display().to_string()),
+        ("NVLINKD_FALLBACK".to_string(), "never".to_string()),
+    ];
+    assert_eq!(run(&shim(), &inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", &out), &env).code, 0);
+    let stop = Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output().unwrap();
+    assert!(stop.status.success());
+    let served = serve.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&served.stderr).into_owned();
+    let file = std::fs::read_to_string(cache.join("nvlinkd.log")).unwrap();
+    for (what, text) in [("stderr", &stderr), ("the log file", &file)] {
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {l}\n{text}")))
+            .collect();
+        for message in ["nvlinkd serving", "link done", "nvlinkd stopped"] {
+            assert!(
+                lines.iter().any(|l| l["message"] == message && l["level"] == "INFO" && l["timestamp"].is_string()),
+                "{what}: no INFO {message:?} line:\n{text}"
+            );
+        }
+    }
+
+    // Detached: the log file has the lines, the daemon's stderr none.
+    let (sock, cache) = (dir.path().join("s2"), dir.path().join("c2"));
+    let started = Command::new(nvlinkd())
+        .arg("start")
+        .arg("--socket")
+        .arg(&sock)
+        .env("NVLINKD_CACHE_DIR", &cache)
+        .env("CUDA_HOME", cuda_home())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&started.stdout).into_owned();
+    assert!(started.status.success(), "{said}{}", String::from_utf8_lossy(&started.stderr));
+    let pid: u32 = said
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(cache.join("nvlinkd.log")).unwrap_or_default().contains("nvlinkd serving") {
+        assert!(Instant::now() < deadline, "the detached daemon logged nothing to its file");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its stderr (a memory file `start` reads back if it fails to start).
+    let daemon_stderr = std::fs::read(format!("/proc/{pid}/fd/2")).unwrap_or_default();
+    let daemon_stderr = String::from_utf8_lossy(&daemon_stderr);
+    assert!(!daemon_stderr.contains(" INFO ") && !daemon_stderr.contains("nvlinkd serving"), "{daemon_stderr}");
+    assert!(Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).status().unwrap().success());
+}

@@ -370,6 +370,14 @@ impl Linker {
     /// The toolkit a request links with: the linker's own toolkit of the
     /// release the request names (the first one when it names none), opened
     /// once and kept. Nothing of the request is used as a path.
+    /// Whether the default toolkit (the one links naming no release get) is
+    /// open: its nvlink answered `--version` and links need not wait for it
+    /// (a daemon's readiness, `/readyz`). Opening starts in [`Linker::new`].
+    pub fn toolkit_ready(&self) -> bool {
+        let mut roots = self.config.toolkits.iter().filter(|p| p.join("bin/nvlink").is_file());
+        roots.next().is_some_and(|root| self.toolkits.open.contains_key(root))
+    }
+
     fn toolkit(&self, req: &Request) -> Result<Arc<Toolkit>, String> {
         let mut roots = self.config.toolkits.iter().filter(|p| p.join("bin/nvlink").is_file());
         let Some(wanted) = req.toolkit.as_deref().filter(|t| !t.is_empty()) else {

@@ -16,11 +16,13 @@
 //! ones, with a warning. It never stops the daemon.
 //!
 //! SIGTERM, SIGINT, the `Shutdown` RPC and `--idle-exit` all start the same
-//! shutdown: no new connections or links; links in flight get the grace
-//! period (`--shutdown-grace`) to finish, then are abandoned (their shims
+//! shutdown: the health service says NOT_SERVING (and `/readyz` 503), then the
+//! listeners close: no new connections or links; links in flight get the
+//! grace period (`--shutdown-grace`) to finish, then are abandoned (their shims
 //! fall back to the real nvlink; outputs are never half-written since the shim
 //! writes them); the socket is removed and the process exits. A stuck client
-//! never holds the daemon up longer than the grace period.
+//! never holds the daemon up longer than the grace period. `/metrics`,
+//! `/healthz` and `/readyz` answer until the end.
 //!
 //! Logs go to `<cache dir>/nvlinkd.log`, and also to stderr unless the
 //! daemon was detached by `nvlinkd start` ([`init_logging`]).
@@ -249,7 +251,12 @@ fn reload(log: Option<&LogFile>, remote: Option<&Remote>) {
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>> {
     let mut signals = Signals::install().map_err(|e| format!("cannot handle signals: {e}"))?;
+    // A stop was asked for (signal, RPC, idle exit).
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    // The listeners close: after the health service says NOT_SERVING.
+    let (close_tx, close_rx) = watch::channel(false);
+    // The daemon is done: `/metrics` answers until then.
+    let (done_tx, done_rx) = watch::channel(false);
     let remote = opts.remote.map(Arc::new);
     // A farm daemon needs more descriptors than the usual soft limit of 1024.
     let nofile = crate::net::incoming::raise_fd_limit();
@@ -369,33 +376,41 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let readiness = Arc::new(crate::observe::metrics::Readiness::default());
     if let Some(addr) = &opts.metrics_listen {
         let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
         tokio::spawn(crate::observe::metrics::serve(
             listener,
-            linker.clone(),
-            blobs.clone(),
-            auth_failures.clone(),
-            stopped(shutdown_rx.clone()),
+            crate::observe::metrics::Sources {
+                linker: linker.clone(),
+                blobs: blobs.clone(),
+                auth_failures: auth_failures.clone(),
+                readiness: readiness.clone(),
+            },
+            stopped(done_rx),
         ));
     }
 
-    // grpc.health.v1: SERVING until the daemon stops.
+    // grpc.health.v1: SERVING until the daemon stops. A stop first says
+    // NOT_SERVING (and `/readyz` 503), then closes the listeners: whoever
+    // watches the health learns of the drain before connections are refused.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<NvlinkdServer<Service>>().await;
     {
-        let (health, rx) = (health.clone(), shutdown_rx.clone());
+        let (health, rx, readiness) = (health.clone(), shutdown_rx.clone(), readiness.clone());
         tokio::spawn(async move {
             stopped(rx).await;
+            readiness.drain();
             health.set_not_serving::<NvlinkdServer<Service>>().await;
             health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+            let _ = close_tx.send(true);
         });
     }
 
     let unix_server = builder()
         .add_service(health_service.clone())
         .add_service(service(true, None))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(shutdown_rx.clone()));
+        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(close_rx.clone()));
     type Served = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
     let tcp_server: Option<Served> = match &remote {
         Some(remote) => {
@@ -418,7 +433,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             );
             let tcp = crate::net::incoming::guarded(listener, connection_limits, connections.clone());
             let router = builder().add_service(health_service).add_service(service(false, remote.auth.clone()));
-            let close = stopped(shutdown_rx.clone());
+            let close = stopped(close_rx.clone());
             Some(match &remote.tls {
                 // TLS terminated here (`net/tls.rs`), so that SIGHUP can change its files.
                 Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
@@ -439,6 +454,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             None => unix_server.await,
         }
     };
+    readiness.listening();
     // Once stopping, links still computing get the grace period; then the
     // servers (which would wait for every connection) are dropped.
     let grace = opts.shutdown_grace;
@@ -458,5 +474,6 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         error!("server error: {e}");
     }
     info!("nvlinkd stopped");
+    let _ = done_tx.send(true);
     result.map_err(Into::into)
 }

@@ -112,3 +112,82 @@ fn metrics_are_prometheus_text_and_move_with_links() {
     let (status, _, _) = get(addr, "/other");
     assert!(status.contains(" 404 "), "{status}");
 }
+
+/// `GET path` on the metrics port: the status code.
+fn status_of(addr: SocketAddr, path: &str) -> u16 {
+    let (status, _, _) = get(addr, path);
+    status.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line {status}"))
+}
+
+/// The probes beside `/metrics`: `/healthz` 200 while the process lives,
+/// `/readyz` 200 while it takes links. On SIGTERM with a link in flight, the
+/// gRPC health service says NOT_SERVING and `/readyz` turns 503 while the
+/// link finishes (nvlink's bytes), and the port keeps answering
+/// (`/healthz`, `/metrics`) through the drain.
+#[test]
+fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
+    use nvlinkd_tests::env::TempDir;
+    use std::time::{Duration, Instant};
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut d = Daemon::start_env(
+        &["--metrics-listen", &addr.to_string(), "--shutdown-grace", "60s"],
+        &[("NVLINKD_TEST_SLOW_LINK_MS", "4000")],
+    );
+    assert_eq!(status_of(addr, "/healthz"), 200);
+    // Ready once the toolkit is open (it opens in the background at start).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status_of(addr, "/readyz") != 200 {
+        assert!(Instant::now() < deadline, "never ready: {:?}", get(addr, "/readyz"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A health watcher on the local socket, from before the stop.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let mut watch = rt.block_on(async {
+        let channel = nvlinkd_proto::shared::connect_unix(nvlinkd_proto::shared::unix_endpoint(), d.socket())
+            .await
+            .expect("connect to the socket");
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let mut watch = health
+            .watch(tonic_health::pb::HealthCheckRequest { service: String::new() })
+            .await
+            .expect("health watch")
+            .into_inner();
+        let first = watch.message().await.unwrap().unwrap();
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+        watch
+    });
+
+    let out = TempDir::new("m-drain");
+    let link = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
+    let inv = Invocation::templated(link, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &inv, &[]);
+    let env = d.shim_env();
+    let shim_inv = inv.clone();
+    let linking = std::thread::spawn(move || run(&shim(), &shim_inv, &env));
+    d.wait_stat("in_flight", 1);
+    d.signal(libc::SIGTERM);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_of(addr, "/readyz") != 503 {
+        assert!(Instant::now() < deadline, "/readyz still {:?} while draining", get(addr, "/readyz"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!linking.is_finished(), "the link ended before /readyz said 503");
+    let said = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), watch.message()).await });
+    let said = said.expect("no health update after SIGTERM").expect("health watch").expect("a status");
+    assert_eq!(said.status, ServingStatus::NotServing as i32);
+    assert_eq!(status_of(addr, "/healthz"), 200, "not alive while draining");
+    let (status, _, body) = get(addr, "/metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    let (samples, _) = parse(&body);
+    assert_eq!(samples.get("nvlinkd_in_flight"), Some(&1.0), "{body}");
+    assert!(!linking.is_finished(), "the link ended before the drain was checked");
+
+    let got = linking.join().unwrap();
+    let cmp = compare::runs(&expected, &got);
+    assert!(cmp.problems.is_empty() && cmp.identical, "the link in flight: {:?}", cmp.problems);
+    drop(watch);
+    d.stop();
+}

@@ -15,12 +15,18 @@
 //!   and `nvlinkd_input_bytes_received_total`. New counters of the linker
 //!   appear without changes here.
 //!
+//! Beside it, probes for orchestrators and load balancers: `/healthz` answers
+//! 200 while the process is alive, `/readyz` 200 while the daemon takes links
+//! ([`Readiness`]: its listeners are up and its default toolkit is open) and
+//! 503 before that and while it drains after a stop. The port answers until
+//! the daemon is done, drain included.
+//!
 //! The endpoint has no authentication, by design (scrapers rarely carry
 //! credentials): bind it to an internal address, never to the address the
-//! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET
-//! /metrics` is a 404.
+//! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET` of
+//! these three paths is a 404.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -169,26 +175,61 @@ fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>, auth_failures: Arc<Atomi
     r
 }
 
-/// Serve `/metrics` on `listener` until `stop` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    linker: Arc<Linker>,
-    blobs: Arc<BlobStore>,
-    auth_failures: Arc<AtomicU64>,
-    stop: impl std::future::Future<Output = ()>,
-) {
-    let registry = Arc::new(registry(linker, blobs, auth_failures));
+/// Whether the daemon takes links, for `/readyz`.
+#[derive(Default)]
+pub struct Readiness {
+    listening: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    /// The listeners are up.
+    pub fn listening(&self) {
+        self.listening.store(true, Ordering::SeqCst);
+    }
+    /// A stop began: no new links.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+    /// Ready, or why not.
+    fn check(&self, linker: &Linker) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::SeqCst) {
+            Err("draining: the daemon is stopping")
+        } else if !self.listening.load(Ordering::SeqCst) {
+            Err("starting: the listeners are not up yet")
+        } else if !linker.toolkit_ready() {
+            Err("starting: the toolkit is not usable yet")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// What the endpoint reports.
+pub struct Sources {
+    pub linker: Arc<Linker>,
+    pub blobs: Arc<BlobStore>,
+    /// The service's refused calls (`auth_failures`).
+    pub auth_failures: Arc<AtomicU64>,
+    pub readiness: Arc<Readiness>,
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` on `listener` until `stop` resolves.
+pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::future::Future<Output = ()>) {
+    let Sources { linker, blobs, auth_failures, readiness } = sources;
+    let registry = Arc::new(registry(linker.clone(), blobs, auth_failures));
     if let Ok(a) = listener.local_addr() {
-        info!(metrics = %a, "serving Prometheus metrics at /metrics");
+        info!(metrics = %a, "serving Prometheus metrics at /metrics, probes at /healthz and /readyz");
     }
     let accept = async {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
-            let registry = registry.clone();
+            let (registry, linker, readiness) = (registry.clone(), linker.clone(), readiness.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let ready = readiness.check(&linker);
                     let registry = registry.clone();
-                    async move { Ok::<_, std::convert::Infallible>(answer(&req, &registry)) }
+                    async move { Ok::<_, std::convert::Infallible>(answer(&req, &registry, ready)) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
@@ -206,15 +247,32 @@ pub async fn serve(
     }
 }
 
-fn answer(req: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+fn answer(
+    req: &Request<hyper::body::Incoming>,
+    registry: &Registry,
+    ready: Result<(), &'static str>,
+) -> Response<Full<Bytes>> {
     let reply = |status, ctype: &'static str, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(ctype));
         r
     };
-    if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
-        return reply(StatusCode::NOT_FOUND, "text/plain", "not found: GET /metrics\n".into());
+    if req.method() != hyper::Method::GET {
+        return reply(StatusCode::NOT_FOUND, "text/plain", "not found: GET /metrics, /healthz or /readyz\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => {}
+        "/healthz" => return reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" => {
+            return match ready {
+                Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+                Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+            }
+        }
+        _ => {
+            return reply(StatusCode::NOT_FOUND, "text/plain", "not found: GET /metrics, /healthz or /readyz\n".into())
+        }
     }
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, registry) {

@@ -22,7 +22,7 @@ use nvlinkd_proto::v1::{
     FileError, FileReply, FileStat, LinkResult, OutputFile, Start,
 };
 use tokio::sync::mpsc;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::policy::Policy;
 use crate::toolkit::Toolkit;
@@ -627,14 +627,20 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
             let mut endpoint = tuned(Endpoint::from_shared(uri.clone()).map_err(|e| format!("{uri}: {e}"))?);
             if *tls {
                 let mut config = ClientTlsConfig::new();
-                config = match std::env::var_os(paths::ENV_TLS_CA).filter(|v| !v.is_empty()) {
-                    Some(ca) => {
-                        let pem = std::fs::read(&ca).map_err(|e| {
-                            format!("cannot read {} {}: {e}", paths::ENV_TLS_CA, Path::new(&ca).display())
-                        })?;
-                        config.ca_certificate(Certificate::from_pem(pem))
-                    }
+                config = match env_file(paths::ENV_TLS_CA)? {
+                    Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
                     None => config.with_native_roots(),
+                };
+                // A client certificate, for daemons that require one (mTLS).
+                config = match (env_file(paths::ENV_TLS_CERT)?, env_file(paths::ENV_TLS_KEY)?) {
+                    (Some(cert), Some(key)) => config.identity(Identity::from_pem(cert, key)),
+                    (None, None) => config,
+                    (Some(_), None) => {
+                        return Err(format!("{} is set without {}", paths::ENV_TLS_CERT, paths::ENV_TLS_KEY))
+                    }
+                    (None, Some(_)) => {
+                        return Err(format!("{} is set without {}", paths::ENV_TLS_KEY, paths::ENV_TLS_CERT))
+                    }
                 };
                 endpoint = endpoint.tls_config(config).map_err(|e| format!("{uri}: {e}"))?;
             }
@@ -649,6 +655,12 @@ async fn connect(addr: &Target) -> Result<Channel, String> {
                 .map_err(|e| format!("cannot connect to {}: {e}", path.display()))
         }
     }
+}
+
+/// The contents of the file an environment variable names (None when unset or empty).
+fn env_file(var: &str) -> Result<Option<Vec<u8>>, String> {
+    let Some(file) = std::env::var_os(var).filter(|v| !v.is_empty()) else { return Ok(None) };
+    std::fs::read(&file).map(Some).map_err(|e| format!("cannot read {var} {}: {e}", Path::new(&file).display()))
 }
 
 enum Target {

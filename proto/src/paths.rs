@@ -11,6 +11,11 @@ pub const ENV_ADDR: &str = "NVLINKD_ADDR";
 /// CA certificate (PEM) the remote daemon's certificate must chain to
 /// (default: the system's roots).
 pub const ENV_TLS_CA: &str = "NVLINKD_TLS_CA";
+/// Client certificate chain (PEM) presented to a remote daemon that requires
+/// one (`--client-ca`, mTLS); with [`ENV_TLS_KEY`].
+pub const ENV_TLS_CERT: &str = "NVLINKD_TLS_CERT";
+/// Private key (PEM) of [`ENV_TLS_CERT`].
+pub const ENV_TLS_KEY: &str = "NVLINKD_TLS_KEY";
 /// File whose first line is the bearer token sent to a remote daemon.
 pub const ENV_TOKEN_FILE: &str = "NVLINKD_TOKEN_FILE";
 /// Longest wait for the daemon's next message (seconds, default 600); a

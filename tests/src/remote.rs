@@ -14,7 +14,8 @@ use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
 pub const TOKEN: &str = "s3cret-token-for-tests";
 
 /// A CA, a server certificate it signed for 127.0.0.1 and localhost (or the
-/// names given), and a token file, in a fresh directory.
+/// names given), a client certificate it signed (`client.pem`,
+/// `client-key.pem`, for mTLS), and a token file, in a fresh directory.
 pub struct Pki {
     pub dir: TempDir,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
@@ -36,6 +37,14 @@ impl Pki {
         let pki = Pki { dir, issuer: rcgen::Issuer::new(ca_params, ca_key) };
         std::fs::write(pki.dir.path().join("ca.pem"), ca.pem()).unwrap();
         pki.issue(hosts, "cert.pem", "key.pem");
+        // A build machine's certificate (clientAuth), for daemons with --client-ca.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["build-machine".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "build-machine");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &pki.issuer).unwrap();
+        std::fs::write(pki.dir.path().join("client.pem"), cert.pem()).unwrap();
+        std::fs::write(pki.dir.path().join("client-key.pem"), key.serialize_pem()).unwrap();
         std::fs::write(pki.dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
         std::fs::write(pki.dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
         pki

@@ -1085,6 +1085,48 @@ fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the shim wrote through another user's symlink");
 }
 
+/// mTLS from the shim: a daemon that requires client certificates
+/// (`--client-ca`, no token file) links for a shim presenting one
+/// (`NVLINKD_TLS_CERT`, `NVLINKD_TLS_KEY`), byte-identical to nvlink; a shim
+/// without one is refused at the handshake, and then fails
+/// (`NVLINKD_FALLBACK=never`) or runs the real nvlink.
+#[test]
+fn a_shim_with_a_client_certificate_links_where_one_is_required() {
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, ca) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("ca.pem"));
+    let d = Daemon::start_with(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--client-ca", &ca]);
+    let out = TempDir::new("sec-mtls-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let env = |fallback: &str, client_cert: bool| {
+        let mut env = pki.shim_env(&format!("https://127.0.0.1:{port}"), fallback);
+        env.retain(|(k, _)| k != paths::ENV_TOKEN_FILE);
+        if client_cert {
+            env.push((paths::ENV_TLS_CERT.into(), pki.file("client.pem")));
+            env.push((paths::ENV_TLS_KEY.into(), pki.file("client-key.pem")));
+        }
+        env
+    };
+    assert_same(&expected, &run(&shim(), &link, &env("never", true)), "with a client certificate");
+    assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
+    assert_eq!(d.stat("fallbacks"), 0);
+
+    let refused = run(&shim(), &link, &env("never", false));
+    assert_ne!(refused.code, 0, "linked without a client certificate");
+    assert!(refused.files.is_empty(), "output written without a daemon's answer");
+    assert_same(&expected, &run(&shim(), &link, &env("auto", false)), "falling back without one");
+    assert_eq!(d.stat("requests"), 1, "the daemon served a shim without a certificate");
+    assert!(d.stat("tls_handshake_failures") >= 2, "{}", d.stats());
+    // A key without its certificate is a mistake the shim names (and falls back from).
+    let mut half = env("never", true);
+    half.retain(|(k, _)| k != paths::ENV_TLS_CERT);
+    let r = run(&shim(), &link, &half);
+    assert_ne!(r.code, 0);
+    assert!(String::from_utf8_lossy(&r.stderr).contains("NVLINKD_TLS_KEY is set without NVLINKD_TLS_CERT"));
+}
+
 /// Failed TLS handshakes and refused tokens are logged with the peer's
 /// address, at most one line each per 10 s however many there are; the
 /// counters count them all.

@@ -95,7 +95,7 @@ fn the_kubernetes_manifests_validate() {
 
 /// `systemd-analyze verify` of `unit`, as a system unit under a private root
 /// (`--root`: the targets the unit refers to copied from the system, its
-/// `ExecStart` binary a stub) or as a user unit (a private home and runtime
+/// `ExecStart` and `ExecReload` binaries stubs) or as a user unit (a private home and runtime
 /// directory). Its output: empty for a unit without problems (it exits 0 on
 /// unknown keys and only says so).
 fn systemd_verify(unit: &Path, user: bool) -> Output {
@@ -119,6 +119,8 @@ fn systemd_verify(unit: &Path, user: bool) -> Output {
             .unwrap()
     } else {
         stub(&root.join("usr/local/bin/nvlinkd"));
+        // `ExecReload=/bin/kill -HUP $MAINPID`.
+        stub(&root.join("bin/kill"));
         let units = root.join("usr/lib/systemd/system");
         std::fs::create_dir_all(&units).unwrap();
         for system in ["/usr/lib/systemd/system", "/lib/systemd/system"] {

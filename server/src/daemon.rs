@@ -239,13 +239,15 @@ impl Signals {
 /// listener's certificate, key, client CA and tokens again
 /// ([`Remote::reload`]). What fails keeps what was in force, with a warning.
 fn reload(log: Option<&LogFile>, remote: Option<&Remote>) {
-    let reopened = log.map(LogFile::reopen);
-    info!("SIGHUP: log reopened, reloading the listener's TLS files and tokens");
-    if let Some(Err(why)) = reopened {
-        warn!(%why, "SIGHUP: log file not reopened; logging on to the old one");
+    // First the log, so that what follows goes to the new file.
+    match log.map(LogFile::reopen) {
+        Some(Ok(())) => info!("SIGHUP: log file reopened"),
+        Some(Err(why)) => warn!(%why, "SIGHUP: log file not reopened; logging on to the old one"),
+        None => info!("SIGHUP: no log file to reopen (logging to stderr)"),
     }
-    if let Some(remote) = remote {
-        remote.reload();
+    match remote {
+        Some(remote) => remote.reload(),
+        None => info!("SIGHUP: no --listen port, no TLS files or tokens to reload"),
     }
 }
 

@@ -190,7 +190,7 @@ fn sighup_never_stops_the_daemon_and_reopens_its_log() {
     std::fs::rename(&log, &rotated).unwrap();
     for n in 1..=3 {
         d.signal(libc::SIGHUP);
-        d.wait_log("SIGHUP", n);
+        d.wait_log("SIGHUP: log file reopened", n);
     }
     std::thread::sleep(Duration::from_millis(200));
     assert!(d.running(), "SIGHUP stopped the daemon");

@@ -92,6 +92,17 @@ impl Default for Pki {
     }
 }
 
+/// A daemon serving `--listen` on 127.0.0.1 with TLS and tokens (and `extra`
+/// serve options); it and its port.
+pub fn tls_daemon(pki: &Pki, extra: &[&str]) -> (crate::daemon::Daemon, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let mut args = vec!["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens];
+    args.extend(extra);
+    (crate::daemon::Daemon::start_with(&args), port)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{bin_dir, cuda_home, real_nvlink, shim, TempDir};
-use nvlinkd_tests::remote::{free_port, Pki};
+use nvlinkd_tests::remote::{tls_daemon, Pki};
 use nvlinkd_tests::run::{run, Invocation};
 
 /// A toolkit like the test's, but with the probe as `bin/nvlink`: every other
@@ -44,7 +44,6 @@ fn probe_report(confine: &[&str]) -> (String, PathBuf, TempDir, std::net::TcpLis
     let outside = dir.path().join("outside");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
-    let port = free_port();
     let conf = format!(
         "real={}\nsecret={}\noutside={}\ntcp={}\nexec=/usr/bin/id\n",
         real_nvlink().display(),
@@ -54,15 +53,10 @@ fn probe_report(confine: &[&str]) -> (String, PathBuf, TempDir, std::net::TcpLis
     );
     let tk = probe_toolkit(dir.path(), &conf);
     let pki = Pki::new();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
     let tk_s = tk.display().to_string();
     let mut args = vec!["--cuda-home", &tk_s];
     args.extend(confine);
-    let d = Daemon::start_with(
-        &[&args[..], &["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens][..]]
-            .concat(),
-    );
+    let (d, port) = tls_daemon(&pki, &args);
     // The daemon's own socket, known once it runs.
     std::fs::write(tk.join("bin/probe.conf"), format!("{conf}unix={}\n", d.socket().display())).unwrap();
     let out = TempDir::new("confine-out");
@@ -135,21 +129,7 @@ fn confined_tools_running_as_a_sandbox_user_give_nvlinks_bytes() {
         return;
     }
     let pki = Pki::new();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
-    let d = Daemon::start_with(&[
-        "--sandbox-user",
-        "nobody",
-        "--listen",
-        &listen,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--token-file",
-        &tokens,
-    ]);
+    let (d, port) = tls_daemon(&pki, &["--sandbox-user", "nobody"]);
     let env = pki.shim_env(&format!("https://127.0.0.1:{port}"), "never");
     for args in [
         "--arch=sm_90 --preserve-relocs accumulate.o scale.o -o {OUT}/out.cubin",
@@ -178,22 +158,8 @@ fn a_planted_symlink_as_the_output_reads_nothing_for_the_tool() {
     let conf = format!("real={}\nplant={}\n", real_nvlink().display(), secret.display());
     let tk = probe_toolkit(dir.path(), &conf);
     let pki = Pki::new();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
     let tk_s = tk.display().to_string();
-    let d = Daemon::start_with(&[
-        "--cuda-home",
-        &tk_s,
-        "--listen",
-        &listen,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--token-file",
-        &tokens,
-    ]);
+    let (d, port) = tls_daemon(&pki, &["--cuda-home", &tk_s]);
     let out = TempDir::new("confine-plant-out");
     let link = Invocation::templated("--arch=sm_90 --preserve-relocs scale.o -o {OUT}/out.cubin", corpus::dir(), &out);
     let r = run(&shim(), &link, &pki.shim_env(&format!("https://127.0.0.1:{port}"), "never"));

@@ -11,7 +11,7 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
-use nvlinkd_tests::remote::{free_port, Pki, TOKEN};
+use nvlinkd_tests::remote::{tls_daemon, Pki, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
@@ -23,11 +23,7 @@ fn inv(out: &TempDir) -> Invocation {
 
 /// A daemon serving `--listen` with TLS and the Pki's token file.
 fn secure_daemon(pki: &Pki) -> (Daemon, u16) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
-    let d = Daemon::start_with(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
-    (d, port)
+    tls_daemon(pki, &[])
 }
 
 /// The shim's environment for `addr`, presenting the token in file `token`

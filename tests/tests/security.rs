@@ -19,7 +19,7 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
-use nvlinkd_tests::remote::{free_port, private_copy, NobodyDaemon, Pki, TOKEN};
+use nvlinkd_tests::remote::{free_port, private_copy, tls_daemon, NobodyDaemon, Pki, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
@@ -27,11 +27,7 @@ use tonic::Code;
 const LINK: &str = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
 /// A daemon serving `--listen` with TLS and tokens; returns it and its port.
 fn secure_daemon(pki: &Pki) -> (Daemon, u16) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
-    let d = Daemon::start_with(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
-    (d, port)
+    tls_daemon(pki, &[])
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -916,21 +912,7 @@ fn a_connection_flood_starves_nothing() {
     use std::net::TcpStream;
     use std::time::Instant;
     let pki = Pki::new();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
-    let d = Daemon::start_with(&[
-        "--listen",
-        &listen,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--token-file",
-        &tokens,
-        "--max-connections",
-        "64",
-    ]);
+    let (d, port) = tls_daemon(&pki, &["--max-connections", "64"]);
     let flood: Vec<TcpStream> = (0..300).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
     assert!(flood.len() >= 290, "the flood could not connect");
     // One address gets a quarter of the 64: 16 admitted, the rest closed.

@@ -353,19 +353,9 @@ pub fn confine_and_exec(args: &[String]) -> String {
     if idle {
         crate::sched::idle_priority();
     }
-    // SAFETY: plain syscalls on this process, before it runs anything else:
-    // close every inherited descriptor but the standard streams, then change
-    // identity or drop root's capabilities.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        if let (Some(u), Some(g)) = (uid, gid) {
-            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(g) != 0 || libc::setuid(u) != 0 {
-                return format!("confine: cannot become uid {u}: {}", std::io::Error::last_os_error());
-            }
-        } else if libc::geteuid() == 0 {
-            drop_capabilities();
-        }
-    }
+    // SAFETY: a plain syscall on this process, before it runs anything else:
+    // close every inherited descriptor but the standard streams.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     let writable: Vec<&Path> = write.iter().map(PathBuf::as_path).collect();
     let ruleset = match ruleset(&read, &writable) {
         Ok(r) => r,
@@ -378,24 +368,44 @@ pub fn confine_and_exec(args: &[String]) -> String {
         Ok(f) => f,
         Err(e) => return e,
     };
-    // SAFETY: prctl and landlock_restrict_self on this process with a ruleset
-    // descriptor it owns.
-    unsafe {
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return format!("confine: no_new_privs: {}", std::io::Error::last_os_error());
-        }
-        if let Some(fd) = &ruleset {
-            if libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0 {
-                return format!("confine: landlock: {}", std::io::Error::last_os_error());
-            }
-        }
+    // SAFETY: syscalls on this process with a ruleset and filter it owns.
+    if let Err(e) = unsafe { restrict(uid.zip(gid), ruleset.as_ref(), &filter) } {
+        return format!("confine: cannot confine the tool: {e}");
     }
     drop(ruleset);
-    if let Err(e) = seccompiler::apply_filter(&filter) {
-        return format!("confine: seccomp: {e}");
-    }
     let e = Command::new(program.as_str()).args(program_args.iter().map(|a| a.as_str())).exec();
     format!("confine: cannot run {program}: {e}")
+}
+
+/// Become `user` (uid, gid) or, as root without one, drop every capability;
+/// then no new privileges, the Landlock ruleset (where the kernel has one) and
+/// the seccomp filter, in that order. Used by the `confine` helper and between
+/// fork and exec alike.
+///
+/// # Safety
+/// Only syscalls on the calling process, on memory prepared by the caller: no
+/// allocation, no lock (async-signal-safe).
+unsafe fn restrict(
+    user: Option<(u32, u32)>,
+    ruleset: Option<&OwnedFd>,
+    filter: &seccompiler::BpfProgram,
+) -> std::io::Result<()> {
+    if let Some((uid, gid)) = user {
+        if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    } else if libc::geteuid() == 0 {
+        drop_capabilities();
+    }
+    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if let Some(fd) = ruleset {
+        if libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    seccompiler::apply_filter(filter).map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))
 }
 
 /// A root process without a sandbox user keeps no capability: none
@@ -443,26 +453,9 @@ impl Jail {
         // (setgroups, setgid, setuid, prctl, landlock_restrict_self, seccomp)
         // on memory prepared before the fork; it allocates nothing and takes
         // no lock.
+        let user = user.map(|u| (u.uid, u.gid));
         unsafe {
-            cmd.pre_exec(move || {
-                if let Some(u) = &user {
-                    if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(u.gid) != 0 || libc::setuid(u.uid) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::geteuid() == 0 {
-                    drop_capabilities();
-                }
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if let Some(fd) = &ruleset {
-                    if libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                seccompiler::apply_filter(&filter).map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))
-            });
+            cmd.pre_exec(move || restrict(user, ruleset.as_ref(), &filter));
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nvlinkd_proto::paths;
-use nvlinkd_proto::shared::{self, RELEVANT_ENV, WINDOW_BYTES};
+use nvlinkd_proto::shared::{self, RELEVANT_ENV, SHIM_WINDOW_BYTES};
 use nvlinkd_proto::v1::{
     client_message, file_error, file_reply, file_request, nvlinkd_client::NvlinkdClient, server_message, ClientMessage,
     FileError, FileReply, FileStat, LinkResult, OutputFile, Start,
@@ -434,7 +434,7 @@ struct Received {
 /// An output larger than this goes to a file beside its target as it
 /// arrives, so that the shim's memory stays bounded (a piece is at most a
 /// few MiB) whatever the output's size.
-const SPILL_AT: u64 = 16 << 20;
+const SPILL_AT: u64 = 8 << 20;
 
 impl From<OutputFile> for Received {
     fn from(f: OutputFile) -> Received {
@@ -612,8 +612,8 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
 /// seconds, not at the message timeout.
 fn tuned(endpoint: Endpoint) -> Endpoint {
     endpoint
-        .initial_stream_window_size(WINDOW_BYTES)
-        .initial_connection_window_size(WINDOW_BYTES)
+        .initial_stream_window_size(SHIM_WINDOW_BYTES)
+        .initial_connection_window_size(SHIM_WINDOW_BYTES)
         .max_frame_size(shared::FRAME_BYTES)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))

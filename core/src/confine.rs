@@ -226,15 +226,17 @@ impl Policy {
     }
 }
 
+/// Children first, the directory last: while the walk is below a directory,
+/// that directory is still the daemon's, so no process of the sandbox user
+/// can swap an entry for a symlink under it; nothing is followed (`lchown`,
+/// and only real directories are entered).
 fn chown_tree(p: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
-    let meta = std::fs::symlink_metadata(p)?;
-    if meta.is_dir() {
+    if std::fs::symlink_metadata(p)?.is_dir() {
         for e in std::fs::read_dir(p)? {
             chown_tree(&e?.path(), uid, gid)?;
         }
     }
-    Ok(())
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid))
 }
 
 /// The system directories a dynamically linked tool needs to start.
@@ -324,9 +326,30 @@ fn filter() -> Result<Arc<seccompiler::BpfProgram>, String> {
             let f = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
                 .map_err(|e| format!("seccomp: {e}"))?;
             let prog: seccompiler::BpfProgram = f.try_into().map_err(|e| format!("seccomp: {e:?}"))?;
-            Ok(Arc::new(prog))
+            Ok(Arc::new(refusing_x32(prog)))
         })
         .clone()
+}
+
+/// x86-64's x32 ABI reaches the same system calls under other numbers (the
+/// number with bit 30 set) and the same audit architecture, so a denylist of
+/// x86-64 numbers would not stop them: ahead of the filter, every x32 call is
+/// refused. (BPF jumps are relative, so the filter after it is unchanged.)
+fn refusing_x32(prog: seccompiler::BpfProgram) -> seccompiler::BpfProgram {
+    if !cfg!(target_arch = "x86_64") {
+        return prog;
+    }
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let ins = |code: u32, jt: u8, jf: u8, k: u32| seccompiler::sock_filter { code: code as u16, jt, jf, k };
+    let mut out = vec![
+        // A = seccomp_data.nr (offset 0)
+        ins(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        // nr & X32_SYSCALL_BIT: refuse; else go on to the filter
+        ins(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, 0, 1, X32_SYSCALL_BIT),
+        ins(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+    ];
+    out.extend(prog);
+    out
 }
 
 /// `nvlinkd confine [--require] [--idle] [--read P]... [--write P]... [--uid U --gid G] -- PROGRAM ARGS...`:

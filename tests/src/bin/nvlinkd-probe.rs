@@ -58,6 +58,20 @@ fn main() {
     if let Some(p) = get("exec") {
         outcome("run program", std::process::Command::new(p).output());
     }
+    // A socket through x86-64's x32 ABI (the same call under another number):
+    // refused as `socket` itself is, whether or not this kernel has x32
+    // (without it the call is unknown: "Function not implemented").
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: socket(2) with plain integer arguments; the descriptor, if any, is closed below.
+        let fd = unsafe { libc::syscall(0x4000_0000 | libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0) };
+        let r = if fd < 0 { Err(std::io::Error::last_os_error()) } else { Ok(fd) };
+        if let Ok(fd) = r {
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(fd as i32) };
+        }
+        outcome("x32 socket", r);
+    }
     // SAFETY: getuid cannot fail.
     println!("uid: {}", unsafe { libc::getuid() });
     // What it may do: write in its working directory (the sandbox).

@@ -1349,8 +1349,24 @@ fn with_time_table(
 }
 
 /// The arguments of a link as its span shows them: joined, at most 160 bytes.
-fn args_summary(args: &[String]) -> String {
-    let mut s = args.join(" ");
+/// A link's arguments for a log line: joined, cut at 160 bytes, and with
+/// every control character escaped (`\n`, `\u{1b}`): arguments come from
+/// clients, and a newline or a terminal escape in one must not forge a log
+/// line or rewrite an operator's terminal.
+pub fn args_summary(args: &[String]) -> String {
+    let mut s = String::new();
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        for c in a.chars() {
+            if c.is_control() {
+                s.extend(c.escape_default());
+            } else {
+                s.push(c);
+            }
+        }
+    }
     if s.len() > 160 {
         let mut cut = 157;
         while !s.is_char_boundary(cut) {

@@ -135,6 +135,9 @@ struct Sink {
 
 impl std::io::Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let len = buf.len();
+        let escaped = one_line(buf);
+        let buf = escaped.as_deref().unwrap_or(buf);
         // A line that cannot be written (disk full, stderr closed) is lost;
         // the daemon goes on.
         if let Some(f) = &self.file {
@@ -143,11 +146,34 @@ impl std::io::Write for Sink {
         if self.stderr {
             let _ = std::io::stderr().write_all(buf);
         }
-        Ok(buf.len())
+        Ok(len)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// One event, as one line: its text with every control character but a tab
+/// escaped (`\n`, `\u{1b}`), and its final newline; None when there is
+/// nothing to escape. Events carry what clients sent (arguments, paths), and
+/// a newline or a terminal escape in them must not forge a line of the log or
+/// reach an operator's terminal. (Each event arrives in one write.)
+fn one_line(buf: &[u8]) -> Option<Vec<u8>> {
+    let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+    // Bytes that start a control character: C0, DEL, and C1 (U+0080..U+009F, `\xc2` first).
+    if !body.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f || b == 0xc2) {
+        return None;
+    }
+    let mut out = String::with_capacity(buf.len() + 16);
+    for c in String::from_utf8_lossy(body).chars() {
+        if c.is_control() && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\n');
+    Some(out.into_bytes())
 }
 
 /// The daemon's logging: dropping it flushes what is queued.

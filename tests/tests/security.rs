@@ -114,6 +114,7 @@ fn hostile_clients_are_refused_and_the_daemon_stays_up() {
         assert_eq!((ping.pid, ping.cache_dir.as_str()), (0, ""), "remote ping reveals the pid or cache dir");
         let stats = client.stats(with_token(StatsRequest {}, TOKEN)).await.unwrap().into_inner();
         assert!(stats.json.contains("\"auth_failures\":4"), "{}", stats.json);
+        assert!(stats.json.contains("\"toolkits\":[]"), "remote stats reveal the toolkits' paths: {}", stats.json);
 
         // Health, without a token.
         let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
@@ -1147,4 +1148,25 @@ fn failed_handshakes_and_tokens_are_logged_with_the_peer_rate_limited() {
     let lines_now = d.wait_log("without a valid bearer token refused", 1);
     assert_eq!((lines.len(), lines_now.len()), (1, 1), "{lines_now:?}");
     assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
+}
+
+/// Arguments come from clients: a newline in one (here in an `-L` directory,
+/// which nvlink accepts) cannot forge a line of the daemon's log, nor can a
+/// terminal escape reach it raw. The link is still nvlink's.
+#[test]
+fn a_newline_in_an_argument_cannot_forge_a_log_line() {
+    let forged = "2026-11-27T00:00:00.000000Z  INFO nvlinkd: forged";
+    let d = Daemon::start();
+    let out = TempDir::new("sec-log-out");
+    let mut link = inv(LINK, corpus::dir(), &out);
+    link.args.push(format!("-L/nonexistent\n{forged}\u{1b}[2J"));
+    let expected = run(&real_nvlink(), &link, &[]);
+    let actual = run(&shim(), &link, &d.shim_env());
+    let cmp = compare::runs(&expected, &actual);
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    let lines = d.wait_log("link done", 1);
+    assert!(lines[0].contains("\\n2026-11-27T00:00:00.000000Z") && lines[0].contains("\\u{1b}[2J"), "{lines:?}");
+    let log = d.log();
+    assert!(!log.lines().any(|l| l.starts_with(forged)), "a forged line in the log:\n{log}");
+    assert!(!log.contains('\u{1b}'), "a raw escape in the log:\n{log}");
 }

@@ -260,7 +260,7 @@ impl Service {
             let fs = LinkFs::new(channel.clone(), req.shared_fs, budget)
                 .with_announced(announced, blobs.clone())
                 .with_contents(linker.contents().clone());
-            let args = req.args.join(" ");
+            let args = nvlinkd_core::linker::args_summary(&req.args);
             let t_link = std::time::Instant::now();
             let outcome =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link_cancellable(&req, &fs, &cancel)));
@@ -636,7 +636,12 @@ impl Nvlinkd for Service {
             connections: self.connections.clone(),
             auth_failures: self.auth_failures.clone(),
         };
-        Ok(Response::new(StatsReply { json: figures.snapshot().to_json() }))
+        let mut snapshot = figures.snapshot();
+        if !self.local {
+            // A remote caller learns the figures, not where the toolkits live.
+            snapshot.toolkits.clear();
+        }
+        Ok(Response::new(StatsReply { json: snapshot.to_json() }))
     }
 
     async fn ping(&self, request: Request<PingRequest>) -> Result<Response<PingReply>, Status> {

@@ -432,7 +432,7 @@ impl LinkFs {
             return Ok(b);
         }
         let refused = || {
-            warn!(path = %path.display(), "refused a blob that does not match the digest the shim announced");
+            warn!(path = ?path, "refused a blob that does not match the digest the shim announced");
             self.decline(format!("the shim sent {} with contents other than it announced", path.display()));
             Err(io::Error::new(io::ErrorKind::InvalidData, "contents do not match the announced digest"))
         };

@@ -16,7 +16,7 @@ use tracing::{debug, debug_span, info_span, warn, Span};
 
 use crate::cache::flight::Flights;
 use crate::cache::{LinkEntry, Store};
-use crate::cli::parse::parse;
+use crate::cli::parse::{parse, Stop};
 use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::declined::{Declined, Reason, ReasonCounts};
 use crate::diag::{Diagnostic, Filters, Report, EXIT_FATAL};
@@ -27,6 +27,7 @@ use crate::engine::process;
 use crate::engine::sandbox::{Sandbox, SandboxError};
 use crate::fs::{absolute, HashMemo, InputFs};
 use crate::ghls;
+use crate::input::libsearch;
 use crate::input::load::{LoadContext, LoadError};
 use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
@@ -535,10 +536,17 @@ impl Linker {
             Ok(tk) => tk,
             Err(reason) => return self.fall_back(Declined::new(Reason::NotHere, reason)),
         };
-        let spec = match parse(&req.args, fs, &req.cwd).and_then(Spec::from_parsed) {
-            Ok(s) => s,
-            Err(d) => return self.fatal(d),
+        let spec = match parse(&req.args, fs, &req.cwd) {
+            Ok(parsed) => match Spec::from_parsed(parsed) {
+                Ok(s) => s,
+                Err(d) => return self.fatal(d),
+            },
+            Err(Stop::Fatal(d)) => return self.fatal(d),
+            Err(Stop::TooLarge(why)) => return self.fall_back(Declined::new(Reason::InputDeclined, why)),
         };
+        if let Some(why) = libsearch::past_bounds(&spec.library_paths, req.env.get("LIBRARY_PATH"), &spec.libraries) {
+            return self.fall_back(Declined::new(Reason::InputDeclined, why));
+        }
         let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.

@@ -1170,3 +1170,31 @@ fn a_newline_in_an_argument_cannot_forge_a_log_line() {
     assert!(!log.lines().any(|l| l.starts_with(forged)), "a forged line in the log:\n{log}");
     assert!(!log.contains('\u{1b}'), "a raw escape in the log:\n{log}");
 }
+
+/// A client's command line must not keep the daemon busy for minutes: one
+/// that expands past the daemon's bounds (options files naming eight others,
+/// six deep: 37 448 openings; 400 `-L` by 300 `-l`: 120 000 library lookups)
+/// is left to nvlink, whose answer the shim gives, counted as a fallback.
+#[test]
+fn a_command_line_past_the_daemons_bounds_is_left_to_nvlink() {
+    let d = Daemon::start();
+    let work = TempDir::new("sec-bounds");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), work.path().join(f)).unwrap();
+    }
+    for level in 0..6 {
+        let next = if level < 5 { format!("-optf f{}.opts ", level + 1).repeat(8) } else { "-w".into() };
+        std::fs::write(work.path().join(format!("f{level}.opts")), next).unwrap();
+    }
+    let lookups: String =
+        (0..400).map(|i| format!(" -L/nonexistent{i}")).chain((0..300).map(|i| format!(" -lq{i}"))).collect();
+    for (n, extra) in [" -optf f0.opts".to_owned(), lookups].iter().enumerate() {
+        let out = TempDir::new("sec-bounds-out");
+        let link = inv(&format!("{LINK}{extra}"), work.path(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        let actual = run(&shim(), &link, &d.fallback_env());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{extra:.40}: {:?}", cmp.problems);
+        assert_eq!(d.stat("fallbacks"), n as u64 + 1, "{extra:.40}: not left to nvlink: {}", d.stats());
+    }
+}

@@ -46,20 +46,62 @@ pub struct Parsed {
 /// refuses the 16th, before opening it (a file that includes itself ends so).
 const MAX_OPTIONS_FILE_DEPTH: usize = 15;
 
+/// What one link's command line may expand to through options files before
+/// the daemon stops parsing it: files opened, bytes split into words, words.
+/// nvlink itself goes on (15 deep with every file naming eight others is 8^14
+/// openings); a client's command line must not keep the daemon busy that long,
+/// so such a link is left to the real nvlink of the caller ([`Stop::TooLarge`]).
+const MAX_OPTIONS_FILES_OPENED: usize = 1024;
+const MAX_OPTIONS_FILE_BYTES: usize = 64 << 20;
+const MAX_WORDS: usize = 1 << 20;
+
+/// Why a command line gave no [`Parsed`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// nvlink's own fatal message.
+    Fatal(Diagnostic),
+    /// Past what the daemon parses for one link (see [`MAX_WORDS`]); nvlink
+    /// would go on.
+    TooLarge(String),
+}
+
+impl From<Diagnostic> for Stop {
+    fn from(d: Diagnostic) -> Stop {
+        Stop::Fatal(d)
+    }
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Fatal(d) => d.fmt(f),
+            Stop::TooLarge(why) => f.write_str(why),
+        }
+    }
+}
+
 struct Parser<'a> {
     fs: &'a dyn InputFs,
     cwd: &'a Path,
     out: Parsed,
+    /// Options files opened, their bytes, and words seen, so far.
+    opened: usize,
+    bytes: usize,
+    seen: usize,
 }
 
-pub fn parse(args: &[String], fs: &dyn InputFs, cwd: &Path) -> Result<Parsed, Diagnostic> {
-    let mut p = Parser { fs, cwd, out: Parsed::default() };
+pub fn parse(args: &[String], fs: &dyn InputFs, cwd: &Path) -> Result<Parsed, Stop> {
+    let mut p = Parser { fs, cwd, out: Parsed::default(), opened: 0, bytes: 0, seen: 0 };
     p.words(args, 0)?;
     Ok(p.out)
 }
 
 impl Parser<'_> {
-    fn words(&mut self, args: &[String], depth: usize) -> Result<(), Diagnostic> {
+    fn words(&mut self, args: &[String], depth: usize) -> Result<(), Stop> {
+        self.seen += args.len();
+        if self.seen > MAX_WORDS {
+            return Err(Stop::TooLarge(format!("the command line expands past {MAX_WORDS} words")));
+        }
         let mut i = 0;
         while i < args.len() {
             let arg = &args[i];
@@ -72,7 +114,7 @@ impl Parser<'_> {
             let (def, spelled, mut value) = resolve(stripped)?;
             if def.arity == Arity::Flag {
                 if value.is_some() {
-                    return Err(Diagnostic::fatal(format!("no argument expected after '{spelled}'")));
+                    return Err(Diagnostic::fatal(format!("no argument expected after '{spelled}'")).into());
                 }
                 let at = (depth == 0).then_some(ArgPos { option: option_index, value: None });
                 self.out.options.push(Occurrence { id: def.id, value: None, at });
@@ -90,7 +132,9 @@ impl Parser<'_> {
                         i += 1;
                         value = Some(next.clone());
                     }
-                    (None, None) => return Err(Diagnostic::fatal(format!("argument expected after '{spelled}'"))),
+                    (None, None) => {
+                        return Err(Diagnostic::fatal(format!("argument expected after '{spelled}'")).into())
+                    }
                 }
             }
             let value = value.unwrap_or_default();
@@ -105,6 +149,9 @@ impl Parser<'_> {
             match def.arity {
                 Arity::List => {
                     for v in value.split(',') {
+                        if self.out.options.len() >= MAX_WORDS {
+                            return Err(Stop::TooLarge(format!("the command line expands past {MAX_WORDS} values")));
+                        }
                         check_value(def, v)?;
                         self.out.options.push(Occurrence { id: def.id, value: Some(v.to_owned()), at });
                     }
@@ -125,14 +172,22 @@ impl Parser<'_> {
         Ok(())
     }
 
-    fn options_file(&mut self, file: &str, depth: usize) -> Result<(), Diagnostic> {
+    fn options_file(&mut self, file: &str, depth: usize) -> Result<(), Stop> {
         if depth >= MAX_OPTIONS_FILE_DEPTH {
-            return Err(Diagnostic::fatal(format!("Too many options file opened '{file}'")));
+            return Err(Diagnostic::fatal(format!("Too many options file opened '{file}'")).into());
+        }
+        self.opened += 1;
+        if self.opened > MAX_OPTIONS_FILES_OPENED {
+            return Err(Stop::TooLarge(format!("options files opened more than {MAX_OPTIONS_FILES_OPENED} times")));
         }
         let bytes = self
             .fs
             .read(&absolute(self.cwd, file))
             .map_err(|_| Diagnostic::fatal(format!("Could not open options file '{file}'")))?;
+        self.bytes += bytes.len();
+        if self.bytes > MAX_OPTIONS_FILE_BYTES {
+            return Err(Stop::TooLarge(format!("options files add up to more than {MAX_OPTIONS_FILE_BYTES} bytes")));
+        }
         let text = String::from_utf8_lossy(&bytes);
         let words = split_words(&text);
         self.words(&words, depth + 1)
@@ -327,6 +382,27 @@ mod tests {
         std::fs::write(dir.join("leaf.opts"), "-w").unwrap();
         let siblings: Vec<String> = (0..20).flat_map(|_| ["-optf".to_owned(), "leaf.opts".to_owned()]).collect();
         assert!(parse(&siblings, &LocalFs, &dir).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Options files that fan out (each names eight others, six deep: 37 448
+    /// openings) stop the parse at the daemon's bound, where nvlink would go
+    /// on; a wide list option too. Under the bounds, nvlink's answer.
+    #[test]
+    fn a_fan_out_of_options_files_stops_at_the_bound() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-optf-fan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for level in 0..6 {
+            let next = if level < 5 { format!("-optf f{}.opts ", level + 1).repeat(8) } else { "-w".into() };
+            std::fs::write(dir.join(format!("f{level}.opts")), next).unwrap();
+        }
+        let args: Vec<String> = ["-optf", "f0.opts"].map(str::to_owned).to_vec();
+        let stop = parse(&args, &LocalFs, &dir).unwrap_err();
+        assert!(matches!(&stop, Stop::TooLarge(why) if why.contains("opened more than")), "{stop}");
+        let args: Vec<String> = ["-optf", "f3.opts"].map(str::to_owned).to_vec();
+        assert_eq!(parse(&args, &LocalFs, &dir).unwrap().options.len(), 64, "under the bound: 8 x 8 files");
+        let wide = vec!["-L".to_owned(), vec!["d"; MAX_WORDS + 1].join(",")];
+        assert!(matches!(parse(&wide, &LocalFs, &dir), Err(Stop::TooLarge(_))));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -281,7 +281,10 @@ mod tests {
 
     fn mode(args: &str) -> Result<Mode, String> {
         let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
-        let parsed = parse(&args, &LocalFs, std::path::Path::new("/")).map_err(|d| d.message)?;
+        let parsed = parse(&args, &LocalFs, std::path::Path::new("/")).map_err(|s| match s {
+            crate::cli::parse::Stop::Fatal(d) => d.message,
+            crate::cli::parse::Stop::TooLarge(why) => why,
+        })?;
         Spec::from_parsed(parsed).map_err(|d| d.message)?.mode().map_err(|d| d.message)
     }
 

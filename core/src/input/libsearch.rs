@@ -12,6 +12,25 @@ pub(crate) fn search_dirs(library_paths: &[String], env_library_path: Option<&st
     dirs
 }
 
+/// Most `-l` × directory lookups the daemon makes for one link. nvlink looks
+/// for each library in each directory (10 000 `-L` by 10 000 `-l` is 10^8
+/// lookups); a client's command line must not keep the daemon busy that
+/// long, so such a link is left to the real nvlink of the caller.
+const MAX_LOOKUPS: usize = 100_000;
+
+/// Why a link's library search is past what the daemon does for one link.
+pub(crate) fn past_bounds(
+    library_paths: &[String],
+    env_library_path: Option<&String>,
+    libraries: &[String],
+) -> Option<String> {
+    let env_dirs = env_library_path.map_or(0, |lp| lp.split(':').filter(|d| !d.is_empty()).count());
+    let dirs = library_paths.iter().filter(|d| !d.is_empty()).count() + env_dirs;
+    let lookups = dirs.saturating_mul(libraries.len());
+    (lookups > MAX_LOOKUPS)
+        .then(|| format!("{} libraries in {dirs} directories: past {MAX_LOOKUPS} library lookups", libraries.len()))
+}
+
 /// The candidate for `-l name` in `dir`, as nvlink names it.
 pub(crate) fn candidate(dir: &str, name: &str) -> String {
     let trimmed = dir.trim_end_matches('/');
@@ -29,5 +48,14 @@ mod tests {
         assert_eq!(candidate("./c/", "b2"), "./c/libb2.a");
         assert_eq!(candidate("c/../c", "b2"), "c/../c/libb2.a");
         assert_eq!(search_dirs(&["a".into(), "".into()], Some(":b::c")), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn lookups_past_the_bound_are_named() {
+        let dirs: Vec<String> = (0..400).map(|i| format!("d{i}")).collect();
+        let libs: Vec<String> = (0..250).map(|i| format!("l{i}")).collect();
+        assert!(past_bounds(&dirs, None, &libs[..200]).is_none(), "80 000 lookups");
+        let why = past_bounds(&dirs, Some(&"e1:e2".to_owned()), &libs).unwrap();
+        assert_eq!(why, "250 libraries in 402 directories: past 100000 library lookups");
     }
 }

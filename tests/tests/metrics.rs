@@ -12,10 +12,16 @@ use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 
-/// `GET /metrics`: (status line, content type, body).
+/// `GET path` as Prometheus asks (OpenMetrics): (status line, content type, body).
 fn get(addr: SocketAddr, path: &str) -> (String, String, String) {
+    get_accepting(addr, path, "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")
+}
+
+/// `GET path` with the given `Accept` (none when empty).
+fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> (String, String, String) {
     let mut s = TcpStream::connect(addr).expect("connect to the metrics port");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let accept = if accept.is_empty() { String::new() } else { format!("Accept: {accept}\r\n") };
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n").unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
@@ -46,7 +52,8 @@ fn parse(body: &str) -> (BTreeMap<String, f64>, BTreeMap<String, String>) {
         let name_end = series.find('{').unwrap_or(series.len());
         let name = &series[..name_end];
         assert!(
-            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && name.starts_with("nvlinkd_"),
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && (name.starts_with("nvlinkd_") || name.starts_with("process_")),
             "bad metric name in {line}"
         );
         let v: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line}"));
@@ -190,4 +197,41 @@ fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
     assert!(cmp.problems.is_empty() && cmp.identical, "the link in flight: {:?}", cmp.problems);
     drop(watch);
     d.stop();
+}
+
+/// Without an OpenMetrics `Accept` (curl, promtool) the endpoint answers the
+/// classic text format, which `promtool check metrics` accepts without a
+/// remark: every family has its own help (none generic), counters are named
+/// by their samples, units are spelled out. The OpenMetrics answer failed it
+/// with 31 lines.
+#[test]
+fn classic_text_passes_promtool() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let d = Daemon::start_with(&["--metrics-listen", &addr.to_string()]);
+    // A link first, so the labelled families have series.
+    let out = TempDir::new("m-classic");
+    let inv = Invocation::templated("--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin", corpus::dir(), &out);
+    assert_eq!(run(&shim(), &inv, &d.shim_env()).code, 0);
+    let (status, ctype, body) = get_accepting(addr, "/metrics", "");
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    assert!(!body.contains("# EOF") && !body.contains("# UNIT"), "{body}");
+    assert!(body.contains("# TYPE nvlinkd_requests_total counter\n"), "{body}");
+    assert!(body.contains("nvlinkd_build_info{version=") && body.contains("process_resident_memory_bytes "), "{body}");
+    assert!(!body.contains("nvlinkd figure "), "a figure without its own help:\n{body}");
+    if std::process::Command::new("promtool").arg("--version").output().is_err() {
+        println!("SKIP: no promtool (scripts/setup-validators.sh installs it where apt-get runs as root)");
+        return;
+    }
+    let mut check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    check.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let res = check.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr));
+    assert!(res.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}");
 }

@@ -6,14 +6,21 @@
 //!   ([`record_link`]): `nvlinkd_links_total{engine,cache}`, the latency
 //!   histogram `nvlinkd_link_duration_seconds{engine}`, and the bytes received
 //!   from and sent to shims;
-//! - the linker's own counters, read at each scrape ([`StatsCollector`]): the
-//!   same figures as `nvlinkd stats --json` — every counter as
-//!   `nvlinkd_<name>_total`, the gauges (links in flight, workers, cache bytes)
-//!   as `nvlinkd_<name>`, and per cache level `nvlinkd_cache_hits_total{level}` /
-//!   `nvlinkd_cache_misses_total{level}` (`link`, `jit`, `nvvm`, `ptxas`), the
-//!   shared tier's `nvlinkd_remote_cache_*`, the blob store's `nvlinkd_blob_*`
-//!   and `nvlinkd_input_bytes_received_total`. New counters of the linker
-//!   appear without changes here.
+//! - the daemon's figures, read at each scrape ([`StatsCollector`], one
+//!   [`Figures`] snapshot): the same figures as `nvlinkd stats --json` — every
+//!   counter as `nvlinkd_<name>_total`, the gauges (links in flight, workers,
+//!   cache bytes, connections) as `nvlinkd_<name>` (`uptime_s` as
+//!   `nvlinkd_uptime_seconds`), and per cache level
+//!   `nvlinkd_cache_hits_total{level}` / `nvlinkd_cache_misses_total{level}`
+//!   (`link`, `jit`, `nvvm`, `ptxas`); each with its own HELP
+//!   ([`crate::observe::help`]);
+//! - `nvlinkd_build_info{version}` and the process's `process_*` figures (CPU
+//!   seconds, resident memory, open and maximum descriptors, start time).
+//!
+//! Formats: OpenMetrics text to a scraper that asks for it (`Accept:
+//! application/openmetrics-text`, as Prometheus does), else the classic text
+//! format 0.0.4 (`promtool check metrics`, curl), converted from the same
+//! encoding ([`classic`]).
 //!
 //! Beside it, probes for orchestrators and load balancers: `/healthz` answers
 //! 200 while the process is alive, `/readyz` 200 while the daemon takes links
@@ -26,7 +33,7 @@
 //! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET` of
 //! these three paths is a 404.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -45,7 +52,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
-use crate::blobs::BlobStore;
+use crate::observe::Figures;
 use nvlinkd_core::stats::Kind;
 
 type Labels = Vec<(&'static str, &'static str)>;
@@ -86,36 +93,14 @@ pub fn record_link(engine: &'static str, cache: &'static str, took: Duration, re
     m.sent.inc_by(sent);
 }
 
-/// The linker's counters at scrape time.
-/// The linker, the blob store, and the service's refused calls (`auth_failures`).
-struct StatsCollector(Arc<Linker>, Arc<BlobStore>, Arc<AtomicU64>);
+/// The daemon's figures at scrape time.
+struct StatsCollector(Figures);
 
 impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("StatsCollector")
     }
 }
-
-/// What the figures that go up and down mean (whether a figure is a gauge is
-/// the snapshot's word, `Kind`; this is only their help text).
-const GAUGES: &[(&str, &str)] = &[
-    ("in_flight", "Links being served now"),
-    ("uptime_s", "Seconds since the daemon started"),
-    ("workers", "nvJitLink worker processes alive"),
-    ("cache_mem_bytes", "Bytes in the memory cache tier"),
-    ("cache_disk_bytes", "Bytes in the disk cache tier"),
-    ("cache_disk", "Whether the disk cache tier is on (1) or off (0)"),
-    ("decoded_input_bytes", "Bytes of decoded inputs kept for reuse"),
-    ("input_memo_bytes", "Bytes of local input files kept for the links reading them"),
-    ("remote_cache_uploads_pending", "Shared-cache uploads waiting or running"),
-    ("blob_mem_bytes", "Bytes of remote inputs (blobs) in memory"),
-    ("blob_disk_bytes", "Bytes of remote inputs (blobs) on disk"),
-    ("queued", "Links waiting for a slot"),
-    ("running_foreground", "Foreground links computing now"),
-    ("running_background", "Background links computing now"),
-    ("verify_pending", "Links waiting to be checked against the real nvlink"),
-    ("tcp_connections", "TCP connections open now"),
-];
 
 /// Per-level cache counters: (level, hits, misses) in the stats.
 const LEVELS: &[(&str, &str, &str)] = &[
@@ -127,11 +112,7 @@ const LEVELS: &[(&str, &str, &str)] = &[
 
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut snapshot = self.0.snapshot();
-        let mut own = vec![("auth_failures", self.2.load(Ordering::Relaxed), Kind::Counter)];
-        // The blob store's, as in `nvlinkd stats --json`.
-        own.extend(self.1.counters());
-        snapshot.prepend(own);
+        let snapshot = self.0.snapshot();
         let stats = &snapshot;
         let get = |name: &str| stats.get(name).unwrap_or(0);
         for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
@@ -150,29 +131,89 @@ impl Collector for StatsCollector {
                 // Already in the per-level families above.
                 continue;
             }
+            let help = crate::observe::help(name).unwrap_or_else(|| format!("nvlinkd figure {name}"));
+            // Prometheus spells units out.
+            let name = if name == "uptime_s" { "uptime_seconds" } else { name };
             if kind == Kind::Gauge {
-                let help = GAUGES.iter().find(|(g, _)| *g == name).map_or("nvlinkd gauge", |(_, h)| h);
                 let g = ConstGauge::new(v as i64);
-                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+                g.encode(encoder.encode_descriptor(name, &help, None, g.metric_type())?)?;
             } else {
                 let c = ConstCounter::new(v);
-                let help = format!("nvlinkd stats counter {name}");
                 c.encode(encoder.encode_descriptor(name, &help, None, c.metric_type())?)?;
             }
+        }
+        let info = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor("build_info", "The daemon's version", None, info.metric_type())?;
+        info.encode(family.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        Ok(())
+    }
+}
+
+/// The process's own figures, as Prometheus's client libraries name them.
+#[derive(Debug)]
+struct ProcessCollector {
+    started: f64,
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // SAFETY: rusage and rlimit are plain data, zeroed is valid; the calls
+        // fill them for this process.
+        let (usage, files) = unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_SELF, &mut u);
+            let mut l: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+            (u, l)
+        };
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        let resident = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+            .map_or(0, |pages| pages * page);
+        let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let c = ConstCounter::new(cpu);
+        c.encode(encoder.encode_descriptor(
+            "cpu_seconds",
+            "CPU time of the daemon, user and system",
+            None,
+            c.metric_type(),
+        )?)?;
+        let gauges: [(&str, &str, f64); 4] = [
+            ("resident_memory_bytes", "Resident memory of the daemon", resident as f64),
+            ("open_fds", "File descriptors the daemon has open", open as f64),
+            ("max_fds", "The daemon's soft limit of open files", files.rlim_cur as f64),
+            ("start_time_seconds", "When the daemon started, seconds since the epoch", self.started),
+        ];
+        for (name, help, v) in gauges {
+            let g = ConstGauge::new(v);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
         Ok(())
     }
 }
 
-fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>, auth_failures: Arc<AtomicU64>) -> Registry {
-    let mut r = Registry::with_prefix("nvlinkd");
+fn registry(figures: Figures) -> Registry {
+    let mut r = Registry::default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() - figures.linker.snapshot().get("uptime_s").unwrap_or(0) as f64);
+    r.sub_registry_with_prefix("process").register_collector(Box::new(ProcessCollector { started }));
+    let r2 = r.sub_registry_with_prefix("nvlinkd");
+    fill(r2, figures);
+    r
+}
+
+fn fill(r: &mut Registry, figures: Figures) {
     let m = links();
     r.register("links", "Links answered, by engine and whole-link cache result", m.links.clone());
     r.register("link_duration_seconds", "Time from a link's start to its answer, by engine", m.latency.clone());
     r.register("link_received_bytes", "Input bytes received from shims", m.received.clone());
     r.register("link_sent_bytes", "Output bytes (files, stdout, stderr) sent to shims", m.sent.clone());
-    r.register_collector(Box::new(StatsCollector(linker, blobs, auth_failures)));
-    r
+    r.register_collector(Box::new(StatsCollector(figures)));
 }
 
 /// Whether the daemon takes links, for `/readyz`.
@@ -207,17 +248,15 @@ impl Readiness {
 
 /// What the endpoint reports.
 pub struct Sources {
-    pub linker: Arc<Linker>,
-    pub blobs: Arc<BlobStore>,
-    /// The service's refused calls (`auth_failures`).
-    pub auth_failures: Arc<AtomicU64>,
+    pub figures: Figures,
     pub readiness: Arc<Readiness>,
 }
 
 /// Serve `/metrics`, `/healthz` and `/readyz` on `listener` until `stop` resolves.
 pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::future::Future<Output = ()>) {
-    let Sources { linker, blobs, auth_failures, readiness } = sources;
-    let registry = Arc::new(registry(linker.clone(), blobs, auth_failures));
+    let Sources { figures, readiness } = sources;
+    let linker = figures.linker.clone();
+    let registry = Arc::new(registry(figures));
     if let Ok(a) = listener.local_addr() {
         info!(metrics = %a, "serving Prometheus metrics at /metrics, probes at /healthz and /readyz");
     }
@@ -274,9 +313,62 @@ fn answer(
             return reply(StatusCode::NOT_FOUND, "text/plain", "not found: GET /metrics, /healthz or /readyz\n".into())
         }
     }
+    let openmetrics = req
+        .headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("application/openmetrics-text")));
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, registry) {
-        Ok(()) => reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", body),
+        Ok(()) if openmetrics => {
+            reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", body)
+        }
+        Ok(()) => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", classic(&body)),
         Err(_) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "encoding failed\n".into()),
+    }
+}
+
+/// OpenMetrics text as the classic text format 0.0.4: a counter family's
+/// `HELP` and `TYPE` name its `_total` samples, `UNIT` lines and `# EOF` go,
+/// `unknown` is `untyped`. (prometheus-client writes OpenMetrics only; the
+/// samples are the same.)
+fn classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let tail = if tail == "unknown" { "untyped" } else { tail };
+                let total = if counters.contains(name) { "_total" } else { "" };
+                out.push_str(&format!("{prefix}{name}{total} {tail}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classic;
+
+    #[test]
+    fn classic_text_names_counters_by_their_samples() {
+        let om = "# HELP x_requests Link requests.\n# TYPE x_requests counter\nx_requests_total 3\n\
+                  # HELP x_up Up.\n# TYPE x_up gauge\n# UNIT x_up seconds\nx_up 1\n# EOF\n";
+        assert_eq!(
+            classic(om),
+            "# HELP x_requests_total Link requests.\n# TYPE x_requests_total counter\nx_requests_total 3\n\
+             # HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
+        );
     }
 }

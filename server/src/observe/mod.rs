@@ -32,3 +32,38 @@ impl Figures {
         s
     }
 }
+
+/// What the daemon's own figures mean (the linker's: `nvlinkd_core::stats::help`).
+const HELP: &[(&str, &str)] = &[
+    ("auth_failures", "Calls refused for a missing or wrong token"),
+    ("input_bytes_received", "Bytes of input files remote shims sent"),
+    ("blob_hits", "Remote inputs found in the blob store by digest (not sent again)"),
+    ("blob_misses", "Remote inputs the blob store lacked and asked the shim for"),
+    ("blob_rejected", "Remote inputs refused: their bytes did not match the announced digest"),
+    ("blob_mem_bytes", "Bytes of remote inputs (blobs) in memory"),
+    ("blob_disk_bytes", "Bytes of remote inputs (blobs) on disk"),
+    ("outputs_staged", "Output files written beside their target for local shims"),
+    ("output_bytes_staged", "Bytes of output files written beside their target for local shims"),
+    ("tcp_connections", "TCP connections open now"),
+    ("tcp_connections_refused", "TCP connections closed at once: past the total or per-address cap"),
+    ("tcp_accept_backoffs", "Times accepting paused for want of file descriptors or memory"),
+    ("tls_handshake_failures", "TLS handshakes that failed or timed out"),
+    ("remote_cache_hits", "Links served from the shared (REAPI) cache tier"),
+    ("remote_cache_misses", "Lookups the shared (REAPI) cache tier did not answer"),
+    ("remote_cache_errors", "Shared-tier lookups that failed"),
+    ("remote_cache_rejected", "Shared-tier entries refused: not signed with the fleet key, or damaged"),
+    ("remote_cache_skipped", "Shared-tier lookups and writes skipped while the server was failing"),
+    ("remote_cache_uploads", "Entries written to the shared tier"),
+    ("remote_cache_upload_errors", "Shared-tier writes that failed"),
+    ("remote_cache_uploads_dropped", "Shared-tier writes dropped: the upload queue was full"),
+    ("remote_cache_uploads_pending", "Shared-tier writes waiting or running"),
+    ("remote_cache_uploaded_bytes", "Bytes written to the shared tier"),
+    ("remote_cache_downloaded_bytes", "Bytes read from the shared tier"),
+    ("remote_cache_stream_reads", "Shared-tier blobs read through the ByteStream API"),
+    ("remote_cache_stream_writes", "Shared-tier blobs written through the ByteStream API"),
+];
+
+/// What a figure of [`Figures::snapshot`] means, in one line.
+pub fn help(name: &str) -> Option<String> {
+    HELP.iter().find(|(n, _)| *n == name).map(|(_, h)| (*h).to_owned()).or_else(|| nvlinkd_core::stats::help(name))
+}

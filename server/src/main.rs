@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use nvlinkd_core::LinkerConfig;
 
 #[derive(Parser)]
@@ -36,6 +36,11 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct ServeArgs {
+    /// Options from a TOML file: keys are these long options without their
+    /// dashes (`cache-dir = "/var/cache/nvlinkd"`, `cuda-home = [...]`,
+    /// `watch = true`); options given here override the file's
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Unix socket to listen on [default: $NVLINKD_SOCKET or the per-user runtime dir]
     #[arg(long)]
     socket: Option<PathBuf>,
@@ -540,7 +545,15 @@ fn main() -> ExitCode {
         eprintln!("nvlinkd: {why}");
         return ExitCode::from(126);
     }
-    let cli = Cli::parse();
+    let argv = match Cli::command().find_subcommand("serve").map(|serve| cmd::config::expand(argv, serve)) {
+        Some(Ok(argv)) => argv,
+        Some(Err(e)) => {
+            eprintln!("nvlinkd: {e}");
+            return ExitCode::from(2);
+        }
+        None => std::env::args().collect(),
+    };
+    let cli = Cli::parse_from(argv);
     let socket_or_default = |s: Option<PathBuf>| s.unwrap_or_else(control::default_socket);
     match cli.command {
         Command::Serve(a) => {

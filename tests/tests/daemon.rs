@@ -395,3 +395,39 @@ fn serve_logs_to_stderr_and_a_detached_daemon_to_its_file_only() {
     assert!(!daemon_stderr.contains(" INFO ") && !daemon_stderr.contains("nvlinkd serving"), "{daemon_stderr}");
     assert!(Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).status().unwrap().success());
 }
+
+/// `serve --config FILE`: the file's keys are serve's options (a switch, a
+/// number, an address), the command line's options win over the file's (its
+/// socket here), and a link through the daemon is nvlink's.
+#[test]
+fn a_config_file_sets_serve_options_and_the_command_line_wins() {
+    let dir = TempDir::new("config");
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let file = dir.path().join("farm.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "socket = \"/nonexistent/nvlinkd.sock\"\njobs = 1\nwatch = true\nmetrics-listen = \"{metrics}\"\n\
+             verify = \"off\"\n"
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start_with(&["--config", &file.display().to_string(), "--jobs", "2"]);
+    assert!(d.answers(), "the daemon is not on the command line's socket");
+    let lines = d.wait_log("speculative links", 1);
+    assert!(lines[0].contains("watch=true") && lines[0].contains("jobs=Some(2)"), "{lines:?}");
+    let mut s = std::net::TcpStream::connect(metrics).expect("the file's metrics-listen");
+    std::io::Write::write_all(&mut s, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut s, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let out = TempDir::new("config-out");
+    let link = inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", &out);
+    let cmp = compare::runs(&run(&real_nvlink(), &link, &[]), &run(&shim(), &link, &d.shim_env()));
+    assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    // An unknown key stops serve before anything starts, naming the key.
+    std::fs::write(&file, "jbos = 2\n").unwrap();
+    let out = Command::new(nvlinkd()).args(["serve", "--config"]).arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key 'jbos'"), "{out:?}");
+}

@@ -231,3 +231,34 @@ fn the_deployments_storage_holds_what_its_flags_allow() {
     assert!(cache + blobs + headroom <= cache_volume, "cache {cache} + blobs {blobs} + 2 GiB > volume {cache_volume}");
     assert!(cache_volume + tmp_volume + headroom <= limit, "volumes {cache_volume} + {tmp_volume} + 2 GiB > {limit}");
 }
+
+/// `deploy/farm.toml` names every option of `nvlinkd serve` (set, or
+/// commented with an example), and what it sets is accepted by serve's parser.
+#[test]
+fn the_farm_config_names_every_serve_option() {
+    let text = std::fs::read_to_string(deploy("farm.toml")).unwrap();
+    let help = Command::new(nvlinkd_tests::env::nvlinkd()).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let options: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(|l| l.split([' ', ',']).next().unwrap_or(""))
+        .filter(|o| !["config", "help"].contains(o))
+        .collect();
+    assert!(options.len() > 30, "{help}");
+    for o in options {
+        let key = |l: &str| l.trim_start_matches(['#', ' ']).starts_with(&format!("{o} ="));
+        assert!(text.lines().any(key), "deploy/farm.toml does not name --{o}");
+    }
+    // Accepted as a whole: serve's parser takes every key and value (and stops
+    // at the missing certificate files, after parsing).
+    let out = Command::new(nvlinkd_tests::env::nvlinkd())
+        .args(["serve", "--config"])
+        .arg(deploy("farm.toml"))
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("unknown key") && !stderr.contains("error: invalid value"), "{stderr}");
+    assert!(!out.status.success(), "serve started from deploy/farm.toml on this machine: {stderr}");
+}

@@ -384,9 +384,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         tokio::spawn(crate::observe::metrics::serve(
             listener,
             crate::observe::metrics::Sources {
-                linker: linker.clone(),
-                blobs: blobs.clone(),
-                auth_failures: auth_failures.clone(),
+                figures: crate::observe::Figures {
+                    linker: linker.clone(),
+                    blobs: blobs.clone(),
+                    staged: staged.clone(),
+                    connections: connections.clone(),
+                    auth_failures: auth_failures.clone(),
+                },
                 readiness: readiness.clone(),
             },
             stopped(done_rx),

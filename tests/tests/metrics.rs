@@ -87,6 +87,8 @@ fn metrics_are_prometheus_text_and_move_with_links() {
         ("nvlinkd_cache_misses", "counter"),
         ("nvlinkd_requests", "counter"),
         ("nvlinkd_auth_failures", "counter"),
+        // The TCP listener's, as in `nvlinkd stats --json`.
+        ("nvlinkd_tcp_connections", "gauge"),
         ("nvlinkd_in_flight", "gauge"),
         ("nvlinkd_workers", "gauge"),
         ("nvlinkd_cache_mem_bytes", "gauge"),

@@ -6,14 +6,14 @@
 //!   ([`record_link`]): `nvlinkd_links_total{engine,cache}`, the latency
 //!   histogram `nvlinkd_link_duration_seconds{engine}`, and the bytes received
 //!   from and sent to shims;
-//! - the linker's own counters, read at each scrape ([`StatsCollector`]): the
-//!   same figures as `nvlinkd stats --json` — every counter as
+//! - the daemon's figures, read at each scrape ([`StatsCollector`]): the
+//!   same [`Figures`] snapshot as `nvlinkd stats --json` — every counter as
 //!   `nvlinkd_<name>_total`, the gauges (links in flight, workers, cache bytes)
 //!   as `nvlinkd_<name>`, and per cache level `nvlinkd_cache_hits_total{level}` /
 //!   `nvlinkd_cache_misses_total{level}` (`link`, `jit`, `nvvm`, `ptxas`), the
-//!   shared tier's `nvlinkd_remote_cache_*`, the blob store's `nvlinkd_blob_*`
-//!   and `nvlinkd_input_bytes_received_total`. New counters of the linker
-//!   appear without changes here.
+//!   shared tier's `nvlinkd_remote_cache_*`, the blob store's `nvlinkd_blob_*`,
+//!   `nvlinkd_input_bytes_received_total` and the TCP listener's
+//!   `nvlinkd_tcp_*`. New counters appear without changes here.
 //!
 //! Beside it, probes for orchestrators and load balancers: `/healthz` answers
 //! 200 while the process is alive, `/readyz` 200 while the daemon takes links
@@ -26,7 +26,7 @@
 //! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET` of
 //! these three paths is a 404.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
-use crate::blobs::BlobStore;
+use super::Figures;
 use nvlinkd_core::stats::Kind;
 
 type Labels = Vec<(&'static str, &'static str)>;
@@ -86,9 +86,8 @@ pub fn record_link(engine: &'static str, cache: &'static str, took: Duration, re
     m.sent.inc_by(sent);
 }
 
-/// The linker's counters at scrape time.
-/// The linker, the blob store, and the service's refused calls (`auth_failures`).
-struct StatsCollector(Arc<Linker>, Arc<BlobStore>, Arc<AtomicU64>);
+/// The daemon's figures at scrape time, as `nvlinkd stats --json` has them.
+struct StatsCollector(Figures);
 
 impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,11 +126,7 @@ const LEVELS: &[(&str, &str, &str)] = &[
 
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut snapshot = self.0.snapshot();
-        let mut own = vec![("auth_failures", self.2.load(Ordering::Relaxed), Kind::Counter)];
-        // The blob store's, as in `nvlinkd stats --json`.
-        own.extend(self.1.counters());
-        snapshot.prepend(own);
+        let snapshot = self.0.snapshot();
         let stats = &snapshot;
         let get = |name: &str| stats.get(name).unwrap_or(0);
         for (hits_or_misses, pick) in [("hits", 1usize), ("misses", 2)] {
@@ -164,14 +159,14 @@ impl Collector for StatsCollector {
     }
 }
 
-fn registry(linker: Arc<Linker>, blobs: Arc<BlobStore>, auth_failures: Arc<AtomicU64>) -> Registry {
+fn registry(figures: Figures) -> Registry {
     let mut r = Registry::with_prefix("nvlinkd");
     let m = links();
     r.register("links", "Links answered, by engine and whole-link cache result", m.links.clone());
     r.register("link_duration_seconds", "Time from a link's start to its answer, by engine", m.latency.clone());
     r.register("link_received_bytes", "Input bytes received from shims", m.received.clone());
     r.register("link_sent_bytes", "Output bytes (files, stdout, stderr) sent to shims", m.sent.clone());
-    r.register_collector(Box::new(StatsCollector(linker, blobs, auth_failures)));
+    r.register_collector(Box::new(StatsCollector(figures)));
     r
 }
 
@@ -207,17 +202,16 @@ impl Readiness {
 
 /// What the endpoint reports.
 pub struct Sources {
-    pub linker: Arc<Linker>,
-    pub blobs: Arc<BlobStore>,
-    /// The service's refused calls (`auth_failures`).
-    pub auth_failures: Arc<AtomicU64>,
+    /// Every figure of `nvlinkd stats --json`.
+    pub figures: Figures,
     pub readiness: Arc<Readiness>,
 }
 
 /// Serve `/metrics`, `/healthz` and `/readyz` on `listener` until `stop` resolves.
 pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::future::Future<Output = ()>) {
-    let Sources { linker, blobs, auth_failures, readiness } = sources;
-    let registry = Arc::new(registry(linker.clone(), blobs, auth_failures));
+    let Sources { figures, readiness } = sources;
+    let linker = figures.linker.clone();
+    let registry = Arc::new(registry(figures));
     if let Ok(a) = listener.local_addr() {
         info!(metrics = %a, "serving Prometheus metrics at /metrics, probes at /healthz and /readyz");
     }

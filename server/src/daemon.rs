@@ -438,7 +438,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                 "serving remote shims over TCP"
             );
             let tcp = crate::net::incoming::guarded(listener, connection_limits, connections.clone());
-            let router = builder().add_service(health_service).add_service(service(false, remote.auth.clone()));
+            // A few streams per connection, and pings that find peers gone
+            // (`incoming.rs`); the unix socket keeps hyper's defaults.
+            let router = builder()
+                .max_concurrent_streams(Some(crate::net::incoming::MAX_STREAMS))
+                .http2_keepalive_interval(Some(crate::net::incoming::KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(crate::net::incoming::KEEPALIVE_TIMEOUT))
+                .add_service(health_service)
+                .add_service(service(false, remote.auth.clone()));
             let close = stopped(close_rx.clone());
             Some(match &remote.tls {
                 // TLS terminated here (`net/tls.rs`), so that SIGHUP can change its files.

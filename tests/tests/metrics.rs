@@ -89,6 +89,7 @@ fn metrics_are_prometheus_text_and_move_with_links() {
         ("nvlinkd_auth_failures", "counter"),
         // The TCP listener's, as in `nvlinkd stats --json`.
         ("nvlinkd_tcp_connections", "gauge"),
+        ("nvlinkd_tcp_closed_unauthenticated", "counter"),
         ("nvlinkd_in_flight", "gauge"),
         ("nvlinkd_workers", "gauge"),
         ("nvlinkd_cache_mem_bytes", "gauge"),

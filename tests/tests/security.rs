@@ -1148,3 +1148,49 @@ fn failed_handshakes_and_tokens_are_logged_with_the_peer_rate_limited() {
     assert_eq!((lines.len(), lines_now.len()), (1, 1), "{lines_now:?}");
     assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
 }
+
+/// Connections that finish the TLS handshake and then make no authenticated
+/// call (a call with a wrong token is none) are closed 10 s after their
+/// handshake: held open, they filled the per-address cap and kept every shim
+/// of that address out. The closings are counted
+/// (`tcp_closed_unauthenticated`) and logged once per 10 s; then a genuine
+/// shim links.
+#[test]
+fn connections_that_never_authenticate_are_closed() {
+    use std::time::Instant;
+    let pki = Pki::new();
+    // One address gets a quarter of 8: two connections.
+    let (d, port) = tls_daemon(&pki, &["--max-connections", "8"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-unauth-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let rt = runtime();
+    let t0 = Instant::now();
+    let held = rt.block_on(async {
+        let quiet = tls_channel(&pki, port).await;
+        let wrong = tls_channel(&pki, port).await;
+        let e = NvlinkdClient::new(wrong.clone()).stats(with_token(StatsRequest {}, "wrong")).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        (quiet, wrong)
+    });
+    assert_eq!(d.stat("tcp_connections"), 2, "{}", d.stats());
+    // Meanwhile this address has no connection left for a shim.
+    let refused = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_ne!(refused.code, 0, "a shim linked past the per-address cap");
+    let deadline = t0 + Duration::from_secs(20);
+    while d.stat("tcp_connections") > 0 {
+        assert!(Instant::now() < deadline, "connections that never authenticated were kept: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    eprintln!("unauthenticated connections closed after {took:?}");
+    assert!(took >= Duration::from_secs(9), "closed after {took:?}, before their 10 s");
+    assert_eq!(d.stat("tcp_closed_unauthenticated"), 2, "{}", d.stats());
+    let lines = d.wait_log("no authenticated call within 10s", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
+    let remote = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_same(&expected, &remote, "a shim after the unauthenticated connections were closed");
+    drop(held);
+}

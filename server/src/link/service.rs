@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
 use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::net::incoming::{Call, Connection};
 use crate::observe::events::Hub;
 use crate::speculate::watch::{Subscriber, Watcher};
 use crate::speculate::Speculator;
@@ -428,6 +429,20 @@ fn link_result(o: &Outcome) -> LinkResult {
     }
 }
 
+/// A response stream that keeps its connection's call open (`incoming.rs`)
+/// until it ends or is dropped.
+struct WithCall<S> {
+    inner: S,
+    _call: Option<Call>,
+}
+
+impl<S: Stream + Unpin> Stream for WithCall<S> {
+    type Item = S::Item;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
+
 fn fallback(reason: String) -> LinkResult {
     LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
 }
@@ -500,9 +515,32 @@ fn forward_progress(events: &Hub, link: u64, tx: Outbound) {
 }
 
 impl Service {
+    /// The TCP connection a remote call came on (`incoming.rs`).
+    fn connection<T>(&self, request: &Request<T>) -> Option<Arc<Connection>> {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        if self.local {
+            return None;
+        }
+        let ext = request.extensions();
+        let info =
+            ext.get::<TcpConnectInfo>().or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().map(|i| i.get_ref()))?;
+        self.connections.connection(info.local_addr(), info.remote_addr())
+    }
+
     /// A caller of this listener is who it must be: any caller of the unix
     /// socket, a remote one with a valid token (where tokens are required).
+    /// A remote call that is lets its connection stay (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let checked = self.check_token(request);
+        if checked.is_ok() {
+            if let Some(c) = self.connection(request) {
+                c.authenticated();
+            }
+        }
+        checked
+    }
+
+    fn check_token<T>(&self, request: &Request<T>) -> Result<(), Status> {
         match &self.auth {
             Some(auth) if !auth.allows(request.metadata()) => {
                 self.auth_failures.fetch_add(1, Ordering::Relaxed);
@@ -548,12 +586,14 @@ impl Nvlinkd for Service {
         let active = self.activity.begin();
         let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
         let same_user = crate::link::staging::same_user(peer);
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         tokio::spawn(async move {
             if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user).await {
                 let _ = tx.try_send(Err(status));
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(WithCall { inner: tokio_stream::wrappers::ReceiverStream::new(rx), _call: call })))
     }
 
     type EventsStream = EventStream;

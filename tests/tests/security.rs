@@ -1149,6 +1149,57 @@ fn failed_handshakes_and_tokens_are_logged_with_the_peer_rate_limited() {
     assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
 }
 
+/// The environment of a shim of the token file's other token.
+fn other_token_env(pki: &Pki, addr: &str, fallback: &str) -> Vec<(String, String)> {
+    let mut env = pki.shim_env(addr, fallback);
+    for (k, v) in &mut env {
+        if k == paths::ENV_TOKEN_FILE {
+            *v = pki.file("other-client-token");
+        }
+    }
+    env
+}
+
+/// Slots per caller: with `--max-remote-links 2` each of the two tokens has
+/// one. While a link of a token holds its slot (kept 6 s by the test hook),
+/// the same token's next links wait `--reply-timeout` (2 s) and are refused
+/// (`RESOURCE_EXHAUSTED`, `remote_links_refused`): the shim then runs the
+/// real nvlink (`NVLINKD_FALLBACK=auto`: nvlink's bytes) or fails saying why
+/// (`never`, writing nothing). The other token's link takes the other slot
+/// and is served.
+#[test]
+fn remote_links_past_their_tokens_slots_are_refused_and_run_the_real_nvlink() {
+    let pki = Pki::new();
+    let (d, port) = nvlinkd_tests::remote::tls_daemon_env(
+        &pki,
+        &["--max-remote-links", "2", "--reply-timeout", "2s"],
+        &[("NVLINKD_TEST_SLOW_LINK_MS", "6000")],
+    );
+    let addr = format!("https://127.0.0.1:{port}");
+    let outs: Vec<TempDir> = (0..4).map(|i| TempDir::new(&format!("sec-slots-{i}"))).collect();
+    let link = |i: usize| inv(LINK, corpus::dir(), &outs[i]);
+    let expected = run(&real_nvlink(), &link(0), &[]);
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| run(&shim(), &link(0), &pki.shim_env(&addr, "never")));
+        // Its slot taken, it is in the linker (sleeping).
+        d.wait_stat("in_flight", 1);
+        let other = s.spawn(|| run(&shim(), &link(1), &other_token_env(&pki, &addr, "never")));
+        let auto = s.spawn(|| run(&shim(), &link(2), &pki.shim_env(&addr, "auto")));
+        let never = s.spawn(|| run(&shim(), &link(3), &pki.shim_env(&addr, "never")));
+        let (auto, never) = (auto.join().unwrap(), never.join().unwrap());
+        assert_same(&expected, &auto, "a refused link run by the real nvlink");
+        assert_ne!(never.code, 0, "a link past its token's slots was served");
+        let stderr = String::from_utf8_lossy(&never.stderr);
+        assert!(stderr.contains("as many remote links as it may"), "{stderr}");
+        assert!(never.files.is_empty(), "output written without a daemon's answer");
+        assert_eq!(d.stat("remote_links_refused"), 2, "{}", d.stats());
+        assert_same(&expected, &holder.join().unwrap(), "the link holding its token's slot");
+        assert_same(&expected, &other.join().unwrap(), "the other token's link");
+    });
+    assert_eq!(d.stat("requests"), 2, "only the two links with a slot reached the linker");
+    assert_eq!(d.stat("fallbacks"), 0);
+}
+
 /// Connections that finish the TLS handshake and then make no authenticated
 /// call (a call with a wrong token is none) are closed 10 s after their
 /// handshake: held open, they filled the per-address cap and kept every shim

@@ -2,9 +2,11 @@
 //!
 //! `Link` reads the `Start` message, runs the link on a blocking thread with a
 //! [`LinkFs`] (the caller's files, read here or over the same stream), and sends
-//! the result back. A panic or error inside one link becomes that link's failure
-//! (the shim then falls back to the real nvlink); the daemon keeps serving. The
-//! stream owns its link: see `stream_fs.rs` for how a closed stream ends it.
+//! the result back. A remote link first takes a slot (`admission.rs`; none
+//! free in time: `RESOURCE_EXHAUSTED`), waited for on the runtime. A panic or
+//! error inside one link becomes that link's failure (the shim then falls back
+//! to the real nvlink); the daemon keeps serving. The stream owns its link:
+//! see `stream_fs.rs` for how a closed stream ends it.
 //!
 //! Trust: a caller on the unix socket (mode 0600: this user) may administer
 //! the daemon; a caller on the TCP listener is authenticated (bearer token,
@@ -39,6 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
+use crate::link::admission::{Caller, RemoteLinks};
 use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
 use crate::net::incoming::{Call, Connection};
 use crate::observe::events::Hub;
@@ -127,6 +130,12 @@ pub struct Service {
     pub staged: Arc<crate::link::staging::Counters>,
     /// The TCP listener's connections (`incoming.rs`).
     pub connections: Arc<crate::net::incoming::Counters>,
+    /// Slots of remote links (`admission.rs`), taken by the links of the TCP
+    /// listener only: a link on the unix socket never waits for one.
+    pub remote_links: Arc<RemoteLinks>,
+    /// The listener requires client certificates (`--client-ca`): each one
+    /// is a caller of its own for the slots.
+    pub client_certificates: bool,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -159,6 +168,7 @@ impl Service {
         tx: Outbound,
         active: ActiveLink,
         same_user: bool,
+        caller: (Option<Caller>, String),
     ) -> Result<(), Status> {
         let mut shutdown = self.shutdown.subscribe();
         let first = tokio::select! {
@@ -171,6 +181,27 @@ impl Service {
         let start = match first.and_then(|m| m.msg) {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
+        };
+        // A remote link's slot (`admission.rs`), waited for here, without a
+        // thread; held until the link's thread is done. A shim that goes away
+        // meanwhile leaves the queue.
+        let slot = match self.local {
+            false => {
+                let admit = self.remote_links.admit(caller.0, &caller.1);
+                tokio::pin!(admit);
+                Some(loop {
+                    tokio::select! {
+                        slot = &mut admit => break slot?,
+                        m = inbound.message() => match m {
+                            // Nothing was asked of the shim yet: nothing to take.
+                            Ok(Some(_)) => continue,
+                            Ok(None) | Err(_) => return Err(Status::cancelled("the shim went away")),
+                        },
+                        _ = shutdown.wait_for(|s| *s) => return Err(Status::unavailable("nvlinkd is shutting down")),
+                    }
+                })
+            }
+            true => None,
         };
         let req = self.link_request(&start);
         // An unknown class is the default one: the shim forwards the variable as set.
@@ -250,6 +281,7 @@ impl Service {
         let budget = self.limits.max_link_input;
         tokio::task::spawn_blocking(move || {
             let _active = active;
+            let _slot = slot;
             // Every line of this link, the daemon's own included, carries its id.
             let _entered = span.enter();
             let _in_flight = linker.in_flight_guard();
@@ -527,6 +559,21 @@ impl Service {
         self.connections.connection(info.local_addr(), info.remote_addr())
     }
 
+    /// Who a remote link counts against for the per-caller slots
+    /// (`admission.rs`): its token where the token file holds several, else
+    /// its client certificate where they are required; None (the
+    /// daemon-wide count only) where all callers look alike.
+    fn caller<T>(&self, request: &Request<T>) -> Option<Caller> {
+        if let Some(auth) = self.auth.as_ref().filter(|a| a.count() > 1) {
+            return auth.identify(request.metadata());
+        }
+        if self.client_certificates {
+            let certs = request.peer_certs()?;
+            return certs.first().map(|c| *blake3::hash(c.as_ref()).as_bytes());
+        }
+        None
+    }
+
     /// A caller of this listener is who it must be: any caller of the unix
     /// socket, a remote one with a valid token (where tokens are required).
     /// A remote call that is lets its connection stay (`incoming.rs`).
@@ -586,10 +633,12 @@ impl Nvlinkd for Service {
         let active = self.activity.begin();
         let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
         let same_user = crate::link::staging::same_user(peer);
+        let caller =
+            (self.caller(&request), request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "?".into()));
         // The connection is in use while the stream is open.
         let call = self.connection(&request).map(|c| c.call());
         tokio::spawn(async move {
-            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user).await {
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user, caller).await {
                 let _ = tx.try_send(Err(status));
             }
         });
@@ -675,6 +724,7 @@ impl Nvlinkd for Service {
             staged: self.staged.clone(),
             connections: self.connections.clone(),
             auth_failures: self.auth_failures.clone(),
+            remote_links: self.remote_links.clone(),
         };
         Ok(Response::new(StatsReply { json: figures.snapshot().to_json() }))
     }

@@ -12,8 +12,9 @@
 //!   as `nvlinkd_<name>`, and per cache level `nvlinkd_cache_hits_total{level}` /
 //!   `nvlinkd_cache_misses_total{level}` (`link`, `jit`, `nvvm`, `ptxas`), the
 //!   shared tier's `nvlinkd_remote_cache_*`, the blob store's `nvlinkd_blob_*`,
-//!   `nvlinkd_input_bytes_received_total` and the TCP listener's
-//!   `nvlinkd_tcp_*`. New counters appear without changes here.
+//!   `nvlinkd_input_bytes_received_total`, the TCP listener's `nvlinkd_tcp_*`
+//!   and the remote links' `nvlinkd_remote_links*`. New counters appear
+//!   without changes here.
 //!
 //! Beside it, probes for orchestrators and load balancers: `/healthz` answers
 //! 200 while the process is alive, `/readyz` 200 while the daemon takes links
@@ -114,6 +115,8 @@ const GAUGES: &[(&str, &str)] = &[
     ("running_background", "Background links computing now"),
     ("verify_pending", "Links waiting to be checked against the real nvlink"),
     ("tcp_connections", "TCP connections open now"),
+    ("remote_links", "Remote links holding a slot now"),
+    ("remote_links_waiting", "Remote links waiting for a slot"),
 ];
 
 /// Per-level cache counters: (level, hits, misses) in the stats.

@@ -18,6 +18,7 @@ pub struct Figures {
     pub staged: Arc<crate::link::staging::Counters>,
     pub connections: Arc<crate::net::incoming::Counters>,
     pub auth_failures: Arc<AtomicU64>,
+    pub remote_links: Arc<crate::link::admission::RemoteLinks>,
 }
 
 impl Figures {
@@ -28,6 +29,7 @@ impl Figures {
         own.extend(self.blobs.counters());
         own.extend(self.staged.counters());
         own.extend(self.connections.counters());
+        own.extend(self.remote_links.counters());
         s.prepend(own);
         s
     }

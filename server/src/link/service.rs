@@ -3,7 +3,8 @@
 //! `Link` reads the `Start` message, runs the link on a blocking thread with a
 //! [`LinkFs`] (the caller's files, read here or over the same stream), and sends
 //! the result back. A remote link first takes a slot (`admission.rs`; none
-//! free in time: `RESOURCE_EXHAUSTED`), waited for on the runtime. A panic or
+//! free in time: `RESOURCE_EXHAUSTED`) and waits for the blobs it lacks, both
+//! on the runtime: a shim that never sends them holds no thread. A panic or
 //! error inside one link becomes that link's failure (the shim then falls back
 //! to the real nvlink); the daemon keeps serving. The stream owns its link:
 //! see `stream_fs.rs` for how a closed stream ends it.
@@ -279,6 +280,12 @@ impl Service {
         let slow = self.slow_link_ms;
         let staged = self.staged.clone();
         let budget = self.limits.max_link_input;
+        // A daemon on the caller's filesystem reads the files itself: no copies
+        // through the stream. The announced blobs the store lacks are waited
+        // for here, before the link takes a thread (a shim that never sends
+        // them holds none).
+        let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_contents(linker.contents().clone());
+        let fs = if announced.is_empty() { fs } else { fs.with_announced(announced, blobs.clone()).await };
         tokio::task::spawn_blocking(move || {
             let _active = active;
             let _slot = slot;
@@ -288,11 +295,6 @@ impl Service {
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
             }
-            // A daemon on the caller's filesystem reads the files itself: no copies
-            // through the stream.
-            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget)
-                .with_announced(announced, blobs.clone())
-                .with_contents(linker.contents().clone());
             let args = req.args.join(" ");
             let t_link = std::time::Instant::now();
             let outcome =

@@ -86,7 +86,8 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     let Some(list) = std::env::var(paths::ENV_ADDR).ok().filter(|a| !a.is_empty()) else {
         let channel = connect_or_start(tk).await?;
         mark("connected");
-        return link(channel, None, args, tk).await;
+        let request = Prepared::new(args, tk)?;
+        return link(channel, None, args, &request).await;
     };
     // Remote daemons (replicas) are managed by their owners; never start one.
     // Each address is tried in order, at most once per link: one that refuses
@@ -95,6 +96,9 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     // so a retry starts from a clean slate. An answer (nvlink's, a decline, a
     // protocol violation) is final.
     let token = token()?;
+    // The request (its files hashed and announced) before any connection: a
+    // daemon closes a connection that makes no call within seconds.
+    let request = Prepared::new(args, tk)?;
     let mut failures = Vec::new();
     for target in remote_targets(&list) {
         let channel = match connect(&target).await {
@@ -106,7 +110,7 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
             }
         };
         mark("connected");
-        match link(channel, token.clone(), args, tk).await {
+        match link(channel, token.clone(), args, &request).await {
             Err(f) if f.lost => {
                 mark(&format!("next address: {}", f.reason));
                 failures.push(f.reason);
@@ -117,8 +121,48 @@ pub async fn run(args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
     Err(if failures.is_empty() { format!("{} names no daemon", paths::ENV_ADDR) } else { failures.join("; ") }.into())
 }
 
+/// What a link sends and checks, the same for every daemon tried.
+struct Prepared {
+    cwd: PathBuf,
+    policy: Policy,
+    start: Start,
+}
+
+impl Prepared {
+    fn new(args: &[String], tk: &Toolkit) -> Result<Prepared, Failure> {
+        let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+        let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
+        let env: HashMap<String, String> =
+            RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+        let policy = Policy::new(args, &cwd, env.get("LIBRARY_PATH").map(String::as_str), tk.cuda_home.as_deref());
+        // A remote daemon reads the files by digest (a local one reads them itself).
+        let remote = remote();
+        // At most half the message bound, less the command line (the rest is asked for by path).
+        let room = (nvlinkd_proto::MAX_MESSAGE_BYTES / 2).saturating_sub(args.iter().map(|a| a.len() + 8).sum());
+        let files = if remote { crate::announce::files(&policy, &cwd, room) } else { Vec::new() };
+        mark("files announced");
+        let start = Start {
+            args: args.to_vec(),
+            cwd: cwd.to_string_lossy().into_owned(),
+            env,
+            cwd_dev: dev,
+            cwd_ino: ino,
+            // Forwarded as set; the daemon treats an unknown class as foreground.
+            priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
+            progress: progress_wanted(),
+            toolkit_release: tk.release().unwrap_or_default(),
+            files,
+            // A local daemon writes large outputs itself: the shim renames them
+            // instead of receiving their bytes (about 2 ms a 1 MB cubin here).
+            accepts_staged: !remote,
+        };
+        mark("request ready");
+        Ok(Prepared { cwd, policy, start })
+    }
+}
+
 /// One link on one daemon's channel.
-async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> Result<i32, Failure> {
+async fn link(channel: Channel, token: Token, args: &[String], request: &Prepared) -> Result<i32, Failure> {
     let mut client = NvlinkdClient::new(channel)
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES);
@@ -126,37 +170,12 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
     // about sixfold: a warm relink's answer is mostly its output); a local
     // daemon is not asked to spend the CPU. Decompression is bounded by the
     // message limit above.
-    if remote() {
+    let remote = remote();
+    if remote {
         client = client.accept_compressed(tonic::codec::CompressionEncoding::Zstd);
     }
-
-    let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
-    let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
-    let env: HashMap<String, String> =
-        RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
-    let policy = Policy::new(args, &cwd, env.get("LIBRARY_PATH").map(String::as_str), tk.cuda_home.as_deref());
-    // A remote daemon reads the files by digest (a local one reads them itself).
-    let remote = std::env::var(paths::ENV_ADDR).is_ok_and(|a| !a.is_empty());
-    // At most half the message bound, less the command line (the rest is asked for by path).
-    let room = (nvlinkd_proto::MAX_MESSAGE_BYTES / 2).saturating_sub(args.iter().map(|a| a.len() + 8).sum());
-    let files = if remote { crate::announce::files(&policy, &cwd, room) } else { Vec::new() };
-    mark("files announced");
-    let start = Start {
-        args: args.to_vec(),
-        cwd: cwd.to_string_lossy().into_owned(),
-        env,
-        cwd_dev: dev,
-        cwd_ino: ino,
-        // Forwarded as set; the daemon treats an unknown class as foreground.
-        priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
-        progress: progress_wanted(),
-        toolkit_release: tk.release().unwrap_or_default(),
-        files,
-        // A local daemon writes large outputs itself: the shim renames them
-        // instead of receiving their bytes (about 2 ms a 1 MB cubin here).
-        accepts_staged: !remote,
-    };
-    mark("request ready");
+    let (cwd, policy) = (&request.cwd, &request.policy);
+    let start = request.start.clone();
 
     let timeout = message_timeout();
     let (tx, rx) = mpsc::channel::<ClientMessage>(8);
@@ -291,7 +310,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                         }
                     }
                 }
-                let code = finish(result, &outputs, args, &cwd);
+                let code = finish(result, &outputs, args, cwd);
                 mark("outputs written");
                 return code.map_err(Failure::from);
             }

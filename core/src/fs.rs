@@ -33,7 +33,9 @@ pub trait InputFs: Send + Sync {
     /// Whether the path exists, and what it is.
     fn stat(&self, path: &Path) -> io::Result<FileStat>;
     /// A hint that these files will be read soon: a remote implementation asks
-    /// for all of them at once instead of one round trip each.
+    /// for all of them at once instead of one round trip each, and may wait
+    /// for them here, on the calling thread (the link's own), so that the
+    /// reads that follow on other threads (rayon's) wait on nothing.
     fn prefetch(&self, _paths: &[PathBuf]) {}
     /// The file's identity on this machine, where the filesystem can tell
     /// (see [`HashMemo`]); `None` for remote files.

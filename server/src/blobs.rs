@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nvlinkd_core::cache::Store;
+use tokio::sync::watch;
 use tracing::warn;
 
 pub type Digest = [u8; 32];
@@ -138,11 +139,19 @@ fn writable(dir: &Path) -> std::io::Result<()> {
     written
 }
 
-/// One blob on its way from a shim (see [`BlobStore::claim`]).
-#[derive(Default)]
+/// One blob on its way from a shim (see [`BlobStore::claim`]), waited for
+/// on a link's thread ([`Flight::wait`]) or, before the link takes one, on
+/// the runtime ([`Flight::landed`]).
 pub struct Flight {
     landed: Mutex<Option<Landed>>,
     done: Condvar,
+    landed_async: watch::Sender<Option<Landed>>,
+}
+
+impl Default for Flight {
+    fn default() -> Self {
+        Flight { landed: Mutex::new(None), done: Condvar::new(), landed_async: watch::channel(None).0 }
+    }
 }
 
 /// How a flight ended.
@@ -165,6 +174,18 @@ impl Flight {
     fn finish(&self, landed: Landed) {
         *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = Some(landed);
         self.done.notify_all();
+        self.landed_async.send_replace(Some(landed));
+    }
+
+    /// How the flight ended, once it has (without a thread: the async side of [`Flight::wait`]).
+    pub async fn landed(&self) -> Landed {
+        let mut rx = self.landed_async.subscribe();
+        let landed = match rx.wait_for(Option::is_some).await {
+            Ok(l) => *l,
+            // The sender lives as long as `self`.
+            Err(_) => None,
+        };
+        landed.unwrap_or(Landed::Failed)
     }
 
     /// Wait at most `timeout` for the flight to end; None if it has not.

@@ -78,6 +78,8 @@ pub struct ServeOptions {
     pub speculation: Speculation,
     /// Most TCP connections at once (`--max-connections`; see `incoming.rs`).
     pub max_connections: usize,
+    /// Most remote links at once (`--max-remote-links`; see `link/admission.rs`).
+    pub max_remote_links: usize,
     /// The log file, reopened on SIGHUP.
     pub log_file: Option<Arc<LogFile>>,
     /// The log also goes to stderr (`serve` not detached).
@@ -376,6 +378,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         Arc::new(crate::blobs::BlobStore::open(Some(&opts.cache_dir), opts.limits.blob_mem, opts.limits.blob_size));
     let staged = Arc::new(crate::link::staging::Counters::default());
     let connections = Arc::new(crate::net::incoming::Counters::default());
+    let remote_links = crate::link::admission::RemoteLinks::new(opts.max_remote_links, opts.limits.reply_timeout);
+    let client_certificates =
+        remote.as_ref().and_then(|r| r.tls.as_ref()).is_some_and(|t| t.requires_client_certificates());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         NvlinkdServer::new(Service {
             linker: linker.clone(),
@@ -393,6 +398,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             blobs: blobs.clone(),
             staged: staged.clone(),
             connections: connections.clone(),
+            remote_links: remote_links.clone(),
+            client_certificates: !local && client_certificates,
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -416,6 +423,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                     staged: staged.clone(),
                     connections: connections.clone(),
                     auth_failures: auth_failures.clone(),
+                    remote_links: remote_links.clone(),
                 },
                 readiness: readiness.clone(),
             },
@@ -458,13 +466,22 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                 listen = %remote.listen,
                 tls = remote.tls.is_some(),
                 tokens = remote.auth.is_some(),
-                client_certificates = remote.tls.as_ref().is_some_and(|t| t.requires_client_certificates()),
+                client_certificates,
                 max_connections = connection_limits.total,
                 per_peer = connection_limits.per_peer,
+                max_remote_links = remote_links.max,
+                per_caller = remote_links.per_caller,
                 "serving remote shims over TCP"
             );
             let tcp = crate::net::incoming::guarded(listener, connection_limits, connections.clone());
-            let router = builder().add_service(health_service).add_service(service(false, remote.auth.clone()));
+            // A few streams per connection, and pings that find peers gone
+            // (`incoming.rs`); the unix socket keeps hyper's defaults.
+            let router = builder()
+                .max_concurrent_streams(Some(crate::net::incoming::MAX_STREAMS))
+                .http2_keepalive_interval(Some(crate::net::incoming::KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(crate::net::incoming::KEEPALIVE_TIMEOUT))
+                .add_service(health_service)
+                .add_service(service(false, remote.auth.clone()));
             let close = stopped(close_rx.clone());
             Some(match &remote.tls {
                 // TLS terminated here (`net/tls.rs`), so that SIGHUP can change its files.

@@ -151,6 +151,12 @@ struct ServeArgs {
     /// limit), a quarter of them from one address; more are closed at once
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
+    /// Most remote links at once (a token or client certificate at most half of
+    /// them, where there are several); a link over it waits for one to end
+    /// (--reply-timeout, at most 10s), then is refused and runs elsewhere
+    /// [default: 4 x --jobs]
+    #[arg(long)]
+    max_remote_links: Option<usize>,
     /// Check every link computed in process against the real nvlink, once per
     /// content key: `background` (after answering, at idle priority), `sync`
     /// (before answering; a difference answers nvlink's result) or `off`
@@ -402,6 +408,9 @@ impl ServeArgs {
             a.extend(["--sandbox-user".into(), u.clone()]);
         }
         a.extend(["--max-connections".into(), self.max_connections.to_string()]);
+        if let Some(n) = self.max_remote_links {
+            a.extend(["--max-remote-links".into(), n.to_string()]);
+        }
         if let Some(n) = self.max_speculative {
             a.extend(["--max-speculative".into(), n.to_string()]);
         }
@@ -625,6 +634,7 @@ fn main() -> ExitCode {
                     max_running: a.max_speculative.unwrap_or(jobs),
                 },
                 max_connections: a.max_connections,
+                max_remote_links: a.max_remote_links.unwrap_or(4 * jobs),
                 log_file: logging.file.clone(),
                 log_to_stderr: !a.detached,
             };

@@ -12,10 +12,14 @@ use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
 
 /// The token the shims of the tests present.
 pub const TOKEN: &str = "s3cret-token-for-tests";
+/// The token file's other token (`other-client-token`): another caller.
+pub const OTHER_TOKEN: &str = "other-token";
 
 /// A CA, a server certificate it signed for 127.0.0.1 and localhost (or the
 /// names given), a client certificate it signed (`client.pem`,
-/// `client-key.pem`, for mTLS), and a token file, in a fresh directory.
+/// `client-key.pem`, for mTLS), and a token file of two tokens with a file
+/// for each shim (`client-token`: [`TOKEN`], `other-client-token`:
+/// [`OTHER_TOKEN`]), in a fresh directory.
 pub struct Pki {
     pub dir: TempDir,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
@@ -45,8 +49,9 @@ impl Pki {
         let cert = params.signed_by(&key, &pki.issuer).unwrap();
         std::fs::write(pki.dir.path().join("client.pem"), cert.pem()).unwrap();
         std::fs::write(pki.dir.path().join("client-key.pem"), key.serialize_pem()).unwrap();
-        std::fs::write(pki.dir.path().join("tokens"), format!("# farm tokens\n\nother-token\n{TOKEN}\n")).unwrap();
+        std::fs::write(pki.dir.path().join("tokens"), format!("# farm tokens\n\n{OTHER_TOKEN}\n{TOKEN}\n")).unwrap();
         std::fs::write(pki.dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
+        std::fs::write(pki.dir.path().join("other-client-token"), format!("{OTHER_TOKEN}\n")).unwrap();
         pki
     }
 
@@ -95,12 +100,17 @@ impl Default for Pki {
 /// A daemon serving `--listen` on 127.0.0.1 with TLS and tokens (and `extra`
 /// serve options); it and its port.
 pub fn tls_daemon(pki: &Pki, extra: &[&str]) -> (crate::daemon::Daemon, u16) {
+    tls_daemon_env(pki, extra, &[])
+}
+
+/// [`tls_daemon`] with environment variables for the daemon (test hooks).
+pub fn tls_daemon_env(pki: &Pki, extra: &[&str], env: &[(&str, &str)]) -> (crate::daemon::Daemon, u16) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
     let mut args = vec!["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens];
     args.extend(extra);
-    (crate::daemon::Daemon::start_with(&args), port)
+    (crate::daemon::Daemon::start_env(&args, env), port)
 }
 
 pub fn free_port() -> u16 {

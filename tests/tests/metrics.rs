@@ -94,6 +94,11 @@ fn metrics_are_prometheus_text_and_move_with_links() {
         ("nvlinkd_cache_misses", "counter"),
         ("nvlinkd_requests", "counter"),
         ("nvlinkd_auth_failures", "counter"),
+        // The TCP listener's and the remote links', as in `nvlinkd stats --json`.
+        ("nvlinkd_tcp_connections", "gauge"),
+        ("nvlinkd_tcp_closed_unauthenticated", "counter"),
+        ("nvlinkd_remote_links", "gauge"),
+        ("nvlinkd_remote_links_refused", "counter"),
         ("nvlinkd_in_flight", "gauge"),
         ("nvlinkd_workers", "gauge"),
         ("nvlinkd_cache_mem_bytes", "gauge"),

@@ -1197,4 +1197,246 @@ fn a_command_line_past_the_daemons_bounds_is_left_to_nvlink() {
         assert!(cmp.problems.is_empty() && cmp.identical, "{extra:.40}: {:?}", cmp.problems);
         assert_eq!(d.stat("fallbacks"), n as u64 + 1, "{extra:.40}: not left to nvlink: {}", d.stats());
     }
+/// The environment of a shim of the token file's other token.
+fn other_token_env(pki: &Pki, addr: &str, fallback: &str) -> Vec<(String, String)> {
+    let mut env = pki.shim_env(addr, fallback);
+    for (k, v) in &mut env {
+        if k == paths::ENV_TOKEN_FILE {
+            *v = pki.file("other-client-token");
+        }
+    }
+    env
+}
+
+/// Links over TCP with [`TOKEN`] that never answer the daemon: `per_connection`
+/// on each of `connections` HTTP/2 connections, each link of two inputs,
+/// announced (by digests the daemon holds no blob of) or not (asked for by
+/// path). Their request streams (dropped: the links end) and how many
+/// streams the daemon has opened so far.
+fn silent_links(
+    rt: &tokio::runtime::Runtime,
+    pki: &Pki,
+    port: u16,
+    connections: usize,
+    per_connection: usize,
+    announce: bool,
+) -> (Vec<tokio::sync::mpsc::Sender<ClientMessage>>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use nvlinkd_proto::v1::AnnouncedFile;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let opened = std::sync::Arc::new(AtomicUsize::new(0));
+    let senders = rt.block_on(async {
+        let mut senders = Vec::new();
+        for c in 0..connections {
+            let channel = tls_channel(pki, port).await;
+            for i in 0..per_connection {
+                let dir = format!("/silent/{c}/{i}");
+                let files = ["a.o", "b.o"]
+                    .iter()
+                    .filter(|_| announce)
+                    .map(|f| AnnouncedFile {
+                        path: format!("{dir}/{f}"),
+                        exists: true,
+                        is_dir: false,
+                        size: 1 << 20,
+                        blake3: blake3::hash(format!("{dir}/{f}").as_bytes()).as_bytes().to_vec(),
+                    })
+                    .collect();
+                let args = ["--arch=sm_90", "a.o", "b.o", "-o", "out.cubin"].map(String::from).to_vec();
+                let start = Start { args, cwd: dir, files, ..Default::default() };
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+                senders.push(tx);
+                let (mut client, opened) = (NvlinkdClient::new(channel.clone()), opened.clone());
+                tokio::spawn(async move {
+                    let request = with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN);
+                    if let Ok(r) = client.link(request).await {
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        // Reads what the daemon asks and never answers.
+                        let mut answers = r.into_inner();
+                        while let Ok(Some(_)) = answers.message().await {}
+                    }
+                });
+            }
+        }
+        senders
+    });
+    (senders, opened)
+}
+
+/// Remote links that announce nothing and never answer the daemon's reads by
+/// path: each waits for its replies (6 s) on its own thread, which its slot
+/// bounds, never on the pool that decodes and digests every link's inputs
+/// (rayon's, 2 threads on this machine). A local link meanwhile is prompt.
+#[test]
+fn remote_links_that_never_answer_leave_local_links_prompt() {
+    use std::time::Instant;
+    let pki = Pki::new();
+    let (d, port) = tls_daemon(&pki, &["--max-remote-links", "8", "--reply-timeout", "6s"]);
+    let out = TempDir::new("sec-silent-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link before");
+    let rt = runtime();
+    // The token's four slots (half of eight), all waiting for replies.
+    let (silent, _) = silent_links(&rt, &pki, port, 1, 4, false);
+    d.wait_stat("in_flight", 4);
+    let t0 = Instant::now();
+    let local = run(&shim(), &link, &d.shim_env());
+    let took = t0.elapsed();
+    eprintln!("a local link beside four silent remote links: {took:?}");
+    assert_same(&expected, &local, "a local link beside silent remote links");
+    assert!(took < Duration::from_secs(3), "the local link took {took:?} beside silent remote links");
+    drop(silent);
+    rt.shutdown_background();
+}
+
+/// A token holder's stream flood: 8 connections with 80 links each, every
+/// one announcing two input files it never sends and answering nothing
+/// (issue: each held a blocking thread while it waited, the pool filled and
+/// local links waited ~50 s). Meanwhile a local link through the shim is
+/// answered promptly with nvlink's bytes, and so is the other token's remote
+/// link; the flood's links past its token's slots are refused after the
+/// wait (`remote_links_refused`); once the flood ends, its token's remote
+/// links are served again.
+#[test]
+fn a_stream_flood_over_tcp_leaves_local_links_prompt() {
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+    let pki = Pki::new();
+    let (d, port) = tls_daemon(&pki, &["--max-remote-links", "8", "--reply-timeout", "6s"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-sflood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    // Computed once before: during the flood the daemon's own delay is measured, not the toolkit's.
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link before the flood");
+
+    let rt = runtime();
+    let (flood, opened) = silent_links(&rt, &pki, port, 8, 80, true);
+    // Every connection has its streams open, and the daemon has their Starts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while opened.load(Ordering::Relaxed) < 8 * 16
+        || (d.stat_or_zero("remote_links_waiting") == 0 && d.stat_or_zero("requests") < 2)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the flood did not arrive: {} streams, {}",
+            opened.load(Ordering::Relaxed),
+            d.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let t0 = Instant::now();
+    let local = run(&shim(), &link, &d.shim_env());
+    let local_took = t0.elapsed();
+    assert_same(&expected, &local, "a local link during the flood");
+    let t0 = Instant::now();
+    let other = run(&shim(), &link, &other_token_env(&pki, &addr, "never"));
+    let other_took = t0.elapsed();
+    assert_same(&expected, &other, "the other token's remote link during the flood");
+    eprintln!("during the flood: a local link took {local_took:?}, the other token's remote link {other_took:?}");
+    assert!(local_took < Duration::from_secs(3), "the local link took {local_took:?} during the flood");
+    assert!(other_took < Duration::from_secs(3), "the other token's link took {other_took:?} during the flood");
+    // The flood's links past its token's half of the slots are refused after the wait.
+    d.wait_stat("remote_links_refused", 1);
+    assert!(d.stat("remote_links") <= 8, "{}", d.stats());
+
+    // The flood ends (its connections close): its slots come back at once.
+    drop(flood);
+    rt.shutdown_background();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.stat("remote_links") + d.stat("remote_links_waiting") > 0 {
+        assert!(Instant::now() < deadline, "the flood's slots were not given back: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let remote = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_same(&expected, &remote, "a remote link of the flood's token after the flood");
+    assert!(d.answers(), "the daemon died");
+}
+
+/// Slots per caller: with `--max-remote-links 2` each of the two tokens has
+/// one. While a link of a token holds its slot (kept 6 s by the test hook),
+/// the same token's next links wait `--reply-timeout` (2 s) and are refused
+/// (`RESOURCE_EXHAUSTED`, `remote_links_refused`): the shim then runs the
+/// real nvlink (`NVLINKD_FALLBACK=auto`: nvlink's bytes) or fails saying why
+/// (`never`, writing nothing). The other token's link takes the other slot
+/// and is served.
+#[test]
+fn remote_links_past_their_tokens_slots_are_refused_and_run_the_real_nvlink() {
+    let pki = Pki::new();
+    let (d, port) = nvlinkd_tests::remote::tls_daemon_env(
+        &pki,
+        &["--max-remote-links", "2", "--reply-timeout", "2s"],
+        &[("NVLINKD_TEST_SLOW_LINK_MS", "6000")],
+    );
+    let addr = format!("https://127.0.0.1:{port}");
+    let outs: Vec<TempDir> = (0..4).map(|i| TempDir::new(&format!("sec-slots-{i}"))).collect();
+    let link = |i: usize| inv(LINK, corpus::dir(), &outs[i]);
+    let expected = run(&real_nvlink(), &link(0), &[]);
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| run(&shim(), &link(0), &pki.shim_env(&addr, "never")));
+        // Its slot taken, it is in the linker (sleeping).
+        d.wait_stat("in_flight", 1);
+        let other = s.spawn(|| run(&shim(), &link(1), &other_token_env(&pki, &addr, "never")));
+        let auto = s.spawn(|| run(&shim(), &link(2), &pki.shim_env(&addr, "auto")));
+        let never = s.spawn(|| run(&shim(), &link(3), &pki.shim_env(&addr, "never")));
+        let (auto, never) = (auto.join().unwrap(), never.join().unwrap());
+        assert_same(&expected, &auto, "a refused link run by the real nvlink");
+        assert_ne!(never.code, 0, "a link past its token's slots was served");
+        let stderr = String::from_utf8_lossy(&never.stderr);
+        assert!(stderr.contains("as many remote links as it may"), "{stderr}");
+        assert!(never.files.is_empty(), "output written without a daemon's answer");
+        assert_eq!(d.stat("remote_links_refused"), 2, "{}", d.stats());
+        assert_same(&expected, &holder.join().unwrap(), "the link holding its token's slot");
+        assert_same(&expected, &other.join().unwrap(), "the other token's link");
+    });
+    assert_eq!(d.stat("requests"), 2, "only the two links with a slot reached the linker");
+    assert_eq!(d.stat("fallbacks"), 0);
+}
+
+/// Connections that finish the TLS handshake and then make no authenticated
+/// call (a call with a wrong token is none) are closed 10 s after their
+/// handshake: held open, they filled the per-address cap and kept every shim
+/// of that address out. The closings are counted
+/// (`tcp_closed_unauthenticated`) and logged once per 10 s; then a genuine
+/// shim links.
+#[test]
+fn connections_that_never_authenticate_are_closed() {
+    use std::time::Instant;
+    let pki = Pki::new();
+    // One address gets a quarter of 8: two connections.
+    let (d, port) = tls_daemon(&pki, &["--max-connections", "8"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-unauth-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let rt = runtime();
+    let t0 = Instant::now();
+    let held = rt.block_on(async {
+        let quiet = tls_channel(&pki, port).await;
+        let wrong = tls_channel(&pki, port).await;
+        let e = NvlinkdClient::new(wrong.clone()).stats(with_token(StatsRequest {}, "wrong")).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        (quiet, wrong)
+    });
+    assert_eq!(d.stat("tcp_connections"), 2, "{}", d.stats());
+    // Meanwhile this address has no connection left for a shim.
+    let refused = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_ne!(refused.code, 0, "a shim linked past the per-address cap");
+    let deadline = t0 + Duration::from_secs(20);
+    while d.stat("tcp_connections") > 0 {
+        assert!(Instant::now() < deadline, "connections that never authenticated were kept: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    eprintln!("unauthenticated connections closed after {took:?}");
+    assert!(took >= Duration::from_secs(9), "closed after {took:?}, before their 10 s");
+    assert_eq!(d.stat("tcp_closed_unauthenticated"), 2, "{}", d.stats());
+    let lines = d.wait_log("no authenticated call within 10s", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
+    let remote = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_same(&expected, &remote, "a shim after the unauthenticated connections were closed");
+    drop(held);
 }

@@ -271,13 +271,24 @@ fn stats_in_words(v: &serde_json::Value) -> String {
             n("speculative_hits")
         ));
     }
-    if n("remote_cache_hits") + n("remote_cache_rejected") + n("auth_failures") + n("tcp_connections_refused") > 0 {
+    let farm = [
+        "remote_cache_hits",
+        "remote_cache_rejected",
+        "auth_failures",
+        "tcp_connections_refused",
+        "tcp_closed_unauthenticated",
+        "remote_links_refused",
+    ];
+    if farm.iter().any(|c| n(c) > 0) {
         out.push(format!(
-            "farm: {} shared-cache hits, {} entries rejected, {} refused tokens, {} connections refused",
+            "farm: {} shared-cache hits, {} entries rejected, {} refused tokens, {} connections refused, {} closed \
+             without an authenticated call, {} remote links refused (no free slot)",
             n("remote_cache_hits"),
             n("remote_cache_rejected"),
             n("auth_failures"),
-            n("tcp_connections_refused")
+            n("tcp_connections_refused"),
+            n("tcp_closed_unauthenticated"),
+            n("remote_links_refused")
         ));
     }
     out.push("(every counter: nvlinkd stats --json)".into());

@@ -2,9 +2,12 @@
 //!
 //! `Link` reads the `Start` message, runs the link on a blocking thread with a
 //! [`LinkFs`] (the caller's files, read here or over the same stream), and sends
-//! the result back. A panic or error inside one link becomes that link's failure
-//! (the shim then falls back to the real nvlink); the daemon keeps serving. The
-//! stream owns its link: see `stream_fs.rs` for how a closed stream ends it.
+//! the result back. A remote link first takes a slot (`admission.rs`; none
+//! free in time: `RESOURCE_EXHAUSTED`) and waits for the blobs it lacks, both
+//! on the runtime: a shim that never sends them holds no thread. A panic or
+//! error inside one link becomes that link's failure (the shim then falls back
+//! to the real nvlink); the daemon keeps serving. The stream owns its link:
+//! see `stream_fs.rs` for how a closed stream ends it.
 //!
 //! Trust: a caller on the unix socket (mode 0600: this user) may administer
 //! the daemon; a caller on the TCP listener is authenticated (bearer token,
@@ -39,7 +42,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
+use crate::link::admission::{Caller, RemoteLinks};
 use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::net::incoming::{Call, Connection};
 use crate::observe::events::Hub;
 use crate::speculate::watch::{Subscriber, Watcher};
 use crate::speculate::Speculator;
@@ -126,6 +131,12 @@ pub struct Service {
     pub staged: Arc<crate::link::staging::Counters>,
     /// The TCP listener's connections (`incoming.rs`).
     pub connections: Arc<crate::net::incoming::Counters>,
+    /// Slots of remote links (`admission.rs`), taken by the links of the TCP
+    /// listener only: a link on the unix socket never waits for one.
+    pub remote_links: Arc<RemoteLinks>,
+    /// The listener requires client certificates (`--client-ca`): each one
+    /// is a caller of its own for the slots.
+    pub client_certificates: bool,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -158,6 +169,7 @@ impl Service {
         tx: Outbound,
         active: ActiveLink,
         same_user: bool,
+        caller: (Option<Caller>, String),
     ) -> Result<(), Status> {
         let mut shutdown = self.shutdown.subscribe();
         let first = tokio::select! {
@@ -170,6 +182,27 @@ impl Service {
         let start = match first.and_then(|m| m.msg) {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
+        };
+        // A remote link's slot (`admission.rs`), waited for here, without a
+        // thread; held until the link's thread is done. A shim that goes away
+        // meanwhile leaves the queue.
+        let slot = match self.local {
+            false => {
+                let admit = self.remote_links.admit(caller.0, &caller.1);
+                tokio::pin!(admit);
+                Some(loop {
+                    tokio::select! {
+                        slot = &mut admit => break slot?,
+                        m = inbound.message() => match m {
+                            // Nothing was asked of the shim yet: nothing to take.
+                            Ok(Some(_)) => continue,
+                            Ok(None) | Err(_) => return Err(Status::cancelled("the shim went away")),
+                        },
+                        _ = shutdown.wait_for(|s| *s) => return Err(Status::unavailable("nvlinkd is shutting down")),
+                    }
+                })
+            }
+            true => None,
         };
         let req = self.link_request(&start);
         // An unknown class is the default one: the shim forwards the variable as set.
@@ -247,19 +280,21 @@ impl Service {
         let slow = self.slow_link_ms;
         let staged = self.staged.clone();
         let budget = self.limits.max_link_input;
+        // A daemon on the caller's filesystem reads the files itself: no copies
+        // through the stream. The announced blobs the store lacks are waited
+        // for here, before the link takes a thread (a shim that never sends
+        // them holds none).
+        let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_contents(linker.contents().clone());
+        let fs = if announced.is_empty() { fs } else { fs.with_announced(announced, blobs.clone()).await };
         tokio::task::spawn_blocking(move || {
             let _active = active;
+            let _slot = slot;
             // Every line of this link, the daemon's own included, carries its id.
             let _entered = span.enter();
             let _in_flight = linker.in_flight_guard();
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
             }
-            // A daemon on the caller's filesystem reads the files itself: no copies
-            // through the stream.
-            let fs = LinkFs::new(channel.clone(), req.shared_fs, budget)
-                .with_announced(announced, blobs.clone())
-                .with_contents(linker.contents().clone());
             let args = nvlinkd_core::linker::args_summary(&req.args);
             let t_link = std::time::Instant::now();
             let outcome =
@@ -428,6 +463,20 @@ fn link_result(o: &Outcome) -> LinkResult {
     }
 }
 
+/// A response stream that keeps its connection's call open (`incoming.rs`)
+/// until it ends or is dropped.
+struct WithCall<S> {
+    inner: S,
+    _call: Option<Call>,
+}
+
+impl<S: Stream + Unpin> Stream for WithCall<S> {
+    type Item = S::Item;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
+
 fn fallback(reason: String) -> LinkResult {
     LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
 }
@@ -500,9 +549,47 @@ fn forward_progress(events: &Hub, link: u64, tx: Outbound) {
 }
 
 impl Service {
+    /// The TCP connection a remote call came on (`incoming.rs`).
+    fn connection<T>(&self, request: &Request<T>) -> Option<Arc<Connection>> {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        if self.local {
+            return None;
+        }
+        let ext = request.extensions();
+        let info =
+            ext.get::<TcpConnectInfo>().or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().map(|i| i.get_ref()))?;
+        self.connections.connection(info.local_addr(), info.remote_addr())
+    }
+
+    /// Who a remote link counts against for the per-caller slots
+    /// (`admission.rs`): its token where the token file holds several, else
+    /// its client certificate where they are required; None (the
+    /// daemon-wide count only) where all callers look alike.
+    fn caller<T>(&self, request: &Request<T>) -> Option<Caller> {
+        if let Some(auth) = self.auth.as_ref().filter(|a| a.count() > 1) {
+            return auth.identify(request.metadata());
+        }
+        if self.client_certificates {
+            let certs = request.peer_certs()?;
+            return certs.first().map(|c| *blake3::hash(c.as_ref()).as_bytes());
+        }
+        None
+    }
+
     /// A caller of this listener is who it must be: any caller of the unix
     /// socket, a remote one with a valid token (where tokens are required).
+    /// A remote call that is lets its connection stay (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let checked = self.check_token(request);
+        if checked.is_ok() {
+            if let Some(c) = self.connection(request) {
+                c.authenticated();
+            }
+        }
+        checked
+    }
+
+    fn check_token<T>(&self, request: &Request<T>) -> Result<(), Status> {
         match &self.auth {
             Some(auth) if !auth.allows(request.metadata()) => {
                 self.auth_failures.fetch_add(1, Ordering::Relaxed);
@@ -548,12 +635,16 @@ impl Nvlinkd for Service {
         let active = self.activity.begin();
         let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
         let same_user = crate::link::staging::same_user(peer);
+        let caller =
+            (self.caller(&request), request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "?".into()));
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         tokio::spawn(async move {
-            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user).await {
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user, caller).await {
                 let _ = tx.try_send(Err(status));
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(WithCall { inner: tokio_stream::wrappers::ReceiverStream::new(rx), _call: call })))
     }
 
     type EventsStream = EventStream;
@@ -635,6 +726,7 @@ impl Nvlinkd for Service {
             staged: self.staged.clone(),
             connections: self.connections.clone(),
             auth_failures: self.auth_failures.clone(),
+            remote_links: self.remote_links.clone(),
         };
         let mut snapshot = figures.snapshot();
         if !self.local {

@@ -19,8 +19,14 @@
 //! (the daemon reads the files itself) and the stream. Over the stream, the
 //! files the shim announced with its `Start` ([`announced`]) are stat'ed from
 //! the announcement and read from the blob store by digest; the blobs the
-//! store lacks are asked for all at once when the link starts, and one whose
-//! bytes are not the announced ones is refused and declines the link. It refuses reads once the
+//! store lacks are asked for all at once when the link starts, and waited for
+//! on the runtime before the link takes a thread
+//! ([`LinkFs::with_announced`]), and one whose bytes are not the announced
+//! ones is refused and declines the link. The inputs read by path are asked
+//! for all at once too (`prefetch`) and waited for on the link's own thread,
+//! never on rayon's pool, where every link's inputs are digested and decoded:
+//! a shim silent about its inputs holds no thread a local link needs (its link's
+//! thread is bounded by the remote slots, `admission.rs`). It refuses reads once the
 //! stream is closed, never reads a non-regular file (see `nvlinkd_core::fs`),
 //! and bounds the bytes one link may read (`--max-link-input`); any of these
 //! makes the link *declined*: no engine of the daemon runs it (a closed stream's
@@ -157,20 +163,23 @@ impl LinkChannel {
         }
     }
 
-    /// Register a read and send its request. Registration and the closed check
-    /// share one lock: after `close`, nothing is registered.
-    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<FileReply>> {
-        let (id, rx) = {
-            let mut s = self.state();
-            if let Some(why) = s.closed {
-                return Err(gone(why));
-            }
-            s.next_id += 1;
-            let id = s.next_id;
-            let (tx, rx) = oneshot::channel();
-            s.pending.insert(id, Pending { tx, data: Vec::new(), limit: limit.min(self.max_file) });
-            (id, rx)
-        };
+    /// Register a read: its id, the receiver of its reply and the request to
+    /// send. Registration and the closed check share one lock: after `close`,
+    /// nothing is registered.
+    fn register(
+        &self,
+        path: &Path,
+        op: file_request::Op,
+        limit: u64,
+    ) -> io::Result<(u64, oneshot::Receiver<FileReply>, ServerMessage)> {
+        let mut s = self.state();
+        if let Some(why) = s.closed {
+            return Err(gone(why));
+        }
+        s.next_id += 1;
+        let id = s.next_id;
+        let (tx, rx) = oneshot::channel();
+        s.pending.insert(id, Pending { tx, data: Vec::new(), limit: limit.min(self.max_file) });
         let msg = ServerMessage {
             msg: Some(server_message::Msg::File(FileRequest {
                 id,
@@ -178,7 +187,28 @@ impl LinkChannel {
                 op: op as i32,
             })),
         };
+        Ok((id, rx, msg))
+    }
+
+    /// Register a read and send its request (from the link thread).
+    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<FileReply>> {
+        let (id, rx, msg) = self.register(path, op, limit)?;
         if let Err(e) = self.send(msg, true) {
+            self.state().pending.remove(&id);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    /// [`LinkChannel::request`] on the runtime, before the link has a thread.
+    async fn request_async(
+        &self,
+        path: &Path,
+        op: file_request::Op,
+        limit: u64,
+    ) -> io::Result<oneshot::Receiver<FileReply>> {
+        let (id, rx, msg) = self.register(path, op, limit)?;
+        if let Err(e) = self.send_async(msg, true).await {
             self.state().pending.remove(&id);
             return Err(e);
         }
@@ -188,18 +218,20 @@ impl LinkChannel {
     /// Send a message to the shim from the link thread: bounded by the reply
     /// timeout, and (for file requests) given up as soon as the channel closes.
     pub fn send(&self, msg: ServerMessage, until_closed: bool) -> io::Result<()> {
+        self.rt.block_on(self.send_async(msg, until_closed))
+    }
+
+    /// [`LinkChannel::send`] on the runtime.
+    async fn send_async(&self, msg: ServerMessage, until_closed: bool) -> io::Result<()> {
         let mut closed = self.closed.subscribe();
-        let timeout = self.reply_timeout;
-        self.rt.block_on(async {
-            tokio::select! {
-                sent = self.tx.send(Ok(msg)) => sent.map_err(|_| gone("the shim went away")),
-                _ = closed.wait_for(|c| *c), if until_closed => Err(gone(self.closed_reason().unwrap_or("closed"))),
-                _ = tokio::time::sleep(timeout) => {
-                    self.close("the shim stopped reading");
-                    Err(io::Error::new(io::ErrorKind::TimedOut, "the nvlink shim stopped reading"))
-                }
+        tokio::select! {
+            sent = self.tx.send(Ok(msg)) => sent.map_err(|_| gone("the shim went away")),
+            _ = closed.wait_for(|c| *c), if until_closed => Err(gone(self.closed_reason().unwrap_or("closed"))),
+            _ = tokio::time::sleep(self.reply_timeout) => {
+                self.close("the shim stopped reading");
+                Err(io::Error::new(io::ErrorKind::TimedOut, "the nvlink shim stopped reading"))
             }
-        })
+        }
     }
 
     /// Wait for a reply, at most the reply timeout (then the shim counts as gone).
@@ -272,8 +304,8 @@ enum Source {
 }
 
 struct Stream {
-    /// Reads already requested (`prefetch`, and the announced blobs the store lacked).
-    prefetched: Mutex<HashMap<PathBuf, oneshot::Receiver<FileReply>>>,
+    /// Replies to the reads of `prefetch`, waited for by the link's own thread.
+    prefetched: Mutex<HashMap<PathBuf, io::Result<file_reply::Result>>>,
     /// What the shim announced: stats answered here, contents by digest.
     announced: HashMap<PathBuf, Announced>,
     blobs: Option<Arc<BlobStore>>,
@@ -322,7 +354,16 @@ impl LinkFs {
     /// (`BlobStore::claim`); each is verified and stored as it arrives. The
     /// others are read (and verified) only if the link reads them — a
     /// whole-link hit whose key digests are remembered reads none.
-    pub fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
+    ///
+    /// Runs on the runtime, before the link takes a thread, and returns once
+    /// the blobs asked for have landed: a shim that announces files and then
+    /// sends nothing holds no thread. Each blob is waited for at most the
+    /// reply timeout after the one before it; one of this link's own that
+    /// does not come in time closes the channel (the shim counts as gone, and
+    /// the link ends at its first read). A flight of another link's that does
+    /// not land in time is left to the link, which asks its own shim when it
+    /// reads the file.
+    pub async fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
         let Source::Stream(st) = &mut self.source else { return self };
         let mut seen = std::collections::HashSet::new();
         let mut missing = Vec::new();
@@ -335,34 +376,53 @@ impl LinkFs {
         st.announced = files;
         st.blobs = Some(blobs.clone());
         let wanted = missing.iter().fold(0u64, |n, (_, size, _)| n.saturating_add(*size));
-        if wanted <= self.budget {
-            for (path, size, digest) in missing {
-                let flight = match blobs.claim(&digest) {
-                    Claim::Wait(f) => {
-                        st.flights.insert(digest, (f, false));
-                        continue;
-                    }
-                    Claim::Own(f) => f,
+        if wanted > self.budget {
+            return self;
+        }
+        for (path, size, digest) in missing {
+            let flight = match blobs.claim(&digest) {
+                Claim::Wait(f) => {
+                    st.flights.insert(digest, (f, false));
+                    continue;
+                }
+                Claim::Own(f) => f,
+            };
+            st.flights.insert(digest, (flight.clone(), true));
+            // A closed stream refuses the request: the flight fails, and
+            // so does the read itself.
+            let rx = self.channel.request_async(&path, file_request::Op::Read, size).await.ok();
+            let blobs = blobs.clone();
+            self.channel.rt.spawn(async move {
+                let data = match rx {
+                    Some(rx) => match rx.await {
+                        Ok(FileReply { result: Some(file_reply::Result::Data(d)), .. }) => Some(d),
+                        _ => None,
+                    },
+                    None => None,
                 };
-                st.flights.insert(digest, (flight.clone(), true));
-                // A closed stream refuses the request: the flight fails, and
-                // so does the read itself.
-                let rx = self.channel.request(&path, file_request::Op::Read, size).ok();
-                let blobs = blobs.clone();
-                self.channel.rt.spawn(async move {
-                    let data = match rx {
-                        Some(rx) => match rx.await {
-                            Ok(FileReply { result: Some(file_reply::Result::Data(d)), .. }) => Some(d),
-                            _ => None,
-                        },
-                        None => None,
-                    };
-                    // Hashing and the disk write are blocking work.
-                    let _ =
-                        tokio::task::spawn_blocking(move || blobs.land(&digest, size, data.map(Vec::from), &flight))
-                            .await;
-                });
+                // Hashing and the disk write are blocking work.
+                let _ =
+                    tokio::task::spawn_blocking(move || blobs.land(&digest, size, data.map(Vec::from), &flight)).await;
+            });
+        }
+        let mut late = Vec::new();
+        for (digest, (flight, owned)) in &st.flights {
+            let landed = tokio::select! {
+                l = tokio::time::timeout(self.channel.reply_timeout, flight.landed()) => l.is_ok(),
+                // Gone: the link ends at its first read.
+                _ = self.channel.wait_closed() => break,
+            };
+            if !landed && *owned {
+                self.channel.close("the shim did not send the files it announced in time");
+                break;
             }
+            if !landed {
+                late.push(*digest);
+            }
+        }
+        // Asked of this link's own shim if the link reads them.
+        for digest in late {
+            st.flights.remove(&digest);
         }
         self
     }
@@ -395,16 +455,16 @@ impl LinkFs {
         e
     }
 
-    /// Ask the shim (or take the reply to an earlier request) and wait.
+    /// Ask the shim and wait (or take the reply to an earlier request).
     fn ask(&self, st: &Stream, path: &Path, op: file_request::Op, limit: u64) -> io::Result<file_reply::Result> {
         let early = match op {
             file_request::Op::Read => st.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
             file_request::Op::Stat => None,
         };
-        let rx = match early {
-            Some(rx) => rx,
-            None => self.channel.request(path, op, limit).map_err(|e| self.lost(e))?,
-        };
+        if let Some(reply) = early {
+            return reply.map_err(|e| self.lost(e));
+        }
+        let rx = self.channel.request(path, op, limit).map_err(|e| self.lost(e))?;
         self.channel.wait(rx).map_err(|e| self.lost(e))
     }
 
@@ -496,21 +556,32 @@ impl InputFs for LinkFs {
         Ok(data)
     }
 
+    /// Ask for all of `paths` at once, then wait for the replies here, on
+    /// the link's own thread (held by its remote slot): the reads that
+    /// follow, in parallel on rayon's pool (which local links share), wait on
+    /// nothing a shim does.
     fn prefetch(&self, paths: &[PathBuf]) {
         let Source::Stream(st) = &self.source else { return };
+        let mut asked = Vec::new();
         for p in paths {
             // Announced files are asked for (if at all) when the link starts.
             if st.announced.get(p).is_some_and(|a| !a.exists || a.is_dir || a.digest.is_some()) {
                 continue;
             }
             let known = st.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
-            if !known {
+            if !known && !asked.iter().any(|(q, _)| q == p) {
                 // A closed stream refuses the request: the read itself then fails.
                 if let Ok(rx) = self.channel.request(p, file_request::Op::Read, u64::MAX) {
-                    if let Ok(mut m) = st.prefetched.lock() {
-                        m.insert(p.clone(), rx);
-                    }
+                    asked.push((p.clone(), rx));
                 }
+            }
+        }
+        for (p, rx) in asked {
+            // Each bounded by the reply timeout; once one times out, the
+            // channel is closed and the rest fail at once.
+            let reply = self.channel.wait(rx);
+            if let Ok(mut m) = st.prefetched.lock() {
+                m.insert(p, reply);
             }
         }
     }

@@ -35,13 +35,23 @@ impl Auth {
 
     /// Whether `metadata` carries `authorization: Bearer <one of the tokens>`.
     pub fn allows(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
-        let Some(token) = metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer) else {
-            return false;
-        };
-        let presented = blake3::hash(token.as_bytes());
+        self.identify(metadata).is_some()
+    }
+
+    /// The hash of the token `metadata` carries, if it is one of the tokens
+    /// (who a call counts against, `link/admission.rs`).
+    pub fn identify(&self, metadata: &tonic::metadata::MetadataMap) -> Option<[u8; 32]> {
+        let token = metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(bearer)?;
+        let presented = *blake3::hash(token.as_bytes()).as_bytes();
         let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner()).clone();
         // Every token is compared (no early exit): the time taken does not say which matched.
-        tokens.iter().fold(false, |ok, t| ok | constant_time_eq::constant_time_eq_32(t, presented.as_bytes()))
+        let ok = tokens.iter().fold(false, |ok, t| ok | constant_time_eq::constant_time_eq_32(t, &presented));
+        ok.then_some(presented)
+    }
+
+    /// How many tokens are in force.
+    pub fn count(&self) -> usize {
+        self.tokens.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 

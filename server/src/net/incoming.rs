@@ -13,12 +13,21 @@
 //! - The TLS handshake (`tls.rs`, on these connections) has a deadline,
 //!   [`HANDSHAKE_TIMEOUT`]: a connection that never completes it is closed and
 //!   its slot freed.
+//! - A connection that makes no authenticated call within [`AUTH_TIMEOUT`]
+//!   of its TLS handshake is closed, and so is one with no call open for
+//!   [`IDLE_TIMEOUT`] (shims reconnect): a client that holds connections open
+//!   without using them cannot keep remote shims out. The service tells each
+//!   connection what it does ([`Connection`], found by its addresses); the
+//!   connection's reads fail once a deadline passes, which closes it.
+//! - One "address" of the per-address cap is an IPv4 address or an IPv6 /64
+//!   (one host usually has a whole /64 to connect from).
 //! - Refusals are logged at most once per [`LOG_EVERY`], with counts; so are
-//!   failed TLS handshakes and refused tokens ([`LogLimit`]), with the peer's
-//!   address.
+//!   failed TLS handshakes, refused tokens and connections closed for making
+//!   no authenticated call ([`LogLimit`]), with the peer's address.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::future::Future;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,12 +37,25 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Most refusal lines in the log: one per this period.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// How long a TLS handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after its TLS handshake a connection may go without an
+/// authenticated call (a shim makes its call at once).
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may stay with no call open.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// HTTP/2 streams one TCP connection may have open at once (a shim uses one
+/// per link).
+pub const MAX_STREAMS: u32 = 16;
+/// HTTP/2 pings from the daemon on a quiet connection, and how long an answer
+/// may take: a peer that vanished is noticed without waiting for the idle
+/// timeout.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Connection caps.
 #[derive(Clone, Copy, Debug)]
@@ -86,21 +108,38 @@ pub struct Counters {
     pub tls_handshake_failures: AtomicU64,
     /// The log lines of failed handshakes.
     pub handshake_log: LogLimit,
+    /// Connections closed for making no authenticated call in time.
+    pub closed_unauthenticated: AtomicU64,
+    /// Connections closed for having no call open for [`IDLE_TIMEOUT`].
+    pub closed_idle: AtomicU64,
+    /// Open connections, and how many from each address (see [`peer_group`]).
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    /// What each open connection does, by its (local, peer) addresses.
+    live: Mutex<HashMap<(SocketAddr, SocketAddr), Arc<Connection>>>,
     refusal_log: LogLimit,
+    unauthenticated_log: LogLimit,
 }
 
 impl Counters {
     /// For `stats --json`.
-    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 4] {
+    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 6] {
         use nvlinkd_core::stats::Kind::{Counter, Gauge};
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner()).0 as u64;
+        let r = Ordering::Relaxed;
         [
             ("tcp_connections", open, Gauge),
-            ("tcp_connections_refused", self.refused.load(Ordering::Relaxed), Counter),
-            ("tcp_accept_backoffs", self.accept_backoffs.load(Ordering::Relaxed), Counter),
-            ("tls_handshake_failures", self.tls_handshake_failures.load(Ordering::Relaxed), Counter),
+            ("tcp_connections_refused", self.refused.load(r), Counter),
+            ("tcp_accept_backoffs", self.accept_backoffs.load(r), Counter),
+            ("tls_handshake_failures", self.tls_handshake_failures.load(r), Counter),
+            ("tcp_closed_unauthenticated", self.closed_unauthenticated.load(r), Counter),
+            ("tcp_closed_idle", self.closed_idle.load(r), Counter),
         ]
+    }
+
+    /// The open connection with these addresses (a call's `TcpConnectInfo`).
+    pub fn connection(&self, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Option<Arc<Connection>> {
+        let key = (local?, peer?);
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned()
     }
 
     fn log_refusal(&self, why: &str) {
@@ -115,15 +154,122 @@ impl Counters {
     }
 }
 
-/// One admitted connection; its slot is given back when it is dropped.
+/// What one connection does, as the service tells it: whether it made an
+/// authenticated call, how many calls it has open, when it last began or
+/// ended one. Its deadlines follow ([`Connection::deadline`]).
+pub struct Connection {
+    state: Mutex<Use>,
+}
+
+struct Use {
+    authenticated: bool,
+    /// Without an authenticated call by then, the connection is closed.
+    auth_by: Instant,
+    /// Calls open (link streams).
+    open: usize,
+    /// When a call last began or ended.
+    last: Instant,
+}
+
+/// Why a connection is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// No authenticated call within [`AUTH_TIMEOUT`] of the handshake.
+    Unauthenticated,
+    /// No call open for [`IDLE_TIMEOUT`].
+    Idle,
+}
+
+/// When a connection is closed unless it is used meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    At(Instant, Expiry),
+    /// A call is open: not while it is.
+    Busy,
+}
+
+impl Connection {
+    /// A connection accepted at `now`: it has the handshake's deadline and
+    /// [`AUTH_TIMEOUT`] after it for its first authenticated call.
+    pub fn new(now: Instant) -> Connection {
+        Connection {
+            state: Mutex::new(Use {
+                authenticated: false,
+                auth_by: now + HANDSHAKE_TIMEOUT + AUTH_TIMEOUT,
+                open: 0,
+                last: now,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Use> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TLS handshake is done: [`AUTH_TIMEOUT`] from now for an authenticated call.
+    pub fn handshaken(&self) {
+        let mut s = self.state();
+        s.auth_by = s.auth_by.min(Instant::now() + AUTH_TIMEOUT);
+    }
+
+    /// A call passed authentication.
+    pub fn authenticated(&self) {
+        let mut s = self.state();
+        s.authenticated = true;
+        s.last = Instant::now();
+    }
+
+    /// A call (a link's stream) is open until the guard is dropped.
+    pub fn call(self: &Arc<Self>) -> Call {
+        let mut s = self.state();
+        s.open += 1;
+        s.last = Instant::now();
+        Call(self.clone())
+    }
+
+    /// When the connection is to be closed, as it stands; an idle period of `idle`.
+    pub fn deadline(&self, idle: Duration) -> Deadline {
+        let s = self.state();
+        if !s.authenticated {
+            Deadline::At(s.auth_by, Expiry::Unauthenticated)
+        } else if s.open > 0 {
+            Deadline::Busy
+        } else {
+            Deadline::At(s.last + idle, Expiry::Idle)
+        }
+    }
+}
+
+/// An open call of a connection ([`Connection::call`]).
+pub struct Call(Arc<Connection>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let mut s = self.0.state();
+        s.open = s.open.saturating_sub(1);
+        s.last = Instant::now();
+    }
+}
+
+/// One admitted connection; its slot is given back when it is dropped. Its
+/// reads fail once its [`Connection`]'s deadline passes, which closes it.
 pub struct Guarded {
     stream: TcpStream,
+    /// Its address group (see [`peer_group`]).
     peer: Option<IpAddr>,
+    addrs: Option<(SocketAddr, SocketAddr)>,
     counters: Arc<Counters>,
+    connection: Arc<Connection>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Why it was closed, once it was.
+    expired: Option<Expiry>,
 }
 
 impl Drop for Guarded {
     fn drop(&mut self) {
+        if let Some(addrs) = self.addrs {
+            self.counters.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&addrs);
+        }
         let mut open = self.counters.open.lock().unwrap_or_else(|p| p.into_inner());
         open.0 = open.0.saturating_sub(1);
         if let Some(ip) = self.peer {
@@ -142,6 +288,72 @@ impl Guarded {
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         self.stream.peer_addr().ok()
     }
+
+    /// What the connection does (the TLS handshake reports its end here).
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.connection
+    }
+
+    /// The error that closes the connection once its deadline has passed;
+    /// until then, the timer is set to wake its reader at the deadline.
+    fn check(&mut self, cx: &mut Context<'_>) -> Option<std::io::Error> {
+        let closed = |why: Expiry| {
+            let what = match why {
+                Expiry::Unauthenticated => "no authenticated call in time",
+                Expiry::Idle => "idle",
+            };
+            std::io::Error::new(std::io::ErrorKind::TimedOut, what)
+        };
+        if let Some(why) = self.expired {
+            return Some(closed(why));
+        }
+        let now = Instant::now();
+        let wake = match self.connection.deadline(IDLE_TIMEOUT) {
+            Deadline::At(at, why) if at <= now => {
+                self.expired = Some(why);
+                self.counters.closed(why, self.addrs.map(|a| a.1));
+                return Some(closed(why));
+            }
+            Deadline::At(at, _) => tokio::time::Instant::from_std(at),
+            // Looked at again later: a call may end without a read here.
+            Deadline::Busy if self.timer.deadline() > tokio::time::Instant::from_std(now) => self.timer.deadline(),
+            Deadline::Busy => tokio::time::Instant::from_std(now + IDLE_TIMEOUT),
+        };
+        if self.timer.deadline() != wake {
+            self.timer.as_mut().reset(wake);
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            // Due now: the next read looks again.
+            cx.waker().wake_by_ref();
+        }
+        None
+    }
+}
+
+impl Counters {
+    fn closed(&self, why: Expiry, peer: Option<SocketAddr>) {
+        let peer = peer.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
+        match why {
+            Expiry::Unauthenticated => {
+                self.closed_unauthenticated.fetch_add(1, Ordering::Relaxed);
+                match self.unauthenticated_log.allow() {
+                    Some(suppressed) => warn!(
+                        %peer,
+                        suppressed,
+                        "TCP connection closed: no authenticated call within {}s of its TLS handshake (logged at \
+                         most every {}s; suppressed: closings not logged since the last line)",
+                        AUTH_TIMEOUT.as_secs(),
+                        LOG_EVERY.as_secs()
+                    ),
+                    None => debug!(%peer, "TCP connection closed: no authenticated call in time"),
+                }
+            }
+            Expiry::Idle => {
+                self.closed_idle.fetch_add(1, Ordering::Relaxed);
+                debug!(%peer, idle_s = IDLE_TIMEOUT.as_secs(), "TCP connection closed: idle");
+            }
+        }
+    }
 }
 
 impl Connected for Guarded {
@@ -153,6 +365,9 @@ impl Connected for Guarded {
 
 impl AsyncRead for Guarded {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if let Some(e) = self.check(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -205,7 +420,7 @@ pub fn guarded(
                 // A peer gone before it was accepted, or the like: next.
                 Err(_) => continue,
             };
-            let ip = peer.ip();
+            let ip = peer_group(peer.ip());
             let admitted = {
                 let mut open = counters.open.lock().unwrap_or_else(|p| p.into_inner());
                 let mine = open.1.get(&ip).copied().unwrap_or(0);
@@ -226,13 +441,36 @@ pub fn guarded(
                 continue;
             }
             let _ = stream.set_nodelay(true);
-            let g = Guarded { stream, peer: Some(ip), counters: counters.clone() };
+            let now = Instant::now();
+            let connection = Arc::new(Connection::new(now));
+            let addrs = stream.local_addr().ok().map(|local| (local, peer));
+            if let Some(addrs) = addrs {
+                counters.live.lock().unwrap_or_else(|p| p.into_inner()).insert(addrs, connection.clone());
+            }
+            let timer = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(now + IDLE_TIMEOUT)));
+            let g =
+                Guarded { stream, peer: Some(ip), addrs, counters: counters.clone(), connection, timer, expired: None };
             if tx.send(Ok(g)).await.is_err() {
                 return;
             }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The group of addresses one per-address cap counts: an IPv4 address (also
+/// as an IPv4-mapped IPv6 one), or the /64 of an IPv6 address.
+pub fn peer_group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
 }
 
 /// Errors of `accept` that say the process or system ran out of something:
@@ -273,6 +511,36 @@ mod tests {
         let l = ConnectionLimits::new(4096, 1 << 20);
         assert_eq!(l.total, 4096);
         assert_eq!(ConnectionLimits::new(1, 1).per_peer, 1);
+    }
+
+    #[test]
+    fn an_ipv6_peer_counts_by_its_64() {
+        let g = |a: &str| peer_group(a.parse().unwrap()).to_string();
+        assert_eq!(g("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(g("2001:db8:1:2::1"), g("2001:db8:1:2:ffff::9"));
+        assert_ne!(g("2001:db8:1:2::1"), g("2001:db8:1:3::1"));
+        assert_eq!(g("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(g("192.0.2.7"), "192.0.2.7");
+    }
+
+    #[test]
+    fn a_connection_is_closed_without_an_authenticated_call_or_when_idle() {
+        let t0 = Instant::now();
+        let c = Arc::new(Connection::new(t0));
+        let Deadline::At(at, Expiry::Unauthenticated) = c.deadline(IDLE_TIMEOUT) else { panic!() };
+        assert_eq!(at, t0 + HANDSHAKE_TIMEOUT + AUTH_TIMEOUT, "the handshake's time and then the call's");
+        c.handshaken();
+        let Deadline::At(at, Expiry::Unauthenticated) = c.deadline(IDLE_TIMEOUT) else { panic!() };
+        assert!(at <= Instant::now() + AUTH_TIMEOUT);
+        c.authenticated();
+        let call = c.call();
+        assert_eq!(c.deadline(IDLE_TIMEOUT), Deadline::Busy, "never while a call is open");
+        let second = c.call();
+        drop(call);
+        assert_eq!(c.deadline(IDLE_TIMEOUT), Deadline::Busy);
+        drop(second);
+        let Deadline::At(at, Expiry::Idle) = c.deadline(IDLE_TIMEOUT) else { panic!() };
+        assert!(at > Instant::now() + IDLE_TIMEOUT - Duration::from_secs(1));
     }
 
     #[test]

@@ -143,8 +143,11 @@ pub fn incoming(
             let (tx, acceptor, counters) = (tx.clone(), TlsAcceptor::from(tls.current()), counters.clone());
             tokio::spawn(async move {
                 let peer = conn.peer_addr();
+                let connection = conn.connection().clone();
                 let failed = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
                     Ok(Ok(stream)) => {
+                        // Its first authenticated call is due within AUTH_TIMEOUT (`incoming.rs`).
+                        connection.handshaken();
                         let _ = tx.send(Ok(stream)).await;
                         return;
                     }

@@ -18,6 +18,7 @@ pub struct Figures {
     pub staged: Arc<crate::link::staging::Counters>,
     pub connections: Arc<crate::net::incoming::Counters>,
     pub auth_failures: Arc<AtomicU64>,
+    pub remote_links: Arc<crate::link::admission::RemoteLinks>,
 }
 
 impl Figures {
@@ -28,6 +29,7 @@ impl Figures {
         own.extend(self.blobs.counters());
         own.extend(self.staged.counters());
         own.extend(self.connections.counters());
+        own.extend(self.remote_links.counters());
         s.prepend(own);
         s
     }
@@ -48,6 +50,11 @@ const HELP: &[(&str, &str)] = &[
     ("tcp_connections_refused", "TCP connections closed at once: past the total or per-address cap"),
     ("tcp_accept_backoffs", "Times accepting paused for want of file descriptors or memory"),
     ("tls_handshake_failures", "TLS handshakes that failed or timed out"),
+    ("tcp_closed_unauthenticated", "TCP connections closed for making no authenticated call in time"),
+    ("tcp_closed_idle", "TCP connections closed after a long time with no call open"),
+    ("remote_links", "Remote links holding a slot now"),
+    ("remote_links_waiting", "Remote links waiting for a slot"),
+    ("remote_links_refused", "Remote links refused: no slot within the wait (their shims ran the real nvlink)"),
     ("remote_cache_hits", "Links served from the shared (REAPI) cache tier"),
     ("remote_cache_misses", "Lookups the shared (REAPI) cache tier did not answer"),
     ("remote_cache_errors", "Shared-tier lookups that failed"),

@@ -1197,6 +1197,8 @@ fn a_command_line_past_the_daemons_bounds_is_left_to_nvlink() {
         assert!(cmp.problems.is_empty() && cmp.identical, "{extra:.40}: {:?}", cmp.problems);
         assert_eq!(d.stat("fallbacks"), n as u64 + 1, "{extra:.40}: not left to nvlink: {}", d.stats());
     }
+}
+
 /// The environment of a shim of the token file's other token.
 fn other_token_env(pki: &Pki, addr: &str, fallback: &str) -> Vec<(String, String)> {
     let mut env = pki.shim_env(addr, fallback);

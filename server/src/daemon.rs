@@ -117,7 +117,9 @@ pub struct LogFile {
 
 impl LogFile {
     fn open(path: &Path) -> std::io::Result<std::fs::File> {
-        std::fs::OpenOptions::new().create(true).append(true).open(path)
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symlink someone planted at the log's name.
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
     }
 
     /// Open the file at the log's path again; on failure the old one stays.
@@ -176,6 +178,62 @@ fn one_line(buf: &[u8]) -> Option<Vec<u8>> {
     }
     out.push('\n');
     Some(out.into_bytes())
+}
+
+/// Make the cache directory this user's own before anything is read from it
+/// or written to it: the cache decides what links answer, and the log names
+/// every link. Created 0700; an existing one must be a directory owned by
+/// this user, in a directory of this user's or root's (else another user
+/// could swap it), and is made 0700 (an older daemon made it readable by
+/// all). A symlink is followed only where it is this user's or root's, in a
+/// directory of theirs (systemd's `DynamicUser` cache directories are such
+/// links). Refused otherwise, with why. A directory that cannot be made at
+/// all (read-only, full) is left to the cache, which then runs in memory.
+pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let shown = dir.display();
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    let Ok(m) = std::fs::symlink_metadata(dir) else { return Ok(()) };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let parent_of = |p: &Path| p.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned();
+    let foreign_parent =
+        |p: &Path| std::fs::metadata(parent_of(p)).ok().map(|pm| pm.uid()).filter(|&u| u != me && u != 0);
+    if m.file_type().is_symlink() {
+        if m.uid() != me && m.uid() != 0 {
+            return Err(format!("cache directory {shown} is a symlink of uid {}: refusing", m.uid()));
+        }
+        if let Some(u) = foreign_parent(dir) {
+            return Err(format!("cache directory {shown} is a symlink in a directory of uid {u}: refusing"));
+        }
+        return match std::fs::canonicalize(dir) {
+            Ok(real) if real != dir => private_cache_dir(&real),
+            _ => Ok(()),
+        };
+    }
+    if !m.is_dir() {
+        return Ok(());
+    }
+    if m.uid() != me {
+        return Err(format!(
+            "cache directory {shown} belongs to uid {}, not to this user ({me}): refusing (another user could \
+             write what links answer); give --cache-dir a directory of your own",
+            m.uid()
+        ));
+    }
+    if let Some(u) = foreign_parent(dir) {
+        return Err(format!(
+            "cache directory {shown} is in a directory of uid {u}: refusing (that user could replace it); \
+             give --cache-dir a directory of your own"
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    Ok(())
 }
 
 /// The daemon's logging: dropping it flushes what is queued.

@@ -585,6 +585,10 @@ fn main() -> ExitCode {
             let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
             nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             let cache_dir = a.cache_dir();
+            if let Err(e) = daemon::private_cache_dir(&cache_dir) {
+                eprintln!("nvlinkd: {e}");
+                return ExitCode::from(2);
+            }
             let events = events::Hub::default();
             let logging = daemon::init_logging(&cache_dir, &events, a.log_format, !a.detached);
             let remote_cache = match a.remote_options() {

@@ -431,3 +431,56 @@ fn a_config_file_sets_serve_options_and_the_command_line_wins() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key 'jbos'"), "{out:?}");
 }
+
+/// The cache decides what links answer and the log names every link: serve
+/// keeps its cache directory to its own user. A fresh one is made 0700, an
+/// older one readable by all becomes 0700; one of another user's, a symlink,
+/// or one inside another user's directory is refused before anything starts
+/// (another user had it answer a poisoned entry and overwrite a file through
+/// a planted temporary name).
+#[test]
+fn serve_keeps_its_cache_directory_to_its_own_user() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let root = TempDir::new("cache-owner");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let mut d = Daemon::start();
+    assert_eq!(mode(&d.cache_dir()), 0o700, "a fresh cache directory");
+    d.stop();
+    std::fs::set_permissions(d.cache_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.spawn(&[]);
+    assert!(d.answers());
+    assert_eq!(mode(&d.cache_dir()), 0o700, "an older cache directory readable by all");
+    let older = d.cache_dir();
+    let serve = |cache: &std::path::Path| {
+        Command::new(nvlinkd())
+            .args(["serve", "--socket"])
+            .arg(root.path().join("s.sock"))
+            .arg("--cache-dir")
+            .arg(cache)
+            .arg("--cuda-home")
+            .arg(cuda_home())
+            .output()
+            .unwrap()
+    };
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other user's cases: not root");
+        return;
+    }
+    let linked = root.path().join("linked");
+    symlink(&older, &linked).unwrap();
+    std::os::unix::fs::lchown(&linked, Some(65534), Some(65534)).unwrap();
+    let out = serve(&linked);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a symlink of uid 65534"), "{out:?}");
+    let theirs = root.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let out = serve(&theirs);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to uid 65534"), "{out:?}");
+    let inside = theirs.join("cache");
+    let out = serve(&inside);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in a directory of uid 65534"), "{out:?}");
+}

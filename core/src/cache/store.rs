@@ -242,7 +242,8 @@ impl Store {
         fs::create_dir_all(dir)?;
         let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), self.tmp_counter.fetch_add(1, Ordering::Relaxed)));
         let written = (|| {
-            let mut f = fs::File::create(&tmp)?;
+            // A new file, never through a name someone planted.
+            let mut f = new_file(&tmp)?;
             f.write_all(MAGIC)?;
             f.write_all(key)?;
             f.write_all(blake3::hash(value).as_bytes())?;
@@ -310,9 +311,17 @@ fn verify(raw: &[u8], key: &Key) -> Option<Vec<u8>> {
 fn probe(dir: &Path) -> std::io::Result<()> {
     fs::create_dir_all(dir)?;
     let p = dir.join(format!(".probe-{}", std::process::id()));
-    let written = fs::File::create(&p).and_then(|mut f| f.write_all(b"nvlinkd"));
+    let _ = fs::remove_file(&p);
+    let written = new_file(&p).and_then(|mut f| f.write_all(b"nvlinkd"));
     let _ = fs::remove_file(&p);
     written
+}
+
+/// Create `path` as a new file of this user's only (0600), failing on an
+/// existing name or a symlink planted there.
+fn new_file(path: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 fn scan(dir: &Path) -> Vec<(Key, u64, SystemTime)> {

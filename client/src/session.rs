@@ -724,17 +724,24 @@ async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
     connect(&target).await
 }
 
-/// Run `nvlinkd start` (it detaches the daemon and waits until it answers).
+/// Run `nvlinkd start` (it detaches the daemon and waits until it answers),
+/// with this shim's toolkit. A shim that knows none (no overlay, no
+/// `CUDA_HOME`) starts no daemon: one would link with a toolkit of its own
+/// finding, not necessarily this nvlink's.
 fn start_daemon(tk: &Toolkit, socket: &Path) -> Result<(), String> {
+    let Some(home) = tk.cuda_home.as_ref().filter(|h| h.join("bin/nvlink").is_file()) else {
+        return Err(match &tk.cuda_home {
+            Some(h) => format!("no daemon started: {} is not a CUDA toolkit (no bin/nvlink)", h.display()),
+            None => "no daemon started: this nvlink knows no CUDA toolkit (set CUDA_HOME)".to_string(),
+        });
+    };
     let bin = daemon_binary(tk).ok_or("no nvlinkd binary found to start a daemon")?;
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("start").arg("--socket").arg(socket);
     // A daemon nobody asked for does not stay forever.
     let idle = std::env::var(paths::ENV_IDLE_EXIT).ok().filter(|v| !v.is_empty());
     cmd.arg("--idle-exit").arg(idle.as_deref().unwrap_or(DEFAULT_IDLE_EXIT));
-    if let Some(home) = &tk.cuda_home {
-        cmd.arg("--cuda-home").arg(home);
-    }
+    cmd.arg("--cuda-home").arg(home);
     let status = cmd
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

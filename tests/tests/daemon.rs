@@ -191,6 +191,42 @@ fn shim_starts_a_daemon_when_none_answers() {
     assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }
 
+/// A shim that knows no toolkit (not in an overlay, no `CUDA_HOME`, no
+/// `NVLINKD_REAL_NVLINK`) never starts a daemon, even where `nvlinkd` would
+/// find a toolkit of its own (here: an nvlink on `PATH`): that daemon would
+/// link with a toolkit the caller never named. The shim says why it cannot
+/// link and fails; no daemon is left behind.
+#[test]
+fn a_shim_without_a_toolkit_starts_no_daemon() {
+    let dir = TempDir::new("notk");
+    let sock = dir.path().join("s");
+    let marker = dir.path().join("started");
+    // An nvlinkd that notes that it was run, then is nvlinkd.
+    let wrapper = dir.path().join("nvlinkd");
+    let script = format!("#!/bin/sh\necho \"$@\" >> '{}'\nexec '{}' \"$@\"\n", marker.display(), nvlinkd().display());
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(shim())
+        .arg("--version")
+        .env_remove("CUDA_HOME")
+        .env_remove("NVLINKD_REAL_NVLINK")
+        .env_remove("NVLINKD_ADDR")
+        .env("PATH", format!("{}:/usr/bin:/bin", cuda_home().join("bin").display()))
+        .env("NVLINKD_SOCKET", &sock)
+        .env("NVLINKD_CACHE_DIR", dir.path().join("cache"))
+        .env("NVLINKD_BIN", &wrapper)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let run_as = std::fs::read_to_string(&marker).unwrap_or_default();
+    if sock.exists() {
+        let _ = Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output();
+    }
+    assert!(run_as.is_empty(), "the shim ran nvlinkd {run_as}");
+    assert!(!out.status.success(), "a shim without a toolkit answered: {said}");
+    assert!(said.contains("CUDA_HOME"), "no word on naming a toolkit: {said}");
+}
+
 /// `status`, `stats` and `stop` with no daemon at the socket say so in words,
 /// for a missing socket and for one nobody listens on (a killed daemon's):
 /// `status` and `stats` fail, `stop` has nothing to do and succeeds.

@@ -51,21 +51,24 @@ pub struct Failure {
     /// silent, the stream ended without a result): another replica of
     /// `NVLINKD_ADDR` may serve the link.
     pub lost: bool,
+    /// The daemon handed the link back for a reason the user can fix
+    /// (`LinkResult.fixable`): warned about once per daemon (`warn.rs`).
+    pub fixable: Option<crate::warn::Fixable>,
 }
 
 impl From<String> for Failure {
     fn from(reason: String) -> Self {
-        Failure { reason, violation: false, lost: false }
+        Failure { reason, violation: false, lost: false, fixable: None }
     }
 }
 
 fn violation(reason: String) -> Failure {
-    Failure { reason, violation: true, lost: false }
+    Failure { reason, violation: true, lost: false, fixable: None }
 }
 
 /// The daemon is gone (see [`Failure::lost`]).
 fn lost(reason: String) -> Failure {
-    Failure { reason, violation: false, lost: true }
+    Failure { reason, violation: false, lost: true, fixable: None }
 }
 
 /// Longest wait for each message of the daemon ([`paths::ENV_TIMEOUT`]).
@@ -293,7 +296,7 @@ async fn link(channel: Channel, token: Token, args: &[String], tk: &Toolkit) -> 
                 }
                 let code = finish(result, &outputs, args, &cwd);
                 mark("outputs written");
-                return code.map_err(Failure::from);
+                return code;
             }
         }
     }
@@ -488,7 +491,7 @@ impl Drop for Unused<'_> {
     }
 }
 
-fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, String> {
+fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, Failure> {
     let _unused = Unused(outputs);
     if !result.cancelled.is_empty() {
         // Superseded by a newer link of the same output: the daemon's one-line
@@ -498,7 +501,9 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
         return Ok(if result.exit_code == 0 { 1 } else { result.exit_code });
     }
     if result.fallback {
-        return Err(format!("daemon declined: {}", result.fallback_reason));
+        let fixable = (!result.fixable.is_empty())
+            .then(|| crate::warn::Fixable { what: result.fixable.clone(), daemon: result.daemon.clone() });
+        return Err(Failure { fixable, ..Failure::from(format!("daemon declined: {}", result.fallback_reason)) });
     }
     for out in outputs {
         let path = PathBuf::from(&out.path);

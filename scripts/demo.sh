@@ -3,8 +3,10 @@
 # put an nvlinkd overlay over it, build the demo CUDA program (three units,
 # device globals, dynamic parallelism; plus an LTO build) with the overlay's
 # nvcc, and say what went through the daemon (which engine linked, what came
-# from the cache) and that it is exactly what the real nvlink produces. Runs
-# the program when a GPU is present.
+# from the cache) and that it is exactly what the real nvlink produces. First,
+# on the fresh daemon, each of the demo's device links (plain and LTO) is timed
+# through the real nvlink and through nvlinkd, cold and cached: a table at the
+# end. Runs the program when a GPU is present.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 nvl_root=$PWD
@@ -22,16 +24,18 @@ trap nvl_stop EXIT
 echo "== an nvlinkd overlay over the toolkit in $nvl_cuda"
 nvl_up
 
-echo "== building demo/ with $nvl_work/overlay/bin/nvcc (its device links go through nvlinkd)"
 cd "$nvl_work/build"
-nvl_build_demo sm_90
-
-echo "== one device link, through nvlinkd and through the real nvlink"
+echo "== the demo's device links, through the real nvlink and through nvlinkd (cold: nothing cached yet; then cached)"
 nvl_compare sm_90
+
+echo "== building demo/ with $nvl_work/overlay/bin/nvcc (its device links go through nvlinkd)"
+nvl_build_demo sm_90
 
 echo "== summary"
 nvl_summary
 echo "(the daemon's log: $nvl_log)"
+echo "== device-link times"
+nvl_table
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
   echo "== running on the GPU"

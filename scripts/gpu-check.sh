@@ -27,11 +27,12 @@ trap 'nvl_stop; tail -5 "${nvl_log:-/dev/null}" 2>/dev/null' EXIT
 nvl_up
 
 cd "$nvl_work"
+echo "== the demo's device links, through the real nvlink and through nvlinkd (cold: nothing cached yet; then cached)"
+nvl_compare "$arch"
 echo "== building demo/ with $nvl_work/overlay/bin/nvcc (its device links go through nvlinkd)"
 nvl_build_demo "$arch"
-echo "== one device link, through nvlinkd and through the real nvlink"
-nvl_compare "$arch"
 nvl_summary
+nvl_table
 
 status=0
 for p in demo demo_lto; do

@@ -62,28 +62,114 @@ nvl_build_demo() {
     "$nvl_work/overlay/bin/nvcc" -arch="$arch" -rdc=true -dlto "${src[@]}" -o demo_lto
 }
 
-# nvl_compare ARCH: one device link of the demo's objects through nvlinkd and
-# through the real nvlink (same command line), byte for byte; then again through
-# nvlinkd, from its cache. Fails when an output differs.
+# nvl_counter KEY JSON: one counter of `nvlinkd stats --json` (0 when absent).
+nvl_counter() {
+  local v
+  v=$(sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" <<<"$2")
+  echo "${v:-0}"
+}
+
+# nvl_settle: wait (up to two minutes) until the daemon has no verification
+# pending: background verification runs the real nvlink after a link computed
+# in process, and would share the CPU with what is timed next.
+nvl_settle() {
+  local i
+  for ((i = 0; i < 1200; i++)); do
+    [[ $(nvl_counter verify_pending "$(nvl_stats)") == 0 ]] && return 0
+    sleep 0.1
+  done
+}
+
+# nvl_secs MICROSECONDS: "3.2 ms", "46 ms", "1.23 s".
+nvl_secs() {
+  local us=$1 cs
+  if ((us < 10000)); then
+    printf '%d.%d ms' $((us / 1000)) $((us % 1000 / 100))
+  elif ((us < 1000000)); then
+    printf '%d ms' $(((us + 500) / 1000))
+  else
+    cs=$(((us + 5000) / 10000))
+    printf '%d.%02d s' $((cs / 100)) $((cs % 100))
+  fi
+}
+
+# nvl_timed OUT COMMAND...: run COMMAND; its wall time in microseconds goes to
+# the variable named OUT (no subshell around the command).
+nvl_timed() {
+  local -n nvl_out=$1
+  shift
+  local t0=${EPOCHREALTIME//[!0-9]/}
+  "$@"
+  # shellcheck disable=SC2034 # a nameref: this sets the caller's variable
+  nvl_out=$((${EPOCHREALTIME//[!0-9]/} - t0))
+}
+
+nvl_rows=()
+
+# nvl_time_link LABEL NVLINK_ARGS...: one device link (its -o added here), timed
+# as a build sees it (the process included): the real nvlink twice, then the
+# overlay's nvlink (the shim) twice — computed by the daemon, then from its
+# cache. Every output must equal the real nvlink's byte for byte. One row of
+# the table nvl_table prints.
+nvl_time_link() {
+  local label=$1 real1 real2 cold cached before after lines engine hit
+  shift
+  nvl_settle
+  nvl_timed real1 "$nvl_cuda/bin/nvlink" "$@" -o via_nvlink.cubin
+  nvl_timed real2 "$nvl_cuda/bin/nvlink" "$@" -o via_nvlink_again.cubin
+  before=$(nvl_stats)
+  lines=$(wc -l <"$nvl_log" 2>/dev/null || echo 0)
+  nvl_timed cold "$nvl_work/overlay/bin/nvlink" "$@" -o via_nvlinkd.cubin
+  after=$(nvl_stats)
+  echo "$label: $(nvl_words "$after" "$before" "$lines")"
+  if (($(nvl_counter in_process "$after") > $(nvl_counter in_process "$before"))); then
+    engine="in process"
+  elif (($(nvl_counter nvlink_process "$after") > $(nvl_counter nvlink_process "$before"))); then
+    engine="the real nvlink, as the daemon's engine"
+  else
+    engine="(already cached)"
+  fi
+  nvl_settle
+  before=$(nvl_stats)
+  nvl_timed cached "$nvl_work/overlay/bin/nvlink" "$@" -o via_nvlinkd_again.cubin
+  hit=$(($(nvl_counter cache_hits "$(nvl_stats)") - $(nvl_counter cache_hits "$before")))
+  local f
+  for f in via_nvlink_again via_nvlinkd via_nvlinkd_again; do
+    if ! cmp -s "$f.cubin" via_nvlink.cubin; then
+      echo "$label: $f.cubin DIFFERS from the real nvlink's output"
+      return 1
+    fi
+  done
+  echo "  every output is byte-identical to the real nvlink's ($(stat -c %s via_nvlink.cubin) bytes)"
+  [[ $hit -ge 1 ]] || engine="$engine; the second link was not a cache hit"
+  nvl_rows+=("$(printf '%-30s %10s %10s %14s %14s   %s' "$label" "$(nvl_secs "$real1")" "$(nvl_secs "$real2")" \
+    "$(nvl_secs "$cold")" "$(nvl_secs "$cached")" "$engine")")
+}
+
+# nvl_table: the rows of nvl_time_link so far.
+nvl_table() {
+  printf '%-30s %10s %10s %14s %14s   %s\n' "device link" "nvlink" "nvlink" "nvlinkd" "nvlinkd" "nvlinkd's cold link"
+  printf '%-30s %10s %10s %14s %14s   %s\n' "" "1st run" "again" "cold" "cached" "ran"
+  printf '%s\n' "${nvl_rows[@]}"
+  echo "(wall clock of each nvlink process, the shim included; cold: the daemon's first sight of the link, nothing"
+  echo " of it in its cache; cached: the same link again)"
+}
+
+# nvl_compare ARCH: the demo's two device links — plain (-rdc) and LTO (-dlto),
+# objects compiled here with the toolkit's nvcc — each timed through the real
+# nvlink and through nvlinkd, cold and cached (nvl_time_link; nvl_table prints
+# the times). Run it on a fresh daemon, before other links of the demo's code,
+# or "cold" reuses what they left in the cache (an LTO link's NVVM step).
+# Fails when an output differs.
 nvl_compare() {
-  local arch=$1 lib
+  local arch=$1 lib src=("$nvl_root"/demo/{main,poly,reduce}.cu)
   lib=$(nvl_libdir)
-  "$nvl_cuda/bin/nvcc" -arch="$arch" -dc "$nvl_root"/demo/{main,poly,reduce}.cu
-  local link=(--arch="$arch" -L"$lib" main.o poly.o reduce.o -lcudadevrt)
-  "$nvl_cuda/bin/nvlink" "${link[@]}" -o via_nvlink.cubin
-  nvl_step "nvlink --arch=$arch main.o poly.o reduce.o -lcudadevrt" \
-    "$nvl_work/overlay/bin/nvlink" "${link[@]}" -o via_nvlinkd.cubin
-  if ! cmp -s via_nvlinkd.cubin via_nvlink.cubin; then
-    echo "the device link through nvlinkd DIFFERS from the real nvlink's"
-    return 1
-  fi
-  echo "  its output is byte-identical to the real nvlink's ($(stat -c %s via_nvlink.cubin) bytes)"
-  nvl_step "the same link again" "$nvl_work/overlay/bin/nvlink" "${link[@]}" -o again.cubin
-  if ! cmp -s again.cubin via_nvlink.cubin; then
-    echo "the second link through nvlinkd DIFFERS from the real nvlink's"
-    return 1
-  fi
-  echo "  its output is byte-identical to the real nvlink's too"
+  mkdir -p lto
+  "$nvl_cuda/bin/nvcc" -arch="$arch" -dc "${src[@]}"
+  "$nvl_cuda/bin/nvcc" -arch="$arch" -dc -dlto -odir lto "${src[@]}"
+  nvl_time_link "-rdc, $arch" --arch="$arch" -L"$lib" main.o poly.o reduce.o -lcudadevrt
+  nvl_time_link "-dlto, $arch" -dlto --arch="$arch" -L"$lib" -nvvmpath="$nvl_cuda/nvvm" \
+    lto/main.o lto/poly.o lto/reduce.o -lcudadevrt
 }
 
 # nvl_summary: everything the daemon did since it started, in words.

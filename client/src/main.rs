@@ -20,6 +20,7 @@ mod fallback;
 mod policy;
 mod session;
 mod toolkit;
+mod warn;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,9 @@ fn main() -> ExitCode {
             drop(runtime);
             if failure.violation {
                 eprintln!("nvlink: nvlinkd protocol violation: {}; not using the daemon's answer", failure.reason);
+            }
+            if let Some(fixable) = &failure.fixable {
+                warn::once(fixable, &tk, session::remote());
             }
             fallback::run_with(&tk, &failure.reason)
         }

@@ -51,21 +51,24 @@ pub struct Failure {
     /// silent, the stream ended without a result): another replica of
     /// `NVLINKD_ADDR` may serve the link.
     pub lost: bool,
+    /// The daemon handed the link back for a reason the user can fix
+    /// (`LinkResult.fixable`): warned about once per daemon (`warn.rs`).
+    pub fixable: Option<crate::warn::Fixable>,
 }
 
 impl From<String> for Failure {
     fn from(reason: String) -> Self {
-        Failure { reason, violation: false, lost: false }
+        Failure { reason, violation: false, lost: false, fixable: None }
     }
 }
 
 fn violation(reason: String) -> Failure {
-    Failure { reason, violation: true, lost: false }
+    Failure { reason, violation: true, lost: false, fixable: None }
 }
 
 /// The daemon is gone (see [`Failure::lost`]).
 fn lost(reason: String) -> Failure {
-    Failure { reason, violation: false, lost: true }
+    Failure { reason, violation: false, lost: true, fixable: None }
 }
 
 /// Longest wait for each message of the daemon ([`paths::ENV_TIMEOUT`]).
@@ -312,7 +315,7 @@ async fn link(channel: Channel, token: Token, args: &[String], request: &Prepare
                 }
                 let code = finish(result, &outputs, args, cwd);
                 mark("outputs written");
-                return code.map_err(Failure::from);
+                return code;
             }
         }
     }
@@ -507,7 +510,7 @@ impl Drop for Unused<'_> {
     }
 }
 
-fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, String> {
+fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path) -> Result<i32, Failure> {
     let _unused = Unused(outputs);
     if !result.cancelled.is_empty() {
         // Superseded by a newer link of the same output: the daemon's one-line
@@ -517,7 +520,9 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
         return Ok(if result.exit_code == 0 { 1 } else { result.exit_code });
     }
     if result.fallback {
-        return Err(format!("daemon declined: {}", result.fallback_reason));
+        let fixable = (!result.fixable.is_empty())
+            .then(|| crate::warn::Fixable { what: result.fixable.clone(), daemon: result.daemon.clone() });
+        return Err(Failure { fixable, ..Failure::from(format!("daemon declined: {}", result.fallback_reason)) });
     }
     for out in outputs {
         let path = PathBuf::from(&out.path);
@@ -743,17 +748,24 @@ async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
     connect(&target).await
 }
 
-/// Run `nvlinkd start` (it detaches the daemon and waits until it answers).
+/// Run `nvlinkd start` (it detaches the daemon and waits until it answers),
+/// with this shim's toolkit. A shim that knows none (no overlay, no
+/// `CUDA_HOME`) starts no daemon: one would link with a toolkit of its own
+/// finding, not necessarily this nvlink's.
 fn start_daemon(tk: &Toolkit, socket: &Path) -> Result<(), String> {
+    let Some(home) = tk.cuda_home.as_ref().filter(|h| h.join("bin/nvlink").is_file()) else {
+        return Err(match &tk.cuda_home {
+            Some(h) => format!("no daemon started: {} is not a CUDA toolkit (no bin/nvlink)", h.display()),
+            None => "no daemon started: this nvlink knows no CUDA toolkit (set CUDA_HOME)".to_string(),
+        });
+    };
     let bin = daemon_binary(tk).ok_or("no nvlinkd binary found to start a daemon")?;
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("start").arg("--socket").arg(socket);
     // A daemon nobody asked for does not stay forever.
     let idle = std::env::var(paths::ENV_IDLE_EXIT).ok().filter(|v| !v.is_empty());
     cmd.arg("--idle-exit").arg(idle.as_deref().unwrap_or(DEFAULT_IDLE_EXIT));
-    if let Some(home) = &tk.cuda_home {
-        cmd.arg("--cuda-home").arg(home);
-    }
+    cmd.arg("--cuda-home").arg(home);
     let status = cmd
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

@@ -55,8 +55,12 @@ pub enum Reason {
     /// An input only nvlink may read (not a regular file), or past the budget.
     InputDeclined,
     /// The link needs the real nvlink and the daemon does not share the
-    /// caller's files, or knows no toolkit for it.
+    /// caller's files.
     NotHere,
+    /// The daemon has no toolkit of the release the caller's nvlink is (or
+    /// none at all): the caller's nvlink serves it, and the shim says how to
+    /// give the daemon that toolkit.
+    NoToolkit,
     /// Verification found the in-process answer for this link wrong
     /// (`verify.rs`): the real nvlink serves it from then on.
     VerifyMismatch,
@@ -64,7 +68,7 @@ pub enum Reason {
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::PartialLto,
         Reason::LtoOptions,
         Reason::PtxJit,
@@ -81,6 +85,7 @@ impl Reason {
         Reason::Worker,
         Reason::InputDeclined,
         Reason::NotHere,
+        Reason::NoToolkit,
         Reason::VerifyMismatch,
     ];
 
@@ -103,6 +108,7 @@ impl Reason {
             Reason::Worker => "worker",
             Reason::InputDeclined => "input_declined",
             Reason::NotHere => "not_here",
+            Reason::NoToolkit => "no_toolkit",
             Reason::VerifyMismatch => "verify_mismatch",
         }
     }

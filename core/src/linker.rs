@@ -534,7 +534,7 @@ impl Linker {
         let fs = &memo;
         let tk = match self.toolkit(req) {
             Ok(tk) => tk,
-            Err(reason) => return self.fall_back(Declined::new(Reason::NotHere, reason)),
+            Err(reason) => return self.fall_back(Declined::new(Reason::NoToolkit, reason)),
         };
         let spec = match parse(&req.args, fs, &req.cwd) {
             Ok(parsed) => match Spec::from_parsed(parsed) {

@@ -354,6 +354,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // Without a whole-link cache a speculative link's result would go nowhere
     // (`nvlinkd watch`, which receives its results, still works).
     let cached = opts.linker.cache_mem > 0 || opts.linker.cache_size > 0;
+    // This daemon's name in fallbacks the shim warns about, fixed now.
+    let _ = crate::link::service::instance();
     // One line for whoever started `serve` in a terminal (the rest goes to the log).
     let listening = remote.as_ref().map(|r| format!(" and {}", r.listen)).unwrap_or_default();
     let toolkits: Vec<String> = opts.linker.toolkits.iter().map(|t| t.display().to_string()).collect();

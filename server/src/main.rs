@@ -15,6 +15,7 @@ mod net;
 mod observe;
 mod reapi;
 mod speculate;
+mod toolkit;
 
 use cmd::{control, exec, install};
 use link::service;
@@ -68,7 +69,9 @@ struct ServeArgs {
     #[arg(long)]
     insecure: bool,
     /// A toolkit this daemon links with (repeatable, one per installed
-    /// release; the first serves requests that name none) [default: $CUDA_HOME]
+    /// release; the first serves requests that name none) [default: this overlay's
+    /// toolkit, else $CUDA_HOME, else the toolkit of the nvlink on PATH, else
+    /// /usr/local/cuda; with none, the daemon does not start]
     #[arg(long)]
     cuda_home: Vec<PathBuf>,
     /// Links and compile steps that run at once (and nvJitLink worker processes) [default: number of CPUs]
@@ -293,29 +296,12 @@ impl ServeArgs {
     fn cache_dir(&self) -> PathBuf {
         self.cache_dir.clone().unwrap_or_else(nvlinkd_proto::paths::cache_dir)
     }
-    /// The toolkits: `--cuda-home`, else `$CUDA_HOME`.
-    /// The toolkits: `--cuda-home`, else the one this `nvlinkd` stands for
-    /// (its overlay's, else `$CUDA_HOME`: `exec::own_toolkit`, as the shim).
-    fn toolkits(&self) -> Vec<PathBuf> {
-        if !self.cuda_home.is_empty() {
-            return self.cuda_home.clone();
-        }
-        exec::own_toolkit().into_iter().collect()
-    }
-
-    /// [`Self::toolkits`], each a toolkit with an nvlink: a daemon never runs
-    /// without one (its every link would fall back, silently).
+    /// The toolkits: `--cuda-home`, each a toolkit with an nvlink, else the
+    /// one this `nvlinkd` stands for (`toolkit::find`: its overlay's,
+    /// `$CUDA_HOME`, the nvlink on `PATH`, `/usr/local/cuda`). A daemon never
+    /// runs without one: its every link would fall back, silently.
     fn usable_toolkits(&self) -> Result<Vec<PathBuf>, String> {
-        let roots = self.toolkits();
-        if roots.is_empty() {
-            return Err("no CUDA toolkit: give --cuda-home DIR or set CUDA_HOME (the toolkit whose nvlink this \
-                        daemon stands in for)"
-                .into());
-        }
-        match roots.iter().find(|r| !r.join("bin/nvlink").is_file()) {
-            Some(bad) => Err(format!("--cuda-home {}: not a CUDA toolkit (no bin/nvlink)", bad.display())),
-            None => Ok(roots),
-        }
+        toolkit::usable(&self.cuda_home)
     }
     /// The remote listener's security, read and checked before anything starts.
     fn remote(&self) -> Result<Option<net::listener::Remote>, String> {
@@ -470,7 +456,7 @@ enum Command {
         json: bool,
     },
     /// Run one nvlink invocation in this process, without a daemon (for debugging);
-    /// the toolkit is the overlay's when run from one, else $CUDA_HOME
+    /// the toolkit is found as for serve (the overlay's, $CUDA_HOME, PATH, /usr/local/cuda)
     Exec {
         /// Report which engine ran on stderr
         #[arg(long)]

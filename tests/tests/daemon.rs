@@ -191,6 +191,112 @@ fn shim_starts_a_daemon_when_none_answers() {
     assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }
 
+/// A shim that knows no toolkit (not in an overlay, no `CUDA_HOME`, no
+/// `NVLINKD_REAL_NVLINK`) never starts a daemon, even where `nvlinkd` would
+/// find a toolkit of its own (here: an nvlink on `PATH`): that daemon would
+/// link with a toolkit the caller never named. The shim says why it cannot
+/// link and fails; no daemon is left behind.
+#[test]
+fn a_shim_without_a_toolkit_starts_no_daemon() {
+    let dir = TempDir::new("notk");
+    let sock = dir.path().join("s");
+    let marker = dir.path().join("started");
+    // An nvlinkd that notes that it was run, then is nvlinkd.
+    let wrapper = dir.path().join("nvlinkd");
+    let script = format!("#!/bin/sh\necho \"$@\" >> '{}'\nexec '{}' \"$@\"\n", marker.display(), nvlinkd().display());
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(shim())
+        .arg("--version")
+        .env_remove("CUDA_HOME")
+        .env_remove("NVLINKD_REAL_NVLINK")
+        .env_remove("NVLINKD_ADDR")
+        .env("PATH", format!("{}:/usr/bin:/bin", cuda_home().join("bin").display()))
+        .env("NVLINKD_SOCKET", &sock)
+        .env("NVLINKD_CACHE_DIR", dir.path().join("cache"))
+        .env("NVLINKD_BIN", &wrapper)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let run_as = std::fs::read_to_string(&marker).unwrap_or_default();
+    if sock.exists() {
+        let _ = Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output();
+    }
+    assert!(run_as.is_empty(), "the shim ran nvlinkd {run_as}");
+    assert!(!out.status.success(), "a shim without a toolkit answered: {said}");
+    assert!(said.contains("CUDA_HOME"), "no word on naming a toolkit: {said}");
+}
+
+/// A fallback the user can fix gets one line on stderr, once per daemon,
+/// naming the reason and the fix: here the link's inputs exceed the
+/// daemon's `--max-link-input`, then the caller's nvlink is of a release the
+/// daemon has no toolkit for (a toolkit whose nvlink says it is 12.9). Every
+/// link's stdout, exit status and output are the real nvlink's, and its
+/// stderr is nvlink's alone from the second link on; a restarted daemon is a
+/// new one, warned about again. A fallback that is nvlink's normal routing
+/// (an input that is not a regular file) is never warned about.
+#[test]
+fn a_fixable_fallback_is_said_once_per_daemon() {
+    const WARNING: &str = "nvlinkd: warning: ";
+    let budget = ["--max-link-input", "1000"];
+    let mut d = Daemon::start_with(&budget);
+    let rt = TempDir::new("warn-rt");
+    let out = TempDir::new("warn-out");
+    let link = inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0);
+    // A toolkit whose nvlink says another release, and is the real one otherwise.
+    let other = TempDir::new("warn-tk");
+    std::fs::create_dir_all(other.path().join("bin")).unwrap();
+    let fake = other.path().join("bin/nvlink");
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then\n  echo 'Cuda compilation tools, release 12.9, V12.9.99'\n  \
+         echo 'Build cuda_12.9.r12.9/compiler.0_0'\n  exit 0\nfi\nexec '{}' \"$@\"\n",
+        real_nvlink().display()
+    );
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let env = |d: &Daemon, toolkit: Option<&std::path::Path>| {
+        let mut env = d.fallback_env();
+        env.push(("XDG_RUNTIME_DIR".into(), rt.path().display().to_string()));
+        if let Some(t) = toolkit {
+            env.retain(|(k, _)| k != "CUDA_HOME" && k != "NVLINKD_REAL_NVLINK");
+            env.push(("CUDA_HOME".into(), t.display().to_string()));
+        }
+        env
+    };
+    // (the daemon's options, the shim's toolkit, what the warning names)
+    let cases = [(&budget[..], None, "--max-link-input"), (&[][..], Some(other.path()), "release (12.9, V12.9.99)")];
+    for (serve, toolkit, named) in cases {
+        d.stop();
+        for restart in 0..2 {
+            d.spawn(serve);
+            for i in 0..2 {
+                let actual = run(&shim(), &link, &env(&d, toolkit));
+                assert_eq!((actual.code, &actual.stdout, &actual.files), (0, &expected.stdout, &expected.files));
+                let said = String::from_utf8_lossy(&actual.stderr).into_owned();
+                let (warned, rest): (Vec<&str>, Vec<&str>) =
+                    said.split_inclusive('\n').partition(|l| l.starts_with(WARNING));
+                assert_eq!(rest.concat().into_bytes(), expected.stderr, "nvlink's stderr: {said}");
+                if i == 0 {
+                    assert_eq!(warned.len(), 1, "daemon {restart}, link {i}: {said}");
+                    assert!(warned[0].contains(named) && warned[0].contains("fix: "), "{said}");
+                    assert!(said.starts_with(WARNING), "the warning comes first: {said}");
+                } else {
+                    assert!(warned.is_empty(), "said again to the same daemon: {said}");
+                }
+            }
+            d.stop();
+        }
+    }
+    // nvlink's normal routing: an input only nvlink may read.
+    d.spawn(&[]);
+    let fifo = inv("--arch=sm_90 accumulate.o /dev/null -o {OUT}/out.cubin", &out);
+    let (expected, actual) = (run(&real_nvlink(), &fifo, &[]), run(&shim(), &fifo, &env(&d, None)));
+    assert_eq!(d.stat("fallbacks"), 1, "the daemon handed the link back");
+    assert_eq!((actual.code, &actual.stdout, &actual.stderr), (expected.code, &expected.stdout, &expected.stderr));
+}
+
 /// `status`, `stats` and `stop` with no daemon at the socket say so in words,
 /// for a missing socket and for one nobody listens on (a killed daemon's):
 /// `status` and `stats` fail, `stop` has nothing to do and succeeds.

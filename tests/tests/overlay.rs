@@ -274,12 +274,61 @@ fn a_daemon_never_runs_without_a_usable_toolkit() {
     assert_eq!(stats["in_process"], 1, "{stats}");
     let _ = Command::new(&overlay_nvlinkd).args(["stop", "--socket"]).arg(&sock).output();
 
-    // No toolkit anywhere (nvlinkd outside an overlay, no CUDA_HOME), or not a toolkit.
-    for extra in [&[][..], &["--cuda-home", "/not/a/toolkit"]] {
-        let refused = daemon(&nvlinkd(), extra);
+    // No toolkit anywhere (nvlinkd outside an overlay, no CUDA_HOME, no
+    // toolkit's nvlink on PATH), or not a toolkit: refused, saying how to name one.
+    let mut cases: Vec<&[&str]> = vec![&["--cuda-home", "/not/a/toolkit"]];
+    if Path::new("/usr/local/cuda/bin/nvlink").is_file() {
+        eprintln!("SKIP (no toolkit anywhere): /usr/local/cuda is a toolkit here, every nvlinkd finds one");
+    } else {
+        cases.push(&[]);
+    }
+    for extra in cases {
+        let refused = Command::new(nvlinkd())
+            .arg("start")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .args(extra)
+            .env_remove("CUDA_HOME")
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .expect("nvlinkd start");
         let said = String::from_utf8_lossy(&refused.stderr).into_owned();
         assert!(!refused.status.success(), "nvlinkd start {extra:?} started a daemon without a toolkit");
-        assert!(said.contains("toolkit"), "no word on the toolkit: {said}");
+        assert!(said.contains("toolkit") && said.contains("--cuda-home"), "no word on naming a toolkit: {said}");
     }
     assert!(!sock.exists(), "a daemon was left behind");
+}
+
+/// Without `--cuda-home` and `CUDA_HOME`, a daemon takes the toolkit of the
+/// nvlink on `PATH`: a toolkit's own, or, where that nvlink is an overlay's
+/// shim, the toolkit the overlay records (never the overlay itself, whose
+/// nvlink is the shim). `start` hands the daemon the toolkit it found.
+#[test]
+fn without_cuda_home_a_daemon_takes_the_toolkit_of_the_nvlink_on_path() {
+    let prefix = TempDir::new("ovl-path");
+    install_overlay(prefix.path());
+    let toolkit = cuda_home().canonicalize().unwrap();
+    for first in [prefix.path().join("bin"), cuda_home().join("bin")] {
+        let dir = TempDir::new("ovl-path-d");
+        let sock = dir.path().join("sock");
+        let path = format!("{}:/usr/bin:/bin", first.display());
+        let started = Command::new(nvlinkd())
+            .arg("start")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .env_remove("CUDA_HOME")
+            .env("PATH", &path)
+            .output()
+            .expect("nvlinkd start");
+        assert!(started.status.success(), "PATH={path}: {}", String::from_utf8_lossy(&started.stderr));
+        let status = Command::new(nvlinkd()).args(["status", "--socket"]).arg(&sock).output().unwrap();
+        let _ = Command::new(nvlinkd()).args(["stop", "--socket"]).arg(&sock).output();
+        let status = String::from_utf8_lossy(&status.stdout).into_owned();
+        let served = status.lines().find_map(|l| l.trim().strip_prefix("toolkits: ")).unwrap_or_default();
+        assert_eq!(Path::new(served.trim()).canonicalize().ok(), Some(toolkit.clone()), "PATH={path}: {status}");
+    }
 }

@@ -1,7 +1,8 @@
 //! `nvlinkd exec -- <nvlink args>`: the linker in this process, no daemon.
 //! Behaves like nvlink (outputs, messages, exit status); `--explain` names the
-//! engine that ran. The toolkit is found as the shim finds it: the record of
-//! the overlay (or in-place install) this nvlinkd belongs to, else `CUDA_HOME`.
+//! engine that ran. The toolkit is found as `serve` finds it (`toolkit.rs`):
+//! the record of the overlay (or in-place install) this nvlinkd belongs to,
+//! `CUDA_HOME`, the nvlink on `PATH`, `/usr/local/cuda`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,18 +13,10 @@ use nvlinkd_core::request::Request;
 use nvlinkd_core::{Linker, LinkerConfig};
 use nvlinkd_proto::shared::RELEVANT_ENV;
 
-/// The toolkit this `nvlinkd` stands for, as the shim finds it: the record of
-/// the overlay (or in-place install) it belongs to, else `CUDA_HOME`.
-pub fn own_toolkit() -> Option<PathBuf> {
-    nvlinkd_proto::paths::OverlayRecord::of_current_exe()
-        .and_then(|r| r.cuda_home)
-        .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from))
-}
-
 pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let env = RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
-    let cuda_home = own_toolkit();
+    let cuda_home = crate::toolkit::find().ok().map(|f| f.root);
     let scratch = std::env::temp_dir().join(format!("nvlinkd-exec-{}", std::process::id()));
     let linker = Linker::new(LinkerConfig {
         toolkits: cuda_home.into_iter().collect(),

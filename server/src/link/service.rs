@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nvlinkd_core::declined::Reason;
 use nvlinkd_core::fs::InputFs;
 use nvlinkd_core::request::{EngineKind, Outcome, Request as LinkRequest};
 use nvlinkd_core::sched::Priority;
@@ -355,6 +356,8 @@ impl Service {
                     match fs.declined() {
                         // An input only nvlink may read, or past the budget: whatever
                         // the link made of the failed read is not nvlink's answer.
+                        // Past the budget, the user may want a larger one.
+                        Some(why) if fs.past_budget() => fixable(fallback(why), "budget"),
                         Some(why) => fallback(why),
                         // Messages travel whole in the result, which is bounded.
                         None if o.stdout.len() + o.stderr.len() > MAX_TEXT => {
@@ -368,14 +371,21 @@ impl Service {
                                     None => return,
                                 }
                             }
-                            LinkResult {
+                            let no_toolkit = o.fallback.as_ref().is_some_and(|d| d.reason == Reason::NoToolkit);
+                            let result = LinkResult {
                                 exit_code: o.exit_code,
                                 stdout: o.stdout,
                                 stderr: o.stderr,
                                 outputs: Vec::new(),
                                 fallback: o.fallback.is_some(),
                                 fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
-                                cancelled: String::new(),
+                                ..Default::default()
+                            };
+                            // The caller's nvlink is of a release this daemon has no toolkit for.
+                            if no_toolkit {
+                                fixable(result, "toolkit")
+                            } else {
+                                result
                             }
                         }
                     }
@@ -459,7 +469,7 @@ fn link_result(o: &Outcome) -> LinkResult {
             .collect(),
         fallback: o.fallback.is_some(),
         fallback_reason: o.fallback.as_ref().map(|d| d.detail.clone()).unwrap_or_default(),
-        cancelled: String::new(),
+        ..Default::default()
     }
 }
 
@@ -479,6 +489,26 @@ impl<S: Stream + Unpin> Stream for WithCall<S> {
 
 fn fallback(reason: String) -> LinkResult {
     LinkResult { fallback: true, fallback_reason: reason, ..Default::default() }
+}
+
+/// A fallback the user can fix (`LinkResult.fixable`: `toolkit`, `budget`),
+/// named with this daemon, for the shim's one warning per daemon.
+fn fixable(result: LinkResult, what: &str) -> LinkResult {
+    LinkResult { fixable: what.to_owned(), daemon: instance().to_owned(), ..result }
+}
+
+/// This daemon process, as `LinkResult.daemon` names it: a digest of its pid
+/// and the time of the first call (made at start by `daemon::serve`), so a
+/// new daemon is a new name even with the same pid.
+pub fn instance() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let mut h = blake3::Hasher::new();
+        h.update(&std::process::id().to_le_bytes());
+        h.update(&now.as_nanos().to_le_bytes());
+        h.finalize().to_hex()[..16].to_owned()
+    })
 }
 
 /// The answer to a superseded link: a failure with nvlink's kind of message

@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -322,6 +322,8 @@ pub struct LinkFs {
     budget: u64,
     used: AtomicU64,
     declined: Mutex<Option<String>>,
+    /// A read went past `budget` (`--max-link-input`): a fallback the user can fix.
+    past_budget: AtomicBool,
     /// Local files' contents shared with the daemon's other links (`fs::ContentMemo`).
     contents: Option<Arc<corefs::ContentMemo>>,
 }
@@ -338,7 +340,15 @@ impl LinkFs {
                 flights: HashMap::new(),
             })
         };
-        LinkFs { channel, source, budget, used: AtomicU64::new(0), declined: Mutex::new(None), contents: None }
+        LinkFs {
+            channel,
+            source,
+            budget,
+            used: AtomicU64::new(0),
+            declined: Mutex::new(None),
+            past_budget: AtomicBool::new(false),
+            contents: None,
+        }
     }
 
     /// Read local files through the daemon's memo of their contents.
@@ -432,6 +442,12 @@ impl LinkFs {
     /// finds them in its blob store).
     pub fn bytes_received(&self) -> u64 {
         self.channel.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether the link was declined for reading past its budget
+    /// (`--max-link-input`), the fallback a larger budget fixes.
+    pub fn past_budget(&self) -> bool {
+        self.past_budget.load(Ordering::Relaxed)
     }
 
     fn decline(&self, why: String) {
@@ -545,12 +561,20 @@ impl InputFs for LinkFs {
             if corefs::is_not_regular(e) {
                 self.decline(format!("{} is not a regular file: nvlink reads it itself", path.display()));
             } else if e.kind() == io::ErrorKind::FileTooLarge {
-                self.decline(format!("{} is larger than the daemon reads for one link", path.display()));
+                self.past_budget.store(true, Ordering::Relaxed);
+                self.decline(format!(
+                    "{} is larger than the daemon reads for one link (--max-link-input)",
+                    path.display()
+                ));
             }
         })?;
         let total = self.used.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
         if total > self.budget {
-            self.decline(format!("the link's inputs exceed the daemon's budget of {} bytes", self.budget));
+            self.past_budget.store(true, Ordering::Relaxed);
+            self.decline(format!(
+                "the link's inputs exceed the daemon's budget of {} bytes (--max-link-input)",
+                self.budget
+            ));
             return Err(io::Error::new(io::ErrorKind::FileTooLarge, "the link's inputs exceed the daemon's budget"));
         }
         Ok(data)

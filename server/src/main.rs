@@ -576,8 +576,7 @@ fn main() -> ExitCode {
             let jobs = a.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
             nvlinkd_core::heap::warm_daemon(a.heap_reserve, jobs);
             let cache_dir = a.cache_dir();
-            let events = events::Hub::default();
-            let logging = daemon::init_logging(&cache_dir, &events, a.log_format, !a.detached);
+            let logging = daemon::init_logging(&cache_dir, a.log_format, !a.detached);
             let remote_cache = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
@@ -618,7 +617,7 @@ fn main() -> ExitCode {
                 },
                 shutdown_grace: a.shutdown_grace,
                 idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
-                events,
+                events: events::Hub::default(),
                 speculation: daemon::Speculation {
                     multi_arch: !a.no_speculate,
                     watch: a.watch,

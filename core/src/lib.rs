@@ -31,6 +31,7 @@ pub mod jitlink;
 pub mod linkcache;
 pub mod linker;
 mod lru;
+pub mod observe;
 pub mod plan;
 pub mod regbin;
 pub mod request;

@@ -31,6 +31,7 @@ use crate::input::libsearch;
 use crate::input::load::{LoadContext, LoadError};
 use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
+use crate::observe::{Ignore, LinkObs, Observer, Phase};
 use crate::plan;
 use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
@@ -122,6 +123,17 @@ pub struct Linker {
     test_corrupt_in_process: bool,
     /// When this linker started (`uptime_s` in the stats).
     started: std::time::Instant,
+    /// Whoever watches links (`observe.rs`): told of phases, admissions and
+    /// verification's mismatches.
+    observer: Arc<dyn Observer>,
+}
+
+/// One link's handles, passed down its steps: its control handle (priority,
+/// cancellation) and its observation handle (`observe.rs`).
+#[derive(Clone, Copy)]
+struct Ctl<'a> {
+    cancel: &'a Cancel,
+    obs: &'a LinkObs,
 }
 
 /// How many unused speculative entries are remembered for `speculative_hits`.
@@ -201,7 +213,14 @@ impl Drop for InFlight<'_> {
 }
 
 impl Linker {
+    /// A linker nobody observes ([`Linker::observed`] with [`Ignore`]).
     pub fn new(config: LinkerConfig) -> Self {
+        Linker::observed(config, Arc::new(Ignore))
+    }
+
+    /// A linker whose links `observer` watches: their phases, admissions and
+    /// verification's mismatches, as typed events (`observe.rs`).
+    pub fn observed(config: LinkerConfig, observer: Arc<dyn Observer>) -> Self {
         let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
         let cache = (config.cache_mem > 0 || config.cache_size > 0).then(|| LinkCache {
             store: Arc::new(Store::open(
@@ -269,6 +288,7 @@ impl Linker {
             test_corrupt_in_process: std::env::var_os("NVLINKD_TEST_CORRUPT_IN_PROCESS").is_some(),
             started: std::time::Instant::now(),
             config,
+            observer,
         }
     }
 
@@ -348,12 +368,12 @@ impl Linker {
         req: &Request,
         fs: &dyn InputFs,
         spec: &Spec,
-        cancel: &Cancel,
+        ctl: Ctl<'_>,
         why: Declined,
     ) -> Outcome {
         debug!(reason = %why.reason, why = %why.detail, "routed to nvlink");
         self.routed.bump(why.reason);
-        self.run_nvlink(tk, req, fs, spec, cancel).routed(why)
+        self.run_nvlink(tk, req, fs, spec, ctl).routed(why)
     }
 
     /// Count a link as in flight until the guard drops (from the moment the
@@ -407,22 +427,24 @@ impl Linker {
 
     /// Link one request, inside its own [`Linker::link_span`].
     pub fn link(&self, req: &Request, fs: &dyn InputFs) -> Outcome {
-        let span = self.link_span(req);
+        let (id, span) = self.link_span_with_id(req);
         let _entered = span.enter();
-        self.link_cancellable(req, fs, &Cancel::new())
+        self.link_cancellable(id, req, fs, &Cancel::new())
     }
 
     /// The span of one link: a link id (unique in this linker) and a summary
     /// of its arguments, so that the lines of concurrent links can be told
-    /// apart. Every phase of the link is a span inside it (`keys`, `plan`,
-    /// `jit`, `jitlink`, `nvvm`, `ptxas`, `finalize`, `nvlink`, `store`),
-    /// entered again on the `--jobs` pool for parallel work. The daemon enters
-    /// it around the whole link, its own lines included.
+    /// apart. Every phase of the link is a span inside it (`keys`, `store`,
+    /// and the phases of `observe.rs`: `plan`, `jit`, `jitlink`, `nvvm`,
+    /// `ptxas`, `finalize`, `nvlink`), entered again on the `--jobs` pool for
+    /// parallel work. The daemon enters it around the whole link, its own
+    /// lines included.
     pub fn link_span(&self, req: &Request) -> Span {
         self.link_span_with_id(req).1
     }
 
-    /// [`Linker::link_span`] and the link id it carries (events name links by it).
+    /// [`Linker::link_span`] and the link id it carries (events name links by
+    /// it: pass it to [`Linker::link_cancellable`]).
     pub fn link_span_with_id(&self, req: &Request) -> (u64, Span) {
         let id = self.last_link_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         (id, info_span!("link", id, args = %args_summary(&req.args)))
@@ -442,8 +464,13 @@ impl Linker {
     /// ([`Cancel::stopped`] says why). A link with an output file supersedes an
     /// older link of the same output from the same working directory still
     /// running (see [`Linker::claim_output`]).
-    pub fn link_cancellable(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
-        let outcome = self.link_controlled(req, fs, cancel);
+    ///
+    /// `link` is the link's id ([`Linker::link_span_with_id`]): the
+    /// observer's events about this link carry it. Called inside the link's
+    /// span, whose children the phase spans are.
+    pub fn link_cancellable(&self, link: u64, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
+        let obs = LinkObs::new(link, self.observer.clone(), Span::current());
+        let outcome = self.link_controlled(req, fs, Ctl { cancel, obs: &obs });
         if outcome.fallback.is_some() {
             match cancel.stopped() {
                 Some(Stopped::Cancelled) => bump(&self.stats.cancelled),
@@ -493,20 +520,20 @@ impl Linker {
     /// Wait for a scheduler slot before computing (`sched.rs`): None when the
     /// link already holds one; Err with the answer when it was cancelled while
     /// queued.
-    fn admit(&self, cancel: &Cancel) -> Result<Option<Admission<'_>>, Box<Outcome>> {
-        if !cancel.take_admission() {
+    fn admit(&self, ctl: Ctl<'_>) -> Result<Option<Admission<'_>>, Box<Outcome>> {
+        if !ctl.cancel.take_admission() {
             return Ok(None);
         }
-        let Some(slot) = self.sched.admit(cancel.priority(), cancel) else {
-            cancel.end_admission();
+        let Some(slot) = self.sched.admit(ctl.cancel.priority(), ctl.cancel, ctl.obs) else {
+            ctl.cancel.end_admission();
             return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued"))));
         };
-        let admitted = Admission { _slot: slot, cancel: cancel.clone() };
+        let admitted = Admission { _slot: slot, cancel: ctl.cancel.clone() };
         if let Some(hold) = &self.test_hold_slot {
-            while hold.exists() && !cancel.is_cancelled() {
+            while hold.exists() && !ctl.cancel.is_cancelled() {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if cancel.is_cancelled() {
+            if ctl.cancel.is_cancelled() {
                 return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled"))));
             }
         }
@@ -517,14 +544,14 @@ impl Linker {
     /// compute decodes its inputs and plans while others compute, and waits
     /// for a compute slot only then ([`Linker::admit`] in `compute_link`).
     /// Err with the answer when it was cancelled while queued.
-    fn admit_plan(&self, cancel: &Cancel) -> Result<Slot<'_>, Box<Outcome>> {
-        match self.sched.admit_plan(cancel.priority(), cancel) {
+    fn admit_plan(&self, ctl: Ctl<'_>) -> Result<Slot<'_>, Box<Outcome>> {
+        match self.sched.admit_plan(ctl.cancel.priority(), ctl.cancel, ctl.obs) {
             Some(permit) => Ok(permit),
             None => Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued")))),
         }
     }
 
-    fn link_controlled(&self, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
+    fn link_controlled(&self, req: &Request, fs: &dyn InputFs, ctl: Ctl<'_>) -> Outcome {
         if !req.speculative {
             bump(&self.stats.requests);
         }
@@ -555,7 +582,7 @@ impl Linker {
                 req,
                 fs,
                 &spec,
-                cancel,
+                ctl,
                 Declined::new(Reason::NvlinkCrash, "-report-arch without --arch"),
             );
         }
@@ -566,13 +593,13 @@ impl Linker {
         debug!(?mode, "dispatch");
         let _claim = match mode {
             Mode::Help | Mode::Version => None,
-            _ => self.claim_output(req, &spec, cancel),
+            _ => self.claim_output(req, &spec, ctl.cancel),
         };
         let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.frontend(0, tk.release.banner.clone().into_bytes(), Vec::new()),
-            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind, cancel),
-            _ => self.device_link(&tk, req, &memo, &spec, mode, cancel),
+            Mode::HostLinkerScript(kind) => self.host_linker_script(&tk, req, &spec, kind, ctl),
+            _ => self.device_link(&tk, req, &memo, &spec, mode, ctl),
         };
         // The real nvlink engine prints the parse warnings itself.
         if outcome.engine == EngineKind::NvlinkProcess {
@@ -584,25 +611,18 @@ impl Linker {
 
     /// Modes H and I: the host linker script, made here (the daemon runs on the
     /// caller's machine when it shares its filesystem).
-    fn host_linker_script(
-        &self,
-        tk: &Toolkit,
-        req: &Request,
-        spec: &Spec,
-        kind: HostScript,
-        cancel: &Cancel,
-    ) -> Outcome {
+    fn host_linker_script(&self, tk: &Toolkit, req: &Request, spec: &Spec, kind: HostScript, ctl: Ctl<'_>) -> Outcome {
         if !req.shared_fs {
             return self
                 .fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"));
         }
         let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
         if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
-            return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel);
+            return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, ctl);
         }
         let scratch = match self.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
             Some(s) => s,
-            None => return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel),
+            None => return self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, ctl),
         };
         let mut report = Report::new(Filters::default());
         match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
@@ -618,7 +638,7 @@ impl Linker {
                 // Not marked as routed: nvlink makes the script as the front end would.
                 debug!(reason = %why.reason, why = %why.detail, "host linker script left to nvlink");
                 self.routed.bump(why.reason);
-                self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, cancel)
+                self.run_nvlink(tk, req, &crate::fs::LocalFs, spec, ctl)
             }
         }
     }
@@ -632,23 +652,23 @@ impl Linker {
         memo: &MemoFs,
         spec: &Spec,
         mode: Mode,
-        cancel: &Cancel,
+        ctl: Ctl<'_>,
     ) -> Outcome {
         let Some(cache) = &self.cache else {
-            let _planning = match self.admit_plan(cancel) {
+            let _planning = match self.admit_plan(ctl) {
                 Ok(p) => p,
                 Err(cancelled) => return *cancelled,
             };
-            return self.compute_link(tk, req, memo, spec, mode, cancel);
+            return self.compute_link(tk, req, memo, spec, mode, ctl);
         };
         let keys =
             debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
         let Some(keys) = keys else {
-            let _planning = match self.admit_plan(cancel) {
+            let _planning = match self.admit_plan(ctl) {
                 Ok(p) => p,
                 Err(cancelled) => return *cancelled,
             };
-            return self.compute_link(tk, req, memo, spec, mode, cancel);
+            return self.compute_link(tk, req, memo, spec, mode, ctl);
         };
         if let Some(o) = self.lookup(cache, &keys, req, spec) {
             if !req.speculative {
@@ -660,7 +680,7 @@ impl Linker {
         // Only a link that must compute waits, first for a plan permit, then
         // (in `compute_link`) for a compute slot; one that waited here looks
         // again (an identical link may have filled the cache meanwhile).
-        let planning = match self.admit_plan(cancel) {
+        let planning = match self.admit_plan(ctl) {
             Ok(p) => p,
             Err(cancelled) => return *cancelled,
         };
@@ -690,14 +710,14 @@ impl Linker {
         let entry = cache.flights.run(keys.content, || {
             let mismatch = || Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
             let mut outcome = if self.verifier.mismatched(&keys.content) {
-                self.route(tk, req, memo, spec, cancel, mismatch())
+                self.route(tk, req, memo, spec, ctl, mismatch())
             } else {
-                self.compute_link(tk, req, memo, spec, mode, cancel)
+                self.compute_link(tk, req, memo, spec, mode, ctl)
             };
             drop(planning.borrow_mut().take());
-            let mut job = self.verification(tk, req, memo, spec, &keys, &outcome, &cache.store);
+            let mut job = self.verification(tk, req, memo, spec, &keys, &outcome, &cache.store, ctl.obs);
             if self.verifier.mode == crate::verify::VerifyMode::Sync {
-                if let Some(theirs) = job.take().and_then(|j| self.verifier.now(j, cancel)) {
+                if let Some(theirs) = job.take().and_then(|j| self.verifier.now(j, ctl.cancel)) {
                     // nvlink's answer, not ours (and the key is routed from now on).
                     let why = mismatch();
                     self.routed.bump(why.reason);
@@ -752,7 +772,7 @@ impl Linker {
                 }
                 o
             }
-            None => self.compute_link(tk, req, memo, spec, mode, cancel),
+            None => self.compute_link(tk, req, memo, spec, mode, ctl),
         }
     }
 
@@ -768,6 +788,7 @@ impl Linker {
         keys: &linkcache::LinkKeys,
         outcome: &Outcome,
         store: &Arc<Store>,
+        obs: &LinkObs,
     ) -> Option<crate::verify::Job> {
         let off = self.verifier.mode == crate::verify::VerifyMode::Off;
         if off || outcome.engine != EngineKind::InProcess || outcome.fallback.is_some() {
@@ -809,7 +830,7 @@ impl Linker {
             },
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             scratch_parents: self.scratch_parents(),
-            span: Span::current(),
+            obs: obs.clone(),
         })
     }
 
@@ -909,7 +930,7 @@ impl Linker {
         fs: &dyn InputFs,
         spec: &Spec,
         mode: Mode,
-        cancel: &Cancel,
+        ctl: Ctl<'_>,
     ) -> Outcome {
         if let Some(u) = spec.uidx_file.as_deref() {
             return match uidx_fatal(req, fs, spec, u) {
@@ -919,26 +940,26 @@ impl Linker {
                     let declined = fs.declined().unwrap_or_default();
                     self.fall_back(Declined::new(Reason::InputDeclined, declined))
                 }
-                Err(why) => self.route(tk, req, fs, spec, cancel, why),
+                Err(why) => self.route(tk, req, fs, spec, ctl, why),
             };
         }
         // nvlink writes the header of a `-time` file it creates before it reads
         // any input.
         let time_file_is_new = match time_file_is_new(req, fs, spec) {
             Ok(new) => new,
-            Err(why) => return self.route(tk, req, fs, spec, cancel, why),
+            Err(why) => return self.route(tk, req, fs, spec, ctl, why),
         };
-        let mut plan = match self.plan_link(tk, req, fs, spec, cancel) {
+        let mut plan = match self.plan_link(tk, req, fs, spec, ctl) {
             Ok(plan) => plan,
             Err(answered) => return *answered,
         };
         // Planned: now a compute slot (`sched.rs`; the plan permit goes back).
-        let _admitted = match self.admit(cancel) {
+        let _admitted = match self.admit(ctl) {
             Ok(a) => a,
             Err(cancelled) => return *cancelled,
         };
         let timings = std::sync::Mutex::new(Vec::new());
-        let linked = self.link_in_process(tk, spec, mode, &mut plan, cancel, &timings);
+        let linked = self.link_in_process(tk, spec, mode, &mut plan, ctl, &timings);
         let timings = timings.into_inner().unwrap_or_else(|p| p.into_inner());
         let outcome = match linked {
             Ok(output) => {
@@ -947,14 +968,14 @@ impl Linker {
                 self.in_process_outcome(req, fs, spec, mode, &plan, output)
             }
             Err(NotLinked::Fault(why)) => return self.fall_back(why),
-            Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, cancel, why),
+            Err(NotLinked::Declined(why)) => return self.route(tk, req, fs, spec, ctl, why),
             Err(NotLinked::Errors(e))
                 if spec.register_link_binaries.is_some() && e.written.is_none() && !e.registers =>
             {
                 // Whether nvlink writes its registration file before failing
                 // is not reproduced (but for its stack-size errors).
                 let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
-                return self.route(tk, req, fs, spec, cancel, why);
+                return self.route(tk, req, fs, spec, ctl, why);
             }
             Err(NotLinked::Errors(errors)) => {
                 bump(&self.stats.in_process);
@@ -974,11 +995,11 @@ impl Linker {
         req: &Request,
         fs: &dyn InputFs,
         spec: &Spec,
-        cancel: &Cancel,
+        ctl: Ctl<'_>,
     ) -> Result<plan::Plan, Box<Outcome>> {
         let Some(target) = spec.target() else {
             let why = Declined::new(Reason::Arch, format!("--arch {:?}", spec.arch));
-            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
         };
         let ctx = LoadContext {
             fs,
@@ -989,7 +1010,7 @@ impl Linker {
             memo: Some(&self.decode_memo),
             cpu_machine: crate::input::load::cpu_machine(spec.cpu_arch.as_deref()),
         };
-        let planned = debug_span!("plan").in_scope(|| {
+        let planned = ctl.obs.in_phase(Phase::Plan, || {
             fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
             plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str))
         });
@@ -997,7 +1018,7 @@ impl Linker {
             Ok(p) => p,
             Err(LoadError::Fatal(_)) if spec.time.is_some() => {
                 let why = Declined::new(Reason::Options, "-time with an input fatal (the rows nvlink writes first)");
-                return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+                return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
             }
             Err(LoadError::Fatal(ds)) => {
                 return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
@@ -1009,16 +1030,16 @@ impl Linker {
                     debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
                     return Err(Box::new(self.fall_back(Declined::new(Reason::InputDeclined, declined))));
                 }
-                return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+                return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
             }
         };
         if spec.warning_as_error && plan.warnings.iter().any(|w| w.severity == crate::diag::Severity::Error) {
             let why = Declined::new(Reason::Input, "-Werror with an input error (a member that does not decompress)");
-            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
         }
         if spec.warning_as_error && !plan.warnings.is_empty() && spec.time.is_some() {
             let why = Declined::new(Reason::Options, "-time with -Werror and input warnings");
-            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
         }
         if spec.warning_as_error && !plan.warnings.is_empty() {
             // nvlink stops at the first warning, printed as an error, with its
@@ -1029,7 +1050,7 @@ impl Linker {
                 return Err(Box::new(self.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }
             let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings beside infos");
-            return Err(Box::new(self.route(tk, req, fs, spec, cancel, why)));
+            return Err(Box::new(self.route(tk, req, fs, spec, ctl, why)));
         }
         Ok(plan)
     }
@@ -1041,7 +1062,7 @@ impl Linker {
         spec: &Spec,
         mode: Mode,
         plan: &mut plan::Plan,
-        cancel: &Cancel,
+        ctl: Ctl<'_>,
         timings: &std::sync::Mutex<Vec<inprocess::TimeRow>>,
     ) -> Result<Vec<u8>, NotLinked> {
         let artifacts = Artifacts {
@@ -1058,7 +1079,8 @@ impl Linker {
             artifacts: &artifacts,
             scratch: &scratch,
             workers: self.workers.as_deref(),
-            cancel,
+            cancel: ctl.cancel,
+            obs: ctl.obs,
             limit: self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT),
             confine: &self.config.confine,
             fault: &fault,
@@ -1067,12 +1089,12 @@ impl Linker {
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
-        let pool = match cancel.priority() {
+        let pool = match ctl.cancel.priority() {
             Priority::Foreground => &self.pool,
             Priority::Background => &self.bg_pool,
         };
         let linked = pool.install(|| span.in_scope(|| inprocess::link(&cx, spec, mode, plan)));
-        let cancelled = cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
+        let cancelled = ctl.cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
         if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
             // Not an nvlink answer: the shim runs nvlink; nothing is cached.
             warn!(%why, "link failed in its worker");
@@ -1177,15 +1199,15 @@ impl Linker {
     /// The real nvlink as the engine: on the caller's files where the daemon
     /// shares its filesystem, otherwise on the link's files mirrored into a
     /// sandbox (`engine/sandbox.rs`).
-    fn run_nvlink(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, cancel: &Cancel) -> Outcome {
+    fn run_nvlink(&self, tk: &Toolkit, req: &Request, fs: &dyn InputFs, spec: &Spec, ctl: Ctl<'_>) -> Outcome {
         // Routed after its plan was admitted to compute, the link holds its
         // slot already; routed from its plan, it waits for one here.
-        let _admitted = match self.admit(cancel) {
+        let _admitted = match self.admit(ctl) {
             Ok(a) => a,
             Err(cancelled) => return *cancelled,
         };
         let limit = self.config.worker_timeout.unwrap_or(DEFAULT_WORKER_TIMEOUT);
-        let _phase = debug_span!("nvlink").entered();
+        let _phase = ctl.obs.phase(Phase::Nvlink);
         let sandbox = if req.shared_fs {
             None
         } else {
@@ -1201,7 +1223,7 @@ impl Linker {
             toolkit_root: &tk.root,
             sandbox: s.dir(),
         });
-        match process::run(&tk.nvlink(), run_req, spec, &self.scratch_parents(), cancel, limit, confined.as_ref()) {
+        match process::run(&tk.nvlink(), run_req, spec, &self.scratch_parents(), ctl.cancel, limit, confined.as_ref()) {
             Ok(r) => {
                 let (stdout, stderr, outputs) = match &sandbox {
                     None => (r.stdout, r.stderr, r.outputs),

@@ -45,8 +45,13 @@
 //! Background links compute only while no foreground link waits at either
 //! stage or holds a plan permit: a foreground link that is still planning
 //! computes next, as it would have with one admission. Events and the
-//! `queued` counter see both stages; `link_queued` is announced once per link,
-//! `link_admitted` when it computes.
+//! `queued` counter see both stages: the link's observer (`observe.rs`) is
+//! told once per link that it queued ([`LinkEvent::Queued`]: `link_queued`
+//! on the event stream), and when it is admitted to compute
+//! ([`LinkEvent::Admitted`]: `link_admitted`).
+//!
+//! [`LinkEvent::Queued`]: crate::observe::LinkEvent::Queued
+//! [`LinkEvent::Admitted`]: crate::observe::LinkEvent::Admitted
 //!
 //! A link waiting for a slot is dropped as soon as it is cancelled (its shim
 //! went away, or a newer link superseded it): the waiter checks its
@@ -56,13 +61,14 @@
 //! link a `Cancel::with_priority(Priority::Background)` and call
 //! `Linker::link_cancellable`; admission, the idle CPU policy and the separate
 //! pools follow from the handle. Code that computes outside a link can take a
-//! slot itself with `linker.scheduler().admit(Priority::Background, &cancel)`.
+//! slot itself with `linker.scheduler().admit(Priority::Background, &cancel, &LinkObs::default())`.
 
 use std::collections::BTreeSet;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cancel::Cancel;
+use crate::observe::LinkObs;
 
 /// How often a queued link checks whether it was cancelled.
 pub const CANCEL_POLL: Duration = Duration::from_millis(20);
@@ -181,18 +187,19 @@ impl Scheduler {
 
     /// Wait for a compute slot of class `priority`; None when `cancel` fired
     /// first (the link is then dropped from the queue and computes nothing).
-    /// A plan permit the link holds is given back on admission.
-    pub fn admit(&self, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
-        self.enter(Stage::Compute, priority, cancel)
+    /// A plan permit the link holds is given back on admission. `obs` is told
+    /// when the link queues (once per link) and when it is admitted.
+    pub fn admit(&self, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
+        self.enter(Stage::Compute, priority, cancel, obs)
     }
 
     /// Wait for a plan permit of class `priority` (see the module docs); None
-    /// when `cancel` fired first.
-    pub fn admit_plan(&self, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
-        self.enter(Stage::Plan, priority, cancel)
+    /// when `cancel` fired first. `obs` is told when the link queues.
+    pub fn admit_plan(&self, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
+        self.enter(Stage::Plan, priority, cancel, obs)
     }
 
-    fn enter(&self, stage: Stage, priority: Priority, cancel: &Cancel) -> Option<Slot<'_>> {
+    fn enter(&self, stage: Stage, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
         let t0 = Instant::now();
         let mut st = self.lock();
         let me = (priority, st.next);
@@ -225,6 +232,7 @@ impl Scheduler {
                 let waited = t0.elapsed();
                 if stage == Stage::Compute {
                     tracing::debug!(sched = "admitted", priority = priority.name(), waited_ms = ms(waited), "admitted");
+                    obs.admitted(priority, waited);
                 } else {
                     tracing::trace!(priority = priority.name(), waited_ms = ms(waited), "plan permit");
                 }
@@ -238,6 +246,7 @@ impl Scheduler {
                         st.holding(Stage::Compute, Priority::Background),
                     );
                     tracing::debug!(sched = "queued", priority = priority.name(), fg, bg, "waiting for a slot");
+                    obs.queued(priority);
                 }
             }
             st = self.freed.wait_timeout(st, CANCEL_POLL).unwrap_or_else(|e| e.into_inner()).0;
@@ -330,7 +339,7 @@ mod tests {
     fn order_is_class_then_arrival_and_foreground_passes_background() {
         let s = Scheduler::new(1);
         let none = Cancel::new();
-        let first = s.admit(Priority::Foreground, &none).unwrap();
+        let first = s.admit(Priority::Foreground, &none, &LinkObs::default()).unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::scope(|scope| {
             let arrivals = [
@@ -342,7 +351,7 @@ mod tests {
             for (i, (p, name)) in arrivals.into_iter().enumerate() {
                 let (s, tx, none) = (&s, tx.clone(), none.clone());
                 scope.spawn(move || {
-                    let _slot = s.admit(p, &none).unwrap();
+                    let _slot = s.admit(p, &none, &LinkObs::default()).unwrap();
                     tx.send(name).unwrap();
                 });
                 // Arrival order is the order they queue in.
@@ -355,8 +364,8 @@ mod tests {
             assert_eq!(order, ["f1", "f2", "b1", "b2"]);
         });
         // Background holds the only slot: foreground still starts.
-        let bg = s.admit(Priority::Background, &none).unwrap();
-        let fg = s.admit(Priority::Foreground, &none).unwrap();
+        let bg = s.admit(Priority::Background, &none, &LinkObs::default()).unwrap();
+        let fg = s.admit(Priority::Foreground, &none, &LinkObs::default()).unwrap();
         assert_eq!(s.running(), (1, 1));
         drop((bg, fg));
     }
@@ -364,10 +373,10 @@ mod tests {
     #[test]
     fn a_cancelled_waiter_leaves_the_queue() {
         let s = Scheduler::new(1);
-        let busy = s.admit(Priority::Foreground, &Cancel::new()).unwrap();
+        let busy = s.admit(Priority::Foreground, &Cancel::new(), &LinkObs::default()).unwrap();
         let cancel = Cancel::new();
         std::thread::scope(|scope| {
-            let h = scope.spawn(|| s.admit(Priority::Foreground, &cancel).is_none());
+            let h = scope.spawn(|| s.admit(Priority::Foreground, &cancel, &LinkObs::default()).is_none());
             while s.queued() == 0 {
                 std::thread::yield_now();
             }
@@ -385,21 +394,22 @@ mod tests {
     fn plan_permits_are_bounded_and_given_back_on_admission() {
         let s = Scheduler::new(1);
         let a = Cancel::new();
-        let a_plan = s.admit_plan(Priority::Foreground, &a).unwrap();
+        let a_plan = s.admit_plan(Priority::Foreground, &a, &LinkObs::default()).unwrap();
         assert_eq!(s.planning(), 1);
-        let a_slot = s.admit(Priority::Foreground, &a).unwrap();
+        let a_slot = s.admit(Priority::Foreground, &a, &LinkObs::default()).unwrap();
         assert_eq!((s.planning(), s.running()), (0, (1, 0)), "admission to compute kept the plan permit");
         drop(a_plan);
         assert_eq!(s.planning(), 0, "a permit given back on admission was counted back twice");
         let b = Cancel::new();
-        let b_plan = s.admit_plan(Priority::Foreground, &b).unwrap();
+        let b_plan = s.admit_plan(Priority::Foreground, &b, &LinkObs::default()).unwrap();
         std::thread::scope(|scope| {
-            let c = scope.spawn(|| s.admit_plan(Priority::Foreground, &Cancel::new()).map(|p| p.queued));
+            let c = scope
+                .spawn(|| s.admit_plan(Priority::Foreground, &Cancel::new(), &LinkObs::default()).map(|p| p.queued));
             while s.queued() == 0 {
                 std::thread::yield_now();
             }
             // C waits for B's permit; B waits for A's slot.
-            let b_wait = scope.spawn(|| s.admit(Priority::Foreground, &b).map(|slot| slot.queued));
+            let b_wait = scope.spawn(|| s.admit(Priority::Foreground, &b, &LinkObs::default()).map(|slot| slot.queued));
             while s.queued() < 2 {
                 std::thread::yield_now();
             }
@@ -418,14 +428,14 @@ mod tests {
     fn background_does_not_compute_ahead_of_a_planning_foreground_link() {
         let s = Scheduler::new(1);
         let (b, f) = (Cancel::with_priority(Priority::Background), Cancel::new());
-        let b_plan = s.admit_plan(Priority::Background, &b).unwrap();
+        let b_plan = s.admit_plan(Priority::Background, &b, &LinkObs::default()).unwrap();
         // Foreground ignores the background permit.
-        let f_plan = s.admit_plan(Priority::Foreground, &f).unwrap();
+        let f_plan = s.admit_plan(Priority::Foreground, &f, &LinkObs::default()).unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::scope(|scope| {
             let (tx2, s, b) = (tx, &s, &b);
             let bg = scope.spawn(move || {
-                let slot = s.admit(Priority::Background, b);
+                let slot = s.admit(Priority::Background, b, &LinkObs::default());
                 tx2.send("b").unwrap();
                 slot.is_some()
             });
@@ -435,7 +445,7 @@ mod tests {
             }
             std::thread::sleep(CANCEL_POLL * 2);
             assert!(rx.try_recv().is_err(), "background computed while a foreground link was planning");
-            let f_slot = s.admit(Priority::Foreground, &f).unwrap();
+            let f_slot = s.admit(Priority::Foreground, &f, &LinkObs::default()).unwrap();
             assert!(rx.try_recv().is_err(), "background computed beside the foreground link");
             drop(f_slot);
             let got = rx.recv_timeout(Duration::from_secs(10));

@@ -20,8 +20,9 @@
 //! nvlink from then on (reason `verify_mismatch`), a repro bundle is written
 //! under `<cache-dir>/verify/` (arguments, working directory, environment,
 //! the inputs as mirrored, both answers, the differences, and `rerun.sh`,
-//! which runs the comparison again), and one warning names it; the event
-//! stream shows it as `verify_mismatch`.
+//! which runs the comparison again), and one warning names it; the link's
+//! observer is told ([`LinkEvent::VerifyMismatch`](crate::observe::LinkEvent),
+//! `verify_mismatch` on the event stream).
 //!
 //! Not verified, counted in `verify_skipped`: remote links (mirroring reads
 //! files nvlink would not, which a remote shim refuses), links with `-time`
@@ -136,8 +137,9 @@ pub(crate) struct Job {
     pub heal: Heal,
     pub limit: Duration,
     pub scratch_parents: [PathBuf; 2],
-    /// The link's span, entered for the warning (the event names the link).
-    pub span: tracing::Span,
+    /// The link's observation handle: its span, entered for the warning, and
+    /// where the mismatch is reported (`observe.rs`).
+    pub obs: crate::observe::LinkObs,
 }
 
 pub(crate) struct Verifier {
@@ -322,13 +324,14 @@ fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
         heal(&job, &theirs);
     }
     let bundle = write_bundle(st, &job, &theirs, &diffs);
-    let _in_link = job.span.enter();
+    let _in_link = job.obs.span().enter();
     warn!(
         verify = "mismatch",
         bundle = %bundle.as_deref().unwrap_or(Path::new("-")).display(),
         differences = %diffs.join("; "),
         "the in-process answer differs from nvlink's: the cache now holds nvlink's, and this link is routed to nvlink"
     );
+    job.obs.verify_mismatch(bundle, diffs);
     Verdict::Mismatch(theirs)
 }
 

@@ -50,7 +50,7 @@ use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::link::service::{Activity, Limits, Service};
-use crate::observe::events::{Hub, PhaseLayer};
+use crate::observe::events::Hub;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -251,11 +251,7 @@ pub struct Logging {
 /// directory) is not a reason to stop: the log goes to stderr instead, with one
 /// line saying why, and the daemon serves (the cache then also runs without
 /// its disk tier, see `cache::store`).
-///
-/// The event stream's layer ([`crate::observe::events::PhaseLayer`]) sits beside the
-/// log's: each has its own filter, so the core's phase spans (`debug`) exist
-/// for the events whatever `NVLINKD_LOG` lets the log show.
-pub fn init_logging(cache_dir: &Path, events: &Hub, format: LogFormat, to_stderr: bool) -> Logging {
+pub fn init_logging(cache_dir: &Path, format: LogFormat, to_stderr: bool) -> Logging {
     let path = cache_dir.join("nvlinkd.log");
     let file = std::fs::create_dir_all(cache_dir).and_then(|()| LogFile::open(&path));
     let filter = tracing_subscriber::EnvFilter::try_from_env("NVLINKD_LOG")
@@ -281,13 +277,7 @@ pub fn init_logging(cache_dir: &Path, events: &Hub, format: LogFormat, to_stderr
             (None, Some(layer.json().flatten_event(true).with_writer(writer).with_filter(filter)))
         }
     };
-    // The core's spans, and its scheduler's `sched = …` and verification's
-    // `verify = …` events only.
-    let phases = PhaseLayer { hub: events.clone() }.with_filter(tracing_subscriber::filter::filter_fn(|m| {
-        m.target().starts_with("nvlinkd_core")
-            && (m.is_span() || m.fields().field("sched").is_some() || m.fields().field("verify").is_some())
-    }));
-    let installed = tracing_subscriber::registry().with(text).with(json).with(phases).try_init();
+    let installed = tracing_subscriber::registry().with(text).with(json).try_init();
     if let Some(e) = failed {
         tracing::warn!(log = %path.display(), "cannot write the log file ({e}): logging to stderr");
     }
@@ -367,7 +357,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         toolkits.join(", "),
         opts.cache_dir.display()
     );
-    let linker = Arc::new(Linker::new(opts.linker));
+    // The event stream hears of phases, admissions and mismatches from the
+    // linker itself (`observe/events.rs`).
+    let linker = Arc::new(Linker::observed(opts.linker, Arc::new(opts.events.clone())));
     if let Some(r) = opts.remote_cache.clone() {
         let tier = crate::reapi::RemoteCache::new(r, tokio::runtime::Handle::current())?;
         linker.set_remote_tier(Arc::new(tier));

@@ -575,8 +575,7 @@ fn main() -> ExitCode {
                 eprintln!("nvlinkd: {e}");
                 return ExitCode::from(2);
             }
-            let events = events::Hub::default();
-            let logging = daemon::init_logging(&cache_dir, &events, a.log_format, !a.detached);
+            let logging = daemon::init_logging(&cache_dir, a.log_format, !a.detached);
             let remote_cache = match a.remote_options() {
                 Ok(r) => r,
                 Err(e) => {
@@ -617,7 +616,7 @@ fn main() -> ExitCode {
                 },
                 shutdown_grace: a.shutdown_grace,
                 idle_exit: a.idle_exit.filter(|d| !d.is_zero()),
-                events,
+                events: events::Hub::default(),
                 speculation: daemon::Speculation {
                     multi_arch: !a.no_speculate,
                     watch: a.watch,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::cache::flight::Flights;
 use crate::cache::{Key, KeyBuilder, Store};
 use crate::declined::{Declined, Reason};
+use crate::observe::InPhase;
 use crate::stats::{bump, Stats};
 
 /// Which counters an artifact belongs to.
@@ -60,18 +61,20 @@ impl Artifacts<'_> {
         k.finish()
     }
 
-    /// The artifact for `key`, computing and storing it on a miss.
+    /// The artifact for `key`, computing and storing it on a miss. `phase`,
+    /// the link's phase this step is (`jit`, `nvvm`, `ptxas`), is marked
+    /// cached on a hit.
     pub(crate) fn get_or_compute(
         &self,
         level: Level,
         key: Key,
+        phase: &InPhase<'_>,
         compute: impl FnOnce() -> Result<Vec<u8>, Declined>,
     ) -> Result<Arc<[u8]>, Declined> {
         let (hits, misses) = self.counters(level);
         if let Some(v) = self.store.and_then(|s| s.fetch(level.domain(), &key)) {
             bump(hits);
-            // The phase span (`jit`, `nvvm`, `ptxas`) reports a cached step.
-            tracing::Span::current().record("cached", true);
+            phase.cached();
             return Ok(v);
         }
         bump(misses);

@@ -42,6 +42,7 @@ use crate::input::host::HostRefs;
 use crate::input::load::Code;
 use crate::input::ptx::PtxSymbols;
 use crate::jitlink::{InputType, JitInput, JitOutput};
+use crate::observe::{LinkObs, Phase};
 use crate::plan::Plan;
 use crate::toolkit::Toolkit;
 use crate::worker::{Cancel, WorkerPool};
@@ -60,6 +61,9 @@ pub struct Context<'a> {
     pub workers: Option<&'a WorkerPool>,
     /// Cancels this link (kills the worker serving it).
     pub cancel: &'a Cancel,
+    /// The link's observation handle: each step is a [`Phase`] of it, on
+    /// whichever thread of the pool it runs.
+    pub obs: &'a LinkObs,
     /// Longest time one ptxas run may take (the daemon's worker time limit).
     pub limit: std::time::Duration,
     /// How ptxas runs confined (`confine.rs`).
@@ -391,13 +395,12 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let run = |extra: &[String]| -> Result<(Vec<u8>, String), Declined> {
         let mut opts = options.clone();
         opts.extend_from_slice(extra);
-        let out =
-            tracing::debug_span!("jitlink").in_scope(|| cx.jit_link(&opts, &inputs, false)).inspect_err(|_| {
-                // Link errors: the stack-size warnings before them as nvlink prints them.
-                if let Some(e) = cx.errors.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-                    e.messages = stack_size_messages(spec, compiled, std::mem::take(&mut e.messages));
-                }
-            })?;
+        let out = cx.obs.in_phase(Phase::JitLink, || cx.jit_link(&opts, &inputs, false)).inspect_err(|_| {
+            // Link errors: the stack-size warnings before them as nvlink prints them.
+            if let Some(e) = cx.errors.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                e.messages = stack_size_messages(spec, compiled, std::mem::take(&mut e.messages));
+            }
+        })?;
         let cubin = out.cubin.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no cubin"))?;
         Ok((cubin, out.info_log))
     };
@@ -474,7 +477,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         // nvlink's removal after partial LTO leaves no `.nv.shared` names.
         inputs: if pruning.is_some() && !plan.partial_lto { functions } else { Vec::new() },
     };
-    let _phase = tracing::debug_span!("finalize").entered();
+    let _phase = cx.obs.phase(Phase::Finalize);
     let out = finalize::finalize(&cubin, &fix).map_err(|e| Declined::new(Reason::Tool, format!("finalize: {e}")))?;
     match suppress {
         None => Ok(out),
@@ -768,18 +771,17 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     }
     let modules: Vec<&mut crate::input::load::Module> =
         plan.units.iter_mut().flat_map(|u| u.modules.iter_mut()).collect();
-    // Each module is compiled on the pool, inside the link's span.
-    let link = tracing::Span::current();
+    // Each module is compiled on the pool, a phase of the link (`cx.obs`).
     modules.into_par_iter().zip(rows).enumerate().try_for_each(|(i, (m, row))| {
         let Code::Ptx(text) = &m.code else { return Ok(()) };
-        let _phase = link.in_scope(|| tracing::debug_span!("jit", module = i, cached = false)).entered();
+        let phase = cx.obs.phase(Phase::Jit).detail("module", i as u64);
         let key = cx.artifacts.key(Level::Jit, &[text, args.join(" ").as_bytes()]);
         let row = || {
             let (source, inputs, output) = row.unwrap_or_default();
             TimeRow { order: i, source, phase: "ptxas", inputs, output, ms: 0.0 }
         };
         let bytes = cx.timed(spec, row, || {
-            cx.artifacts.get_or_compute(Level::Jit, key, || {
+            cx.artifacts.get_or_compute(Level::Jit, key, &phase, || {
                 ptxas::compile(cx.tk, text, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
             })
         })?;
@@ -993,9 +995,9 @@ fn lto_ptxas(
     }
     args.extend_from_slice(extra);
     let key = cx.artifacts.key(Level::Ptxas, &[ptx, args.join(" ").as_bytes()]);
-    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
+    let phase = cx.obs.phase(Phase::Ptxas).detail("ptx_bytes", ptx.len() as u64);
     let compile = || {
-        cx.artifacts.get_or_compute(Level::Ptxas, key, || {
+        cx.artifacts.get_or_compute(Level::Ptxas, key, &phase, || {
             ptxas::compile(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
         })
     };
@@ -1021,7 +1023,7 @@ fn debug_ptxas(
         return no(Reason::LtoOptions, "ptxas options with -dlto -g (how nvlink's tool note records them)");
     }
     args.extend(DEBUG_PTXAS.iter().map(|s| s.to_string()));
-    let _phase = tracing::debug_span!("ptxas", ptx_bytes = ptx.len(), cached = false).entered();
+    let _phase = cx.obs.phase(Phase::Ptxas).detail("ptx_bytes", ptx.len() as u64);
     let (cubin, warnings) =
         ptxas::compile_with_warnings(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)?;
     let fail = |why: String| Declined::new(Reason::Tool, format!("-dlto -g tool note: {why}"));
@@ -1257,8 +1259,8 @@ fn nvvm(cx: &Context<'_>, objects: &[JitInput<'_>], options: &[String]) -> Resul
     let joined = options.join("\0");
     parts.push(joined.as_bytes());
     let key = cx.artifacts.key(Level::Nvvm, &parts);
-    let _phase = tracing::debug_span!("nvvm", cached = false).entered();
-    cx.artifacts.get_or_compute(Level::Nvvm, key, || {
+    let phase = cx.obs.phase(Phase::Nvvm);
+    cx.artifacts.get_or_compute(Level::Nvvm, key, &phase, || {
         let out = cx.jit_link(options, objects, true)?;
         out.ptx.ok_or_else(|| Declined::new(Reason::Tool, "nvJitLink returned no PTX"))
     })

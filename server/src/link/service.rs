@@ -298,8 +298,9 @@ impl Service {
             }
             let args = nvlinkd_core::linker::args_summary(&req.args);
             let t_link = std::time::Instant::now();
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| linker.link_cancellable(&req, &fs, &cancel)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                linker.link_cancellable(link_id, &req, &fs, &cancel)
+            }));
             // Nothing is registered on this stream from now on.
             let gone = channel.closed_reason();
             channel.close("the link is done");

@@ -19,31 +19,24 @@
 //!   the repro directory
 //! - `lagged` {missed}: this subscriber fell behind and missed events
 //!
-//! The core knows nothing of this. Links and their outcome are reported by the
-//! service ([`Hub`]); phases come from the core's existing `tracing` spans
-//! (`Linker::link_span`'s `link{id}` and the phase spans inside it) through
-//! [`PhaseLayer`], and queueing from the scheduler's `sched = …` debug
-//! events — so phases are timed in one place, by the spans the log already
-//! shows. A `tokio::sync::broadcast` channel fans events out: a slow
+//! The core knows nothing of JSON. Links and their outcome are reported by the
+//! service ([`Hub`]); what happens inside a link — phases, queueing and
+//! admission, verification's mismatches — comes from the core as typed
+//! [`LinkEvent`]s: the [`Hub`] is the linker's [`Observer`]
+//! (`Linker::observed`), and its `event` maps each to its line here, so the
+//! schema above is this file's alone (renaming a span or a log field changes
+//! nothing of it). A `tokio::sync::broadcast` channel fans events out: a slow
 //! subscriber loses the oldest events, a link never waits for one.
 
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
+use nvlinkd_core::observe::{LinkEvent, Observer};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event as TracingEvent, Subscriber};
-use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
 
 /// Events kept for a subscriber that has not read them yet.
 const BACKLOG: usize = 4096;
-
-/// The phases reported as `phase` events (the core's span names).
-const PHASES: &[&str] = &["plan", "jit", "jitlink", "nvvm", "ptxas", "finalize", "nvlink"];
 
 /// One event: the link it concerns (0: none) and its JSON line.
 #[derive(Clone, Debug)]
@@ -149,161 +142,31 @@ fn round(ms: f64) -> f64 {
     (ms * 1000.0).round() / 1000.0
 }
 
-/// Turns the core's spans into events (see the module docs).
-pub struct PhaseLayer {
-    pub hub: Hub,
-}
-
-/// The id of a `link` span.
-struct LinkId(u64);
-
-/// A phase span in progress.
-struct Phase {
-    link: u64,
-    name: &'static str,
-    start: Instant,
-    cached: bool,
-}
-
-#[derive(Default)]
-struct Fields {
-    id: Option<u64>,
-    cached: Option<bool>,
-    sched: Option<String>,
-    priority: Option<String>,
-    waited_ms: Option<f64>,
-    verify: Option<String>,
-    bundle: Option<String>,
-    differences: Option<String>,
-}
-
-impl Visit for Fields {
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "id" {
-            self.id = Some(value);
-        }
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        if field.name() == "id" {
-            self.id = u64::try_from(value).ok();
-        }
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        if field.name() == "cached" {
-            self.cached = Some(value);
-        }
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        if field.name() == "waited_ms" {
-            self.waited_ms = Some(value);
-        }
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "sched" => self.sched = Some(value.to_owned()),
-            "priority" => self.priority = Some(value.to_owned()),
-            "verify" => self.verify = Some(value.to_owned()),
-            _ => {}
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "bundle" => self.bundle = Some(format!("{value:?}")),
-            "differences" => self.differences = Some(format!("{value:?}")),
-            _ => {}
-        }
-    }
-}
-
-fn from_core(target: &str) -> bool {
-    target.starts_with("nvlinkd_core")
-}
-
-impl PhaseLayer {
-    /// The id of the link span enclosing `span` (itself included).
-    fn link_of<S>(span: &tracing_subscriber::registry::SpanRef<'_, S>) -> Option<u64>
-    where
-        S: for<'a> LookupSpan<'a>,
-    {
-        span.scope().find_map(|s| s.extensions().get::<LinkId>().map(|l| l.0))
-    }
-}
-
-impl<S> Layer<S> for PhaseLayer
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let meta = attrs.metadata();
-        if !from_core(meta.target()) {
+/// The core's events about a link, as lines of the stream: `phase`,
+/// `link_queued`, `link_admitted`, `verify_mismatch`.
+impl Observer for Hub {
+    fn event(&self, e: &LinkEvent) {
+        if self.tx.receiver_count() == 0 {
             return;
         }
-        let Some(span) = ctx.span(id) else { return };
-        let mut f = Fields::default();
-        attrs.record(&mut f);
-        if meta.name() == "link" {
-            if let Some(link) = f.id {
-                span.extensions_mut().insert(LinkId(link));
+        match e {
+            LinkEvent::PhaseFinished { link, phase, cached, ms } => {
+                self.publish("phase", *link, json!({ "phase": phase.name(), "cached": cached, "ms": round(*ms) }))
             }
-        } else if let Some(name) = PHASES.iter().find(|p| **p == meta.name()) {
-            if let Some(link) = Self::link_of(&span) {
-                let phase = Phase { link, name, start: Instant::now(), cached: f.cached.unwrap_or(false) };
-                span.extensions_mut().insert(phase);
+            LinkEvent::Queued { link, priority } => {
+                self.publish("link_queued", *link, json!({ "priority": priority.name() }))
             }
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        let mut f = Fields::default();
-        values.record(&mut f);
-        let Some(cached) = f.cached else { return };
-        let mut ext = span.extensions_mut();
-        if let Some(phase) = ext.get_mut::<Phase>() {
-            phase.cached = cached;
-        }
-    }
-
-    fn on_event(&self, event: &TracingEvent<'_>, ctx: Context<'_, S>) {
-        if !from_core(event.metadata().target()) {
-            return;
-        }
-        let mut f = Fields::default();
-        event.record(&mut f);
-        let link = ctx
-            .event_scope(event)
-            .and_then(|mut scope| scope.find_map(|s| s.extensions().get::<LinkId>().map(|l| l.0)));
-        if f.verify.as_deref() == Some("mismatch") {
-            let fields = json!({ "bundle": f.bundle, "differences": f.differences });
-            self.hub.publish("verify_mismatch", link.unwrap_or(0), fields);
-            return;
-        }
-        let Some(kind) = f.sched.as_deref() else { return };
-        let Some(link) = link else { return };
-        let priority = f.priority.unwrap_or_default();
-        match kind {
-            "queued" => self.hub.publish("link_queued", link, json!({ "priority": priority })),
-            "admitted" => self.hub.publish(
+            LinkEvent::Admitted { link, priority, waited_ms } => self.publish(
                 "link_admitted",
-                link,
-                json!({ "priority": priority, "waited_ms": round(f.waited_ms.unwrap_or(0.0)) }),
+                *link,
+                json!({ "priority": priority.name(), "waited_ms": round(*waited_ms) }),
             ),
-            _ => {}
+            LinkEvent::VerifyMismatch { link, bundle, differences } => {
+                let bundle = bundle.as_deref().unwrap_or(Path::new("-")).display().to_string();
+                let fields = json!({ "bundle": bundle, "differences": differences.join("; ") });
+                self.publish("verify_mismatch", *link, fields)
+            }
         }
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else { return };
-        let Some(phase) = span.extensions_mut().remove::<Phase>() else { return };
-        self.hub.publish(
-            "phase",
-            phase.link,
-            json!({
-                "phase": phase.name,
-                "cached": phase.cached,
-                "ms": round(phase.start.elapsed().as_secs_f64() * 1e3),
-            }),
-        );
     }
 }
 
@@ -354,5 +217,40 @@ mod tests {
         assert_eq!(v["speculative"], true);
         let v: Value = serde_json::from_str(&rx.recv().await.unwrap().json).unwrap();
         assert_eq!((v["event"].as_str(), v["reason"].as_str()), (Some("link_cancelled"), Some("superseded")));
+    }
+
+    /// The core's typed events become the lines the module docs name, with
+    /// exactly those fields.
+    #[tokio::test]
+    async fn link_events_are_the_documented_lines() {
+        use nvlinkd_core::observe::Phase;
+        use nvlinkd_core::sched::Priority;
+        let hub = Hub::default();
+        let mut rx = hub.subscribe();
+        hub.event(&LinkEvent::PhaseFinished { link: 3, phase: Phase::JitLink, cached: false, ms: 1.234_56 });
+        hub.event(&LinkEvent::PhaseFinished { link: 3, phase: Phase::Nvvm, cached: true, ms: 0.5 });
+        hub.event(&LinkEvent::Queued { link: 3, priority: Priority::Background });
+        hub.event(&LinkEvent::Admitted { link: 3, priority: Priority::Foreground, waited_ms: 2.000_4 });
+        let differences = vec!["stdout".to_owned(), "/o/a.cubin: 9 bytes, nvlink's 8".to_owned()];
+        hub.event(&LinkEvent::VerifyMismatch { link: 3, bundle: Some("/c/verify/ab-1-0".into()), differences });
+        hub.event(&LinkEvent::VerifyMismatch { link: 3, bundle: None, differences: vec!["stderr".to_owned()] });
+        let want = [
+            json!({ "event": "phase", "link": 3, "phase": "jitlink", "cached": false, "ms": 1.235 }),
+            json!({ "event": "phase", "link": 3, "phase": "nvvm", "cached": true, "ms": 0.5 }),
+            json!({ "event": "link_queued", "link": 3, "priority": "background" }),
+            json!({ "event": "link_admitted", "link": 3, "priority": "foreground", "waited_ms": 2.0 }),
+            json!({
+                "event": "verify_mismatch",
+                "link": 3,
+                "bundle": "/c/verify/ab-1-0",
+                "differences": "stdout; /o/a.cubin: 9 bytes, nvlink's 8",
+            }),
+            json!({ "event": "verify_mismatch", "link": 3, "bundle": "-", "differences": "stderr" }),
+        ];
+        for w in want {
+            let got = rx.recv().await.unwrap();
+            assert_eq!((got.link, got.kind), (3, w["event"].as_str().unwrap()));
+            assert_eq!(serde_json::from_str::<Value>(&got.json).unwrap(), w);
+        }
     }
 }

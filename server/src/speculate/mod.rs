@@ -205,7 +205,7 @@ impl Speculator {
             let t = Instant::now();
             let fs = SpeculativeFs::new(this.max_link_input);
             let linked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                this.linker.link_cancellable(&req, &fs, &cancel)
+                this.linker.link_cancellable(link_id, &req, &fs, &cancel)
             }));
             let outcome = match linked {
                 Ok(o) => o,

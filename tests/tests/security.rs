@@ -1442,3 +1442,36 @@ fn connections_that_never_authenticate_are_closed() {
     assert_same(&expected, &remote, "a shim after the unauthenticated connections were closed");
     drop(held);
 }
+
+/// The metrics port has no authentication and shares the daemon's open-file
+/// limit: a flood of silent connections past that limit leaves the daemon
+/// idle (it spun at 87% CPU) and local links prompt (a cached link took 2 s).
+#[test]
+fn a_flood_of_the_metrics_port_starves_nothing() {
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let port = free_port();
+    let d = Daemon::start_with_file_limit(&["--metrics-listen", &format!("127.0.0.1:{port}")], 256);
+    let flood: Vec<TcpStream> = (0..400)
+        .filter_map(|_| TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).ok())
+        .collect();
+    assert!(flood.len() > 256, "the flood could not pass the file limit: {} connections", flood.len());
+    // At once, while the silent connections hold every descriptor.
+    let pid = d.pid().expect("daemon pid");
+    let cpu = || -> u64 {
+        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        field(14) + field(15)
+    };
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(2));
+    let ticks = cpu() - before;
+    assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
+    let out = TempDir::new("sec-mflood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link during the flood");
+    assert!(t0.elapsed() < Duration::from_secs(5), "the local link took {:?}", t0.elapsed());
+    drop(flood);
+    assert!(d.answers(), "the daemon died");
+}

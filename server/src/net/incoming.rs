@@ -475,7 +475,7 @@ pub fn peer_group(ip: IpAddr) -> IpAddr {
 
 /// Errors of `accept` that say the process or system ran out of something:
 /// retrying at once cannot succeed.
-fn out_of_resources(e: &std::io::Error) -> bool {
+pub fn out_of_resources(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 

@@ -363,13 +363,23 @@ pub fn confine_and_exec(args: &[String]) -> String {
         match a.as_str() {
             "--read" => read.extend(it.next().map(PathBuf::from)),
             "--write" => write.extend(it.next().map(PathBuf::from)),
-            "--uid" => uid = it.next().and_then(|v| v.parse::<u32>().ok()),
-            "--gid" => gid = it.next().and_then(|v| v.parse::<u32>().ok()),
+            "--uid" => match it.next().map(|v| v.parse::<u32>()) {
+                Some(Ok(v)) => uid = Some(v),
+                _ => return "confine: --uid takes a number".into(),
+            },
+            "--gid" => match it.next().map(|v| v.parse::<u32>()) {
+                Some(Ok(v)) => gid = Some(v),
+                _ => return "confine: --gid takes a number".into(),
+            },
             "--idle" => idle = true,
             "--require" => require = true,
             "--" => break,
             other => return format!("confine: unknown argument {other}"),
         }
+    }
+    if uid.is_some() != gid.is_some() {
+        // Never left as the caller's user: both, or neither.
+        return "confine: --uid and --gid go together".into();
     }
     let rest: Vec<&String> = it.collect();
     let Some((program, program_args)) = rest.split_first() else { return "confine: no program".into() };
@@ -517,6 +527,22 @@ mod tests {
         assert!(!stdout.contains("WROTE_OUTSIDE") && !dir.join("outside").exists(), "{stdout}");
         assert_eq!(stdout.trim(), "y");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The helper never runs a tool as the caller's user by mistake: a user
+    /// without a group, a group without a user or a value that is not a number
+    /// is refused before anything is confined or run.
+    #[test]
+    fn the_helper_takes_a_user_and_group_together_or_neither() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for bad in [
+            &["--uid", "65534", "--", "/bin/true"][..],
+            &["--gid", "65534", "--", "/bin/true"],
+            &["--uid", "nobody", "--gid", "1", "--", "/bin/true"],
+        ] {
+            let why = confine_and_exec(&args(bad));
+            assert!(why.contains("--uid") || why.contains("--gid"), "{bad:?}: {why}");
+        }
     }
 
     #[test]

@@ -99,8 +99,11 @@ const BREAKER_OPEN: Duration = Duration::from_secs(30);
 const MAX_PENDING_UPLOAD_BYTES: u64 = 256 << 20;
 /// Uploads running at once.
 const MAX_UPLOADS: usize = 4;
-/// Largest entry downloaded (a whole link's outputs are far smaller).
-const MAX_BLOB: i64 = 4 << 30;
+/// Largest entry downloaded: no daemon uploads an entry larger than its
+/// upload queue (`MAX_PENDING_UPLOAD_BYTES`, plus the envelope), so a larger
+/// one is a forgery, refused before a byte of it is read (a forged 384 MiB
+/// entry cost every lookup 10 s and 400 MB of memory).
+const MAX_BLOB: i64 = MAX_PENDING_UPLOAD_BYTES as i64 + (1 << 20);
 /// ByteStream chunk size (well under gRPC's default 4 MiB message limit).
 const CHUNK: usize = 1 << 20;
 /// The batch limit used when the server states none.
@@ -599,7 +602,8 @@ impl Inner {
             }))
             .await?
             .into_inner();
-        let mut out = Vec::with_capacity(d.size_bytes as usize);
+        // Grown as bytes arrive: the size is the server's word, not yet checked.
+        let mut out = Vec::new();
         while let Some(chunk) = stream.message().await? {
             if out.len() + chunk.data.len() > d.size_bytes as usize {
                 return Err(Error::Rejected("blob longer than its digest says".into()));

@@ -43,7 +43,7 @@ use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
 use crate::link::admission::{Caller, RemoteLinks};
-use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound, ReplyMemory};
 use crate::net::incoming::{Call, Connection};
 use crate::observe::events::Hub;
 use crate::speculate::watch::{Subscriber, Watcher};
@@ -58,6 +58,9 @@ pub struct Limits {
     /// Most input bytes one link may read; past it the link is declined (the
     /// shim runs the real nvlink).
     pub max_link_input: u64,
+    /// Most bytes of shims' file replies held at once, all links together
+    /// (`stream_fs::ReplyMemory`); past it a link is declined.
+    pub max_reply_memory: u64,
     /// Bytes of remote shims' input files kept in memory and on disk (`blobs.rs`).
     pub blob_mem: u64,
     pub blob_size: u64,
@@ -137,6 +140,9 @@ pub struct Service {
     /// The listener requires client certificates (`--client-ca`): each one
     /// is a caller of its own for the slots.
     pub client_certificates: bool,
+    /// Bytes of shims' file replies held, shared by every link of both
+    /// listeners (`--max-reply-memory`, `stream_fs.rs`).
+    pub reply_memory: Arc<ReplyMemory>,
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -222,6 +228,7 @@ impl Service {
             tokio::runtime::Handle::current(),
             self.limits.reply_timeout,
             self.limits.max_link_input,
+            self.reply_memory.clone(),
         );
         // The stream owns the link: when the shim half-closes or goes away, the
         // channel closes and the link's reads fail at once. (A stop does not close
@@ -727,6 +734,7 @@ impl Nvlinkd for Service {
             connections: self.connections.clone(),
             auth_failures: self.auth_failures.clone(),
             remote_links: self.remote_links.clone(),
+            reply_memory: self.reply_memory.clone(),
         };
         let mut snapshot = figures.snapshot();
         if !self.local {

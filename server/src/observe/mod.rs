@@ -19,6 +19,7 @@ pub struct Figures {
     pub connections: Arc<crate::net::incoming::Counters>,
     pub auth_failures: Arc<AtomicU64>,
     pub remote_links: Arc<crate::link::admission::RemoteLinks>,
+    pub reply_memory: Arc<crate::link::stream_fs::ReplyMemory>,
 }
 
 impl Figures {
@@ -30,6 +31,7 @@ impl Figures {
         own.extend(self.staged.counters());
         own.extend(self.connections.counters());
         own.extend(self.remote_links.counters());
+        own.extend(self.reply_memory.counters());
         s.prepend(own);
         s
     }
@@ -55,6 +57,11 @@ const HELP: &[(&str, &str)] = &[
     ("remote_links", "Remote links holding a slot now"),
     ("remote_links_waiting", "Remote links waiting for a slot"),
     ("remote_links_refused", "Remote links refused: no slot within the wait (their shims ran the real nvlink)"),
+    ("reply_memory_bytes", "Bytes of shims' file replies the daemon holds now (gathered pieces, replies links hold)"),
+    (
+        "reply_memory_refused",
+        "File replies refused: past --max-reply-memory (their links were left to the real nvlink)",
+    ),
     ("remote_cache_hits", "Links served from the shared (REAPI) cache tier"),
     ("remote_cache_misses", "Lookups the shared (REAPI) cache tier did not answer"),
     ("remote_cache_errors", "Shared-tier lookups that failed"),

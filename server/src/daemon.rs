@@ -402,6 +402,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             remote_links: remote_links.clone(),
             client_certificates: !local && client_certificates,
             reply_memory: reply_memory.clone(),
+            tokens: remote.as_ref().and_then(|r| r.auth.clone()),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -427,6 +428,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                     auth_failures: auth_failures.clone(),
                     remote_links: remote_links.clone(),
                     reply_memory: reply_memory.clone(),
+                    auth: remote.as_ref().and_then(|r| r.auth.clone()),
                 },
                 readiness: readiness.clone(),
             },

@@ -57,7 +57,9 @@ struct ServeArgs {
     /// TLS private key (PEM) of the --listen port
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Bearer tokens remote shims must present (one per line; `#` comments)
+    /// Bearer tokens remote shims must present: one per line, `name:secret` (a bare
+    /// secret is named `token-N` after its line), `#` comments; names label the audit
+    /// lines and per-token figures
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// CA (PEM) whose client certificates the --listen port requires (mTLS)

@@ -19,7 +19,7 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
-use nvlinkd_tests::remote::{free_port, private_copy, tls_daemon, NobodyDaemon, Pki, TOKEN};
+use nvlinkd_tests::remote::{free_port, private_copy, tls_daemon, NobodyDaemon, Pki, OTHER_TOKEN, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
@@ -1096,6 +1096,9 @@ fn a_shim_with_a_client_certificate_links_where_one_is_required() {
     assert_same(&expected, &run(&shim(), &link, &env("never", true)), "with a client certificate");
     assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
     assert_eq!(d.stat("fallbacks"), 0);
+    // Its audit line names the certificate's subject (there is no token).
+    let audit = d.wait_log("remote link done", 1);
+    assert!(audit[0].contains("subject=\"CN=build-machine\"") && audit[0].contains("token=- "), "{audit:?}");
 
     let refused = run(&shim(), &link, &env("never", false));
     assert_ne!(refused.code, 0, "linked without a client certificate");
@@ -1395,6 +1398,11 @@ fn remote_links_past_their_tokens_slots_are_refused_and_run_the_real_nvlink() {
     });
     assert_eq!(d.stat("requests"), 2, "only the two links with a slot reached the linker");
     assert_eq!(d.stat("fallbacks"), 0);
+    // Per token, by name (the Pki's tokens are bare: named by their lines,
+    // OTHER_TOKEN's 3 and TOKEN's 4).
+    let tokens = &d.stats()["tokens"];
+    assert_eq!((tokens["token-4"]["links"].as_u64(), tokens["token-4"]["refused"].as_u64()), (Some(1), Some(2)));
+    assert_eq!((tokens["token-3"]["links"].as_u64(), tokens["token-3"]["refused"].as_u64()), (Some(1), Some(0)));
 }
 
 /// Connections that finish the TLS handshake and then make no authenticated
@@ -1577,4 +1585,54 @@ fn file_replies_past_the_reply_memory_are_refused_and_the_daemon_stays_small() {
     let link2 = inv(LINK, corpus::dir(), &out2);
     assert_same(&expected, &run(&shim(), &link2, &remote_env(&pki, &addr)), "a remote link after");
     assert!(d.answers(), "the daemon died");
+}
+
+/// The audit of remote links (issue "a farm an operator can run", item 2):
+/// one line per remote link at info level naming its peer, its token's name
+/// (`name:secret` in the token file; a bare secret is named after its line),
+/// the engine, the cache result, the bytes each way, the time and the exit
+/// status, never the secret; and per-token figures in `stats --json` that
+/// move for their own token only.
+#[test]
+fn a_remote_link_is_audited_by_its_tokens_name_and_never_its_secret() {
+    let pki = Pki::new();
+    pki.replace("tokens", format!("# farm\nci:{TOKEN}\n{OTHER_TOKEN}\n").as_bytes());
+    let (d, port) = tls_daemon(&pki, &[]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-audit-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let tokens = || d.stats()["tokens"].clone();
+    assert_eq!(tokens()["ci"]["links"], 0, "a token in force has figures from the start: {}", tokens());
+
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &addr)), "the link of ci");
+    let lines = d.wait_log("remote link done", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    for field in ["INFO", "peer=127.0.0.1:", "token=ci ", "engine=in_process", "cache=miss", "exit=0", "ms="] {
+        assert!(line.contains(field), "no {field} in {line}");
+    }
+    let inputs: u64 = ["accumulate.o", "scale.o"].iter().map(|f| corpus::dir().join(f).metadata().unwrap().len()).sum();
+    let output = std::fs::metadata(out.path().join("out.cubin")).unwrap().len();
+    assert!(line.contains(&format!("received={inputs} ")), "{line}");
+    let log = d.log();
+    assert!(!log.contains(TOKEN) && !log.contains(OTHER_TOKEN), "a secret in the log:\n{log}");
+    assert_eq!(log.matches("link done").count(), 1, "one line per remote link:\n{log}");
+    let ci = tokens()["ci"].clone();
+    assert_eq!((ci["links"].as_u64(), ci["refused"].as_u64()), (Some(1), Some(0)), "{ci}");
+    assert_eq!(ci["bytes_received"].as_u64(), Some(inputs), "{ci}");
+    assert!(ci["bytes_sent"].as_u64().unwrap() >= output, "{ci}");
+
+    // The other token, a bare secret on line 3: its own name, its own figures.
+    assert_same(&expected, &run(&shim(), &link, &other_token_env(&pki, &addr, "never")), "the other token's link");
+    let lines = d.wait_log("remote link done", 2);
+    assert!(lines[1].contains("token=token-3 ") && lines[1].contains("cache=hit"), "{lines:?}");
+    let t = tokens();
+    assert_eq!((t["ci"]["links"].as_u64(), t["token-3"]["links"].as_u64()), (Some(1), Some(1)), "{t}");
+    assert_eq!(t["token-3"]["bytes_received"].as_u64(), Some(0), "a whole-link hit reads no input: {t}");
+    // A local link keeps its own line and counts for no token.
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link");
+    d.wait_log("link done args=", 1);
+    assert_eq!(d.log().matches("remote link done").count(), 2);
+    assert_eq!(tokens(), t, "a local link moved a token's figures");
 }

@@ -22,6 +22,34 @@ pub struct Snapshot {
     pub fallback_reasons: Vec<(&'static str, u64)>,
     /// The toolkits' roots.
     pub toolkits: Vec<String>,
+    /// Remote links by the name of the token they presented (a daemon's
+    /// `--token-file`), in name order.
+    pub tokens: Vec<(String, TokenFigures)>,
+}
+
+/// What the remote links of one token did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenFigures {
+    /// Links served (answered, declined or failed).
+    pub links: u64,
+    /// Links refused before they started (no slot in time).
+    pub refused: u64,
+    /// Bytes of input files their shims sent.
+    pub bytes_received: u64,
+    /// Bytes of answers (outputs, messages) sent to their shims.
+    pub bytes_sent: u64,
+}
+
+impl TokenFigures {
+    /// Each figure by name, in report order.
+    pub fn named(&self) -> [(&'static str, u64); 4] {
+        [
+            ("links", self.links),
+            ("refused", self.refused),
+            ("bytes_received", self.bytes_received),
+            ("bytes_sent", self.bytes_sent),
+        ]
+    }
 }
 
 impl Snapshot {
@@ -45,7 +73,8 @@ impl Snapshot {
     }
 
     /// One JSON object: every flat figure as a top-level integer, then
-    /// `routed` and `fallback_reasons` (reason → count) and `toolkits`.
+    /// `routed` and `fallback_reasons` (reason → count), `tokens` (name →
+    /// its [`TokenFigures`] by name) and `toolkits`.
     pub fn to_json(&self) -> String {
         let quote = |s: &str| {
             let mut q = String::with_capacity(s.len() + 2);
@@ -68,6 +97,9 @@ impl Snapshot {
         let mut fields: Vec<String> = self.values.iter().map(|(k, v, _)| format!("{}:{v}", quote(k))).collect();
         fields.push(format!("\"routed\":{}", object(&self.routed)));
         fields.push(format!("\"fallback_reasons\":{}", object(&self.fallback_reasons)));
+        let tokens: Vec<String> =
+            self.tokens.iter().map(|(name, f)| format!("{}:{}", quote(name), object(&f.named()))).collect();
+        fields.push(format!("\"tokens\":{{{}}}", tokens.join(",")));
         let toolkits: Vec<String> = self.toolkits.iter().map(|t| quote(t)).collect();
         fields.push(format!("\"toolkits\":[{}]", toolkits.join(",")));
         format!("{{{}}}", fields.join(","))
@@ -197,9 +229,10 @@ mod tests {
         s.prepend([("auth_failures", 2, Kind::Counter)]);
         s.routed.push(("arch", 1));
         s.toolkits.push("/opt/cuda \"13\"".into());
+        s.tokens.push(("ci".into(), TokenFigures { links: 2, refused: 1, bytes_received: 30, bytes_sent: 40 }));
         assert_eq!(
             s.to_json(),
-            r#"{"auth_failures":2,"requests":3,"in_flight":1,"routed":{"arch":1},"fallback_reasons":{},"toolkits":["/opt/cuda \"13\""]}"#
+            r#"{"auth_failures":2,"requests":3,"in_flight":1,"routed":{"arch":1},"fallback_reasons":{},"tokens":{"ci":{"links":2,"refused":1,"bytes_received":30,"bytes_sent":40}},"toolkits":["/opt/cuda \"13\""]}"#
         );
         assert_eq!(s.get("in_flight"), Some(1));
     }

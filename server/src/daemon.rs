@@ -431,6 +431,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let staged = Arc::new(crate::link::staging::Counters::default());
     let connections = Arc::new(crate::net::incoming::Counters::default());
     let remote_links = crate::link::admission::RemoteLinks::new(opts.max_remote_links, opts.limits.reply_timeout);
+    let reply_memory = crate::link::stream_fs::ReplyMemory::new(opts.limits.max_reply_memory);
     let client_certificates =
         remote.as_ref().and_then(|r| r.tls.as_ref()).is_some_and(|t| t.requires_client_certificates());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
@@ -452,6 +453,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             connections: connections.clone(),
             remote_links: remote_links.clone(),
             client_certificates: !local && client_certificates,
+            reply_memory: reply_memory.clone(),
+            tokens: remote.as_ref().and_then(|r| r.auth.clone()),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -476,6 +479,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                     connections: connections.clone(),
                     auth_failures: auth_failures.clone(),
                     remote_links: remote_links.clone(),
+                    reply_memory: reply_memory.clone(),
+                    auth: remote.as_ref().and_then(|r| r.auth.clone()),
                 },
                 readiness: readiness.clone(),
             },

@@ -58,7 +58,9 @@ struct ServeArgs {
     /// TLS private key (PEM) of the --listen port
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Bearer tokens remote shims must present (one per line; `#` comments)
+    /// Bearer tokens remote shims must present: one per line, `name:secret` (a bare
+    /// secret is named `token-N` after its line), `#` comments; names label the audit
+    /// lines and per-token figures
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// CA (PEM) whose client certificates the --listen port requires (mTLS)
@@ -110,6 +112,11 @@ struct ServeArgs {
     /// Most input bytes one link may read; larger links are left to the real nvlink
     #[arg(long, default_value_t = 8 << 30, value_parser = parse_size)]
     max_link_input: u64,
+    /// Most bytes of remote shims' file replies the daemon holds at once, all
+    /// links together (pieces being gathered, files links read by path); a
+    /// link whose reply does not fit is left to the real nvlink
+    #[arg(long, default_value_t = 1 << 30, value_parser = parse_size)]
+    max_reply_memory: u64,
     /// On stop, how long links still computing may finish before they are abandoned
     /// (their shims then run the real nvlink)
     #[arg(long, value_parser = parse_duration, default_value = "500ms")]
@@ -360,6 +367,8 @@ impl ServeArgs {
             format_duration(self.reply_timeout),
             "--max-link-input".into(),
             self.max_link_input.to_string(),
+            "--max-reply-memory".into(),
+            self.max_reply_memory.to_string(),
             "--shutdown-grace".into(),
             format_duration(self.shutdown_grace),
         ]);
@@ -611,6 +620,7 @@ fn main() -> ExitCode {
                 limits: service::Limits {
                     reply_timeout: a.reply_timeout,
                     max_link_input: a.max_link_input,
+                    max_reply_memory: a.max_reply_memory,
                     blob_mem: a.blob_mem,
                     blob_size: a.blob_size,
                 },

@@ -208,20 +208,36 @@ fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
 /// classic text format, which `promtool check metrics` accepts without a
 /// remark: every family has its own help (none generic), counters are named
 /// by their samples, units are spelled out. The OpenMetrics answer failed it
-/// with 31 lines.
+/// with 31 lines. The daemon serves remote shims with named tokens, so the
+/// per-token families are there too, one series per token name.
 #[test]
 fn classic_text_passes_promtool() {
+    use nvlinkd_tests::remote::{tls_daemon, Pki, OTHER_TOKEN, TOKEN};
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let d = Daemon::start_with(&["--metrics-listen", &addr.to_string()]);
-    // A link first, so the labelled families have series.
+    let pki = Pki::new();
+    pki.replace("tokens", format!("ci:{TOKEN}\nnightly.x86_64:{OTHER_TOKEN}\n").as_bytes());
+    let (d, port) = tls_daemon(&pki, &["--metrics-listen", &addr.to_string()]);
+    // Links first, so the labelled families have series: a local one and a remote one of `ci`.
     let out = TempDir::new("m-classic");
     let inv = Invocation::templated("--arch=sm_90 tmpl_a.o tmpl_b.o -o {OUT}/out.cubin", corpus::dir(), &out);
     assert_eq!(run(&shim(), &inv, &d.shim_env()).code, 0);
+    let remote = pki.shim_env(&format!("https://127.0.0.1:{port}"), "never");
+    assert_eq!(run(&shim(), &inv, &remote).code, 0);
     let (status, ctype, body) = get_accepting(addr, "/metrics", "");
     assert!(status.contains(" 200 "), "{status}");
     assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
     assert!(!body.contains("# EOF") && !body.contains("# UNIT"), "{body}");
     assert!(body.contains("# TYPE nvlinkd_requests_total counter\n"), "{body}");
+    for series in [
+        "nvlinkd_token_links_total{token=\"ci\"} 1\n",
+        "nvlinkd_token_links_total{token=\"nightly.x86_64\"} 0\n",
+        "nvlinkd_token_refused_total{token=\"ci\"} 0\n",
+        "# TYPE nvlinkd_token_received_bytes_total counter\n",
+        "# TYPE nvlinkd_token_sent_bytes_total counter\n",
+        "nvlinkd_reply_memory_bytes 0\n",
+    ] {
+        assert!(body.contains(series), "no {series:?} in\n{body}");
+    }
     assert!(body.contains("nvlinkd_build_info{version=") && body.contains("process_resident_memory_bytes "), "{body}");
     assert!(!body.contains("nvlinkd figure "), "a figure without its own help:\n{body}");
     if std::process::Command::new("promtool").arg("--version").output().is_err() {

@@ -84,14 +84,16 @@ fn sighup_rotates_the_certificate_and_the_tokens() {
     // The rotation: a new certificate and key, new tokens. On disk only, the
     // daemon goes on with the old ones until told.
     pki.issue(&["localhost"], "cert.pem", "key.pem");
-    pki.replace("tokens", b"# rotated\nnew-token\n");
+    pki.replace("tokens", b"# rotated\nrotated:new-token\n");
     std::fs::write(pki.file("new-token"), "new-token\n").unwrap();
     let failures = d.stat("auth_failures");
     refused(&run(&shim(), &inv(&out), &shim_env(&pki, &by_ip, "new-token")), "new token before SIGHUP");
     assert_eq!(d.stat("auth_failures"), failures + 1);
 
     d.signal(libc::SIGHUP);
-    d.wait_log("SIGHUP: token file reloaded", 1);
+    let reloaded = d.wait_log("SIGHUP: token file reloaded", 1);
+    assert!(reloaded[0].contains("tokens=1 names=rotated"), "{reloaded:?}");
+    assert!(!reloaded[0].contains("new-token"), "a secret in the log: {reloaded:?}");
     d.wait_log("SIGHUP: TLS certificate and key reloaded", 1);
     assert!(d.running(), "SIGHUP stopped the daemon");
     let requests = d.stat("requests");
@@ -102,6 +104,14 @@ fn sighup_rotates_the_certificate_and_the_tokens() {
     assert_eq!(d.stat("auth_failures"), failures + 1, "the old token was not refused by the daemon");
     refused(&run(&shim(), &inv(&out), &shim_env(&pki, &by_ip, "new-token")), "the old certificate's name");
     assert!(!d.log().contains("not reloaded"), "{}", d.log());
+    // The rotated token's links count under its name; the old token (a bare
+    // secret on line 4 of the first file) keeps what it counted.
+    let tokens = &d.stats()["tokens"];
+    assert_eq!(
+        (tokens["rotated"]["links"].as_u64(), tokens["token-4"]["links"].as_u64()),
+        (Some(1), Some(1)),
+        "{tokens}"
+    );
 }
 
 /// A bad state of the listener's files.

@@ -19,7 +19,7 @@ use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
 use nvlinkd_tests::env::{cuda_home, nvlinkd, real_nvlink, shim, TempDir};
-use nvlinkd_tests::remote::{free_port, private_copy, tls_daemon, NobodyDaemon, Pki, TOKEN};
+use nvlinkd_tests::remote::{free_port, private_copy, tls_daemon, NobodyDaemon, Pki, OTHER_TOKEN, TOKEN};
 use nvlinkd_tests::run::{run, Invocation, Run};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
@@ -1096,6 +1096,9 @@ fn a_shim_with_a_client_certificate_links_where_one_is_required() {
     assert_same(&expected, &run(&shim(), &link, &env("never", true)), "with a client certificate");
     assert_eq!(d.stat("requests"), 1, "the daemon did not serve the link");
     assert_eq!(d.stat("fallbacks"), 0);
+    // Its audit line names the certificate's subject (there is no token).
+    let audit = d.wait_log("remote link done", 1);
+    assert!(audit[0].contains("subject=\"CN=build-machine\"") && audit[0].contains("token=- "), "{audit:?}");
 
     let refused = run(&shim(), &link, &env("never", false));
     assert_ne!(refused.code, 0, "linked without a client certificate");
@@ -1395,6 +1398,11 @@ fn remote_links_past_their_tokens_slots_are_refused_and_run_the_real_nvlink() {
     });
     assert_eq!(d.stat("requests"), 2, "only the two links with a slot reached the linker");
     assert_eq!(d.stat("fallbacks"), 0);
+    // Per token, by name (the Pki's tokens are bare: named by their lines,
+    // OTHER_TOKEN's 3 and TOKEN's 4).
+    let tokens = &d.stats()["tokens"];
+    assert_eq!((tokens["token-4"]["links"].as_u64(), tokens["token-4"]["refused"].as_u64()), (Some(1), Some(2)));
+    assert_eq!((tokens["token-3"]["links"].as_u64(), tokens["token-3"]["refused"].as_u64()), (Some(1), Some(0)));
 }
 
 /// Connections that finish the TLS handshake and then make no authenticated
@@ -1474,4 +1482,190 @@ fn a_flood_of_the_metrics_port_starves_nothing() {
     assert!(t0.elapsed() < Duration::from_secs(5), "the local link took {:?}", t0.elapsed());
     drop(flood);
     assert!(d.answers(), "the daemon died");
+}
+
+/// `field` of `/proc/<pid>/status` (`VmHWM`, `VmRSS`), in bytes.
+fn proc_status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_else(|| panic!("no {field}"));
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    kib << 10
+}
+
+/// A client with [`TOKEN`] whose link reads `a.o` in `/flood/<tag>`: it
+/// answers every read of it with pieces of 1 MiB, `flood` bytes in all before
+/// the last piece (and `b.o` and anything else with "not found"). With
+/// `announce`, `a.o` is announced by a digest no blob has, so the daemon asks
+/// for it at the start (its blob's flight) and again by path when the link
+/// reads it. The daemon's result, once it comes.
+async fn flooding_link(pki: &Pki, port: u16, tag: &str, announce: bool, flood: usize) -> LinkResult {
+    use nvlinkd_proto::v1::{
+        file_error, file_reply, file_request, server_message, AnnouncedFile, FileError, FileReply,
+    };
+    let dir = format!("/flood/{tag}");
+    let a = format!("{dir}/a.o");
+    let files = if announce {
+        let digest = blake3::hash(a.as_bytes()).as_bytes().to_vec();
+        let size = flood as u64 + (1 << 20);
+        vec![AnnouncedFile { path: a.clone(), exists: true, is_dir: false, size, blake3: digest }]
+    } else {
+        Vec::new()
+    };
+    let args = ["--arch=sm_90", "a.o", "b.o", "-o", "out.cubin"].map(String::from).to_vec();
+    let start = Start { args, cwd: dir, files, ..Default::default() };
+    let mut client = NvlinkdClient::new(tls_channel(pki, port).await);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(4);
+    tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+    let mut inbound =
+        client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await.unwrap().into_inner();
+    let piece = bytes::Bytes::from(vec![0x5a; 1 << 20]);
+    let mut floods = Vec::new();
+    let result = loop {
+        let m = match inbound.message().await {
+            Ok(Some(m)) => m,
+            other => panic!("{tag}: the stream ended without a result: {other:?}"),
+        };
+        let req = match m.msg {
+            Some(server_message::Msg::File(req)) => req,
+            Some(server_message::Msg::Result(r)) => break r,
+            _ => continue,
+        };
+        let file = |result| ClientMessage {
+            msg: Some(client_message::Msg::File(FileReply { id: req.id, result: Some(result), more: false })),
+        };
+        if req.path == a && req.op() == file_request::Op::Read {
+            let (tx, piece, id) = (tx.clone(), piece.clone(), req.id);
+            floods.push(tokio::spawn(async move {
+                for sent in (0..=flood).step_by(1 << 20) {
+                    let reply =
+                        FileReply { id, result: Some(file_reply::Result::Data(piece.clone())), more: sent < flood };
+                    if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
+                        return;
+                    }
+                }
+            }));
+            continue;
+        }
+        let missing =
+            FileError { kind: file_error::Kind::NotFound as i32, message: "No such file or directory".into() };
+        let _ = tx.send(file(file_reply::Result::Error(missing))).await;
+    };
+    floods.iter().for_each(|f| f.abort());
+    result
+}
+
+/// Remote shims' replies to reads by path are gathered in the daemon's
+/// memory; one link may read 8 GiB, so clients answering with huge files
+/// grew the daemon by as much, together. Four clients over TLS, each answering
+/// its link's read of `a.o` with 256 MiB of pieces (three by path, one
+/// announced, so that its blob's flight is asked for first), against `--max-reply-memory 64MiB`: each read is refused (a
+/// fallback naming the bound, `reply_memory_refused`), the daemon's peak
+/// resident memory grows by at most the bound and a margin, what the links
+/// held is given back when they end (`reply_memory_bytes` 0), and local and
+/// remote links meanwhile and after are nvlink's. (Before the bound the
+/// daemon grew by 1766 MiB here.) The margin is what the four connections'
+/// HTTP/2 windows may hold unread, and 32 MiB.
+#[test]
+fn file_replies_past_the_reply_memory_are_refused_and_the_daemon_stays_small() {
+    const BOUND: u64 = 64 << 20;
+    const MARGIN: u64 = 4 * (32 << 20) + (32 << 20);
+    const FLOOD: usize = 256 << 20;
+    let pki = Pki::new();
+    let (d, port) = tls_daemon(&pki, &["--max-reply-memory", "64MiB", "--max-remote-links", "8"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-replymem-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link before");
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &addr)), "a remote link before");
+    let pid = d.pid().unwrap();
+    let before = proc_status_bytes(pid, "VmHWM");
+
+    let rt = runtime();
+    let pki_ref = &pki;
+    let results = rt.block_on(async {
+        let flooding = |tag: &'static str| async move {
+            (tag, flooding_link(pki_ref, port, tag, tag == "announced", FLOOD).await)
+        };
+        // A local link while the replies flood in.
+        let (local_link, env) = (link.clone(), d.shim_env());
+        let local = tokio::task::spawn_blocking(move || run(&shim(), &local_link, &env));
+        let (p0, p1, p2, announced, local) =
+            tokio::join!(flooding("p0"), flooding("p1"), flooding("p2"), flooding("announced"), local);
+        assert_same(&expected, &local.unwrap(), "a local link during the flood");
+        [p0, p1, p2, announced]
+    });
+    let after = proc_status_bytes(pid, "VmHWM");
+    eprintln!(
+        "daemon VmHWM: {} MiB before the flood, {} MiB after ({} MiB more; bound {} MiB)",
+        before >> 20,
+        after >> 20,
+        after.saturating_sub(before) >> 20,
+        BOUND >> 20
+    );
+    assert!(after <= before + BOUND + MARGIN, "the daemon grew by {} MiB", (after - before) >> 20);
+    for (tag, r) in &results {
+        assert!(r.fallback && r.fallback_reason.contains("--max-reply-memory"), "{tag}: {r:?}");
+    }
+    assert!(d.stat("reply_memory_refused") >= 4, "{}", d.stats());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while d.stat("reply_memory_bytes") > 0 {
+        assert!(std::time::Instant::now() < deadline, "the links' replies were kept: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link after");
+    let out2 = TempDir::new("sec-replymem-out2");
+    let link2 = inv(LINK, corpus::dir(), &out2);
+    assert_same(&expected, &run(&shim(), &link2, &remote_env(&pki, &addr)), "a remote link after");
+    assert!(d.answers(), "the daemon died");
+}
+
+/// The audit of remote links (issue "a farm an operator can run", item 2):
+/// one line per remote link at info level naming its peer, its token's name
+/// (`name:secret` in the token file; a bare secret is named after its line),
+/// the engine, the cache result, the bytes each way, the time and the exit
+/// status, never the secret; and per-token figures in `stats --json` that
+/// move for their own token only.
+#[test]
+fn a_remote_link_is_audited_by_its_tokens_name_and_never_its_secret() {
+    let pki = Pki::new();
+    pki.replace("tokens", format!("# farm\nci:{TOKEN}\n{OTHER_TOKEN}\n").as_bytes());
+    let (d, port) = tls_daemon(&pki, &[]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-audit-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let tokens = || d.stats()["tokens"].clone();
+    assert_eq!(tokens()["ci"]["links"], 0, "a token in force has figures from the start: {}", tokens());
+
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &addr)), "the link of ci");
+    let lines = d.wait_log("remote link done", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    for field in ["INFO", "peer=127.0.0.1:", "token=ci ", "engine=in_process", "cache=miss", "exit=0", "ms="] {
+        assert!(line.contains(field), "no {field} in {line}");
+    }
+    let inputs: u64 = ["accumulate.o", "scale.o"].iter().map(|f| corpus::dir().join(f).metadata().unwrap().len()).sum();
+    let output = std::fs::metadata(out.path().join("out.cubin")).unwrap().len();
+    assert!(line.contains(&format!("received={inputs} ")), "{line}");
+    let log = d.log();
+    assert!(!log.contains(TOKEN) && !log.contains(OTHER_TOKEN), "a secret in the log:\n{log}");
+    assert_eq!(log.matches("link done").count(), 1, "one line per remote link:\n{log}");
+    let ci = tokens()["ci"].clone();
+    assert_eq!((ci["links"].as_u64(), ci["refused"].as_u64()), (Some(1), Some(0)), "{ci}");
+    assert_eq!(ci["bytes_received"].as_u64(), Some(inputs), "{ci}");
+    assert!(ci["bytes_sent"].as_u64().unwrap() >= output, "{ci}");
+
+    // The other token, a bare secret on line 3: its own name, its own figures.
+    assert_same(&expected, &run(&shim(), &link, &other_token_env(&pki, &addr, "never")), "the other token's link");
+    let lines = d.wait_log("remote link done", 2);
+    assert!(lines[1].contains("token=token-3 ") && lines[1].contains("cache=hit"), "{lines:?}");
+    let t = tokens();
+    assert_eq!((t["ci"]["links"].as_u64(), t["token-3"]["links"].as_u64()), (Some(1), Some(1)), "{t}");
+    assert_eq!(t["token-3"]["bytes_received"].as_u64(), Some(0), "a whole-link hit reads no input: {t}");
+    // A local link keeps its own line and counts for no token.
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link");
+    d.wait_log("link done args=", 1);
+    assert_eq!(d.log().matches("remote link done").count(), 2);
+    assert_eq!(tokens(), t, "a local link moved a token's figures");
 }

@@ -44,7 +44,7 @@ use tracing::{debug, info, warn};
 
 use crate::blobs::BlobStore;
 use crate::link::admission::{Caller, RemoteLinks};
-use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound};
+use crate::link::stream_fs::{LinkChannel, LinkFs, Outbound, ReplyMemory};
 use crate::net::incoming::{Call, Connection};
 use crate::observe::events::Hub;
 use crate::speculate::watch::{Subscriber, Watcher};
@@ -59,6 +59,9 @@ pub struct Limits {
     /// Most input bytes one link may read; past it the link is declined (the
     /// shim runs the real nvlink).
     pub max_link_input: u64,
+    /// Most bytes of shims' file replies held at once, all links together
+    /// (`stream_fs::ReplyMemory`); past it a link is declined.
+    pub max_reply_memory: u64,
     /// Bytes of remote shims' input files kept in memory and on disk (`blobs.rs`).
     pub blob_mem: u64,
     pub blob_size: u64,
@@ -138,6 +141,31 @@ pub struct Service {
     /// The listener requires client certificates (`--client-ca`): each one
     /// is a caller of its own for the slots.
     pub client_certificates: bool,
+    /// Bytes of shims' file replies held, shared by every link of both
+    /// listeners (`--max-reply-memory`, `stream_fs.rs`).
+    pub reply_memory: Arc<ReplyMemory>,
+    /// The remote listener's tokens, for their figures in the stats of
+    /// either listener (`auth` is this listener's own).
+    pub tokens: Option<Arc<crate::net::auth::Auth>>,
+}
+
+/// Who a remote link is: for its slot, its audit line and its token's figures.
+struct RemoteCaller {
+    /// Whom its slot counts against (`admission.rs`).
+    caller: Option<Caller>,
+    /// The peer's address.
+    peer: String,
+    /// The name of its token (`--token-file`).
+    token: Option<Arc<str>>,
+    /// The subject of its client certificate (`--client-ca`), control
+    /// characters escaped.
+    subject: Option<String>,
+}
+
+/// The subject of a DER certificate (`CN=…, O=…`), as a log may show it.
+fn subject(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(nvlinkd_core::linker::args_summary(&[cert.subject().to_string()]))
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -170,7 +198,7 @@ impl Service {
         tx: Outbound,
         active: ActiveLink,
         same_user: bool,
-        caller: (Option<Caller>, String),
+        remote: Option<RemoteCaller>,
     ) -> Result<(), Status> {
         let mut shutdown = self.shutdown.subscribe();
         let first = tokio::select! {
@@ -187,13 +215,21 @@ impl Service {
         // A remote link's slot (`admission.rs`), waited for here, without a
         // thread; held until the link's thread is done. A shim that goes away
         // meanwhile leaves the queue.
-        let slot = match self.local {
-            false => {
-                let admit = self.remote_links.admit(caller.0, &caller.1);
+        let slot = match &remote {
+            Some(remote) => {
+                let admit = self.remote_links.admit(remote.caller, &remote.peer);
                 tokio::pin!(admit);
                 Some(loop {
                     tokio::select! {
-                        slot = &mut admit => break slot?,
+                        slot = &mut admit => match slot {
+                            Ok(slot) => break slot,
+                            Err(refused) => {
+                                if let (Some(auth), Some(name)) = (&self.auth, &remote.token) {
+                                    auth.count_refused(name);
+                                }
+                                return Err(refused);
+                            }
+                        },
                         m = inbound.message() => match m {
                             // Nothing was asked of the shim yet: nothing to take.
                             Ok(Some(_)) => continue,
@@ -203,7 +239,7 @@ impl Service {
                     }
                 })
             }
-            true => None,
+            None => None,
         };
         let req = self.link_request(&start);
         // An unknown class is the default one: the shim forwards the variable as set.
@@ -223,6 +259,7 @@ impl Service {
             tokio::runtime::Handle::current(),
             self.limits.reply_timeout,
             self.limits.max_link_input,
+            self.reply_memory.clone(),
         );
         // The stream owns the link: when the shim half-closes or goes away, the
         // channel closes and the link's reads fail at once. (A stop does not close
@@ -281,6 +318,7 @@ impl Service {
         let slow = self.slow_link_ms;
         let staged = self.staged.clone();
         let budget = self.limits.max_link_input;
+        let auth = self.auth.clone();
         // A daemon on the caller's filesystem reads the files itself: no copies
         // through the stream. The announced blobs the store lacks are waited
         // for here, before the link takes a thread (a shim that never sends
@@ -308,6 +346,9 @@ impl Service {
                 // With --watch: relinked in the background when an input changes.
                 watcher.remember(&req);
             }
+            // Why a link went to the real nvlink or back to its shim (the log's `reason`).
+            let reason;
+            let mut routed: Option<String> = None;
             let (engine, cache) = match &outcome {
                 Ok(o) if o.fallback.is_some() => ("fallback", "none"),
                 Ok(o) => match o.engine {
@@ -322,15 +363,19 @@ impl Service {
             let stopped = cancel.stopped().filter(|_| outcome.as_ref().is_ok_and(|o| o.fallback.is_some()));
             // Bytes of output files sent in pieces ahead of the result (metrics).
             let mut output_bytes = 0usize;
+            // The shim went away while its outputs were sent: no result to send.
+            let mut unsent = false;
             let result = match outcome {
                 // Superseded by a newer link of the same output: the shim says so
                 // and fails; it does not run nvlink (the newer link is the one wanted).
                 Ok(_) if stopped == Some(Stopped::Superseded) => {
+                    reason = "superseded";
                     info!(args = %args, ms, "link superseded by a newer link of the same output");
                     events.cancelled(link_id, Stopped::Superseded.name());
                     superseded(&req.args)
                 }
                 Ok(o) if stopped == Some(Stopped::Cancelled) => {
+                    reason = "cancelled";
                     info!(args = %args, ms, "link cancelled: its caller went away");
                     events.cancelled(link_id, Stopped::Cancelled.name());
                     fallback(o.fallback.map(|d| d.detail).unwrap_or_default())
@@ -344,16 +389,21 @@ impl Service {
                         crate::observe::events::engine_name(o.engine),
                         o.fallback.is_some(),
                     );
-                    info!(
-                        args = %args,
-                        exit = o.exit_code,
-                        engine = ?o.engine,
-                        fallback = ?o.fallback.as_ref().map(|d| &d.detail),
-                        routed = ?o.routed.as_ref().map(|d| &d.detail),
-                        reason = o.fallback.as_ref().or(o.routed.as_ref()).map_or("-", |d| d.reason.name()),
-                        ms = t_link.elapsed().as_secs_f64() * 1e3,
-                        "link done"
-                    );
+                    reason = o.fallback.as_ref().or(o.routed.as_ref()).map_or("-", |d| d.reason.name());
+                    routed = o.routed.as_ref().map(|d| d.detail.clone());
+                    // A remote link's line comes once its answer is sent (below).
+                    if remote.is_none() {
+                        info!(
+                            args = %args,
+                            exit = o.exit_code,
+                            engine = ?o.engine,
+                            fallback = ?o.fallback.as_ref().map(|d| &d.detail),
+                            routed = ?o.routed.as_ref().map(|d| &d.detail),
+                            reason,
+                            ms = t_link.elapsed().as_secs_f64() * 1e3,
+                            "link done"
+                        );
+                    }
                     match fs.declined() {
                         // An input only nvlink may read, or past the budget: whatever
                         // the link made of the failed read is not nvlink's answer.
@@ -369,7 +419,10 @@ impl Service {
                             for f in &o.outputs {
                                 match send_output(&channel, f, staging.as_deref(), &staged) {
                                     Some(bytes) => output_bytes += bytes,
-                                    None => return,
+                                    None => {
+                                        unsent = true;
+                                        break;
+                                    }
                                 }
                             }
                             let no_toolkit = o.fallback.as_ref().is_some_and(|d| d.reason == Reason::NoToolkit);
@@ -392,6 +445,7 @@ impl Service {
                     }
                 }
                 Err(_) => {
+                    reason = "panic";
                     events.finished(link_id, 0, ms, "none", true);
                     warn!(args = %args, "link panicked; asking the shim to fall back");
                     linker.note_failure();
@@ -406,11 +460,40 @@ impl Service {
                 + result.stderr.len()
                 + result.outputs.iter().map(|f| f.data.len()).sum::<usize>();
             let (engine, cache) = if result.fallback { ("fallback", "none") } else { (engine, cache) };
-            blobs.input_bytes_received.fetch_add(fs.bytes_received(), Ordering::Relaxed);
-            crate::observe::metrics::record_link(engine, cache, t_link.elapsed(), fs.bytes_received(), sent as u64);
+            let received = fs.bytes_received();
+            if !unsent {
+                blobs.input_bytes_received.fetch_add(received, Ordering::Relaxed);
+                crate::observe::metrics::record_link(engine, cache, t_link.elapsed(), received, sent as u64);
+            }
+            let (exit, fallback) = (result.exit_code, result.fallback.then(|| result.fallback_reason.clone()));
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.
-            let _ = channel.send(ServerMessage { msg: Some(server_message::Msg::Result(result)) }, false);
+            let answered = !unsent
+                && channel.send(ServerMessage { msg: Some(server_message::Msg::Result(result)) }, false).is_ok();
+            if let Some(remote) = &remote {
+                // The audit line: who, from where, what, and how it went (the
+                // token's name, never its secret).
+                info!(
+                    peer = %remote.peer,
+                    token = %remote.token.as_deref().unwrap_or("-"),
+                    subject = remote.subject.as_deref().unwrap_or("-"),
+                    args = %args,
+                    exit,
+                    engine = %engine,
+                    cache = %cache,
+                    reason = %reason,
+                    fallback = ?fallback,
+                    routed = ?routed,
+                    received,
+                    sent,
+                    answered,
+                    ms,
+                    "remote link done"
+                );
+                if let (Some(auth), Some(name)) = (&auth, &remote.token) {
+                    auth.count_link(name, received, sent as u64);
+                }
+            }
         });
         Ok(())
     }
@@ -598,7 +681,7 @@ impl Service {
     /// daemon-wide count only) where all callers look alike.
     fn caller<T>(&self, request: &Request<T>) -> Option<Caller> {
         if let Some(auth) = self.auth.as_ref().filter(|a| a.count() > 1) {
-            return auth.identify(request.metadata());
+            return auth.identify(request.metadata()).map(|t| t.hash);
         }
         if self.client_certificates {
             let certs = request.peer_certs()?;
@@ -666,12 +749,16 @@ impl Nvlinkd for Service {
         let active = self.activity.begin();
         let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
         let same_user = crate::link::staging::same_user(peer);
-        let caller =
-            (self.caller(&request), request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "?".into()));
+        let remote = (!self.local).then(|| RemoteCaller {
+            caller: self.caller(&request),
+            peer: request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "?".into()),
+            token: self.auth.as_ref().and_then(|a| a.identify(request.metadata())).map(|t| t.name),
+            subject: request.peer_certs().and_then(|certs| certs.first().and_then(|c| subject(c.as_ref()))),
+        });
         // The connection is in use while the stream is open.
         let call = self.connection(&request).map(|c| c.call());
         tokio::spawn(async move {
-            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user, caller).await {
+            if let Err(status) = this.serve_link(request.into_inner(), tx.clone(), active, same_user, remote).await {
                 let _ = tx.try_send(Err(status));
             }
         });
@@ -758,6 +845,8 @@ impl Nvlinkd for Service {
             connections: self.connections.clone(),
             auth_failures: self.auth_failures.clone(),
             remote_links: self.remote_links.clone(),
+            reply_memory: self.reply_memory.clone(),
+            auth: self.tokens.clone(),
         };
         let mut snapshot = figures.snapshot();
         if !self.local {

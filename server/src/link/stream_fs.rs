@@ -31,6 +31,15 @@
 //! and bounds the bytes one link may read (`--max-link-input`); any of these
 //! makes the link *declined*: no engine of the daemon runs it (a closed stream's
 //! answer would go nowhere), and a shim still listening runs the real nvlink.
+//!
+//! The bytes of replies the daemon holds are bounded daemon-wide too
+//! ([`ReplyMemory`], `--max-reply-memory`): one link's budget is 8 GiB, and a
+//! client answering a read with a huge file grew the daemon by as much (a few
+//! clients: by their sum). The room a reply's pieces are gathered in is
+//! reserved as they arrive; a reply read by the link is held until the link
+//! ends (the channel drops), a blob's until it is in the blob store (which
+//! `--blob-mem` bounds). A piece that does not fit fails its read as too
+//! large: the link is declined, like one past its own budget.
 
 use std::collections::HashMap;
 use std::io;
@@ -40,16 +49,105 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
+use nvlinkd_core::stats::Kind;
 use nvlinkd_proto::v1::{
     file_error, file_reply, file_request, server_message, AnnouncedFile, FileReply, FileRequest, ServerMessage,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::blobs::{BlobStore, Claim, Digest, Flight, Landed};
+use crate::net::incoming::{LogLimit, LOG_EVERY};
 
 pub type Outbound = mpsc::Sender<Result<ServerMessage, Status>>;
+
+/// Bytes of shims' file replies the daemon holds, all links together
+/// (`--max-reply-memory`; see the module documentation).
+pub struct ReplyMemory {
+    max: u64,
+    held: AtomicU64,
+    /// Reads failed because their reply did not fit.
+    refused: AtomicU64,
+    refusal_log: LogLimit,
+}
+
+impl ReplyMemory {
+    pub fn new(max: u64) -> Arc<ReplyMemory> {
+        Arc::new(ReplyMemory {
+            max,
+            held: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            refusal_log: LogLimit::default(),
+        })
+    }
+
+    /// Nothing reserved yet.
+    fn none(self: &Arc<Self>) -> Held {
+        Held { memory: self.clone(), bytes: 0 }
+    }
+
+    /// A read refused for want of room: counted, and logged at most once per
+    /// [`LOG_EVERY`].
+    fn refuse(&self, wanted: u64) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let held = self.held.load(Ordering::Relaxed);
+        match self.refusal_log.allow() {
+            Some(suppressed) => warn!(
+                held,
+                max = self.max,
+                wanted,
+                suppressed,
+                "a shim's file reply refused: the daemon holds as many bytes of replies as --max-reply-memory allows; \
+                 its link is left to the real nvlink (logged at most every {}s; suppressed: refusals not logged since \
+                 the last line)",
+                LOG_EVERY.as_secs()
+            ),
+            None => debug!(held, max = self.max, wanted, "a shim's file reply refused: --max-reply-memory"),
+        }
+    }
+
+    /// For `stats --json`.
+    pub fn counters(&self) -> [(&'static str, u64, Kind); 2] {
+        [
+            ("reply_memory_bytes", self.held.load(Ordering::Relaxed), Kind::Gauge),
+            ("reply_memory_refused", self.refused.load(Ordering::Relaxed), Kind::Counter),
+        ]
+    }
+}
+
+/// Bytes reserved of a [`ReplyMemory`], given back when dropped.
+struct Held {
+    memory: Arc<ReplyMemory>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Reserve `n` bytes more: false (nothing reserved) when they do not fit.
+    fn grow(&mut self, n: u64) -> bool {
+        let m = &self.memory;
+        let fits =
+            m.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| h.checked_add(n).filter(|t| *t <= m.max));
+        if fits.is_ok() {
+            self.bytes += n;
+        }
+        fits.is_ok()
+    }
+
+    /// Take over what `other` holds.
+    fn absorb(&mut self, mut other: Held) {
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A reply, and the room its contents are held in.
+type Reply = (FileReply, Held);
 
 /// The link's side of its stream: pending reads by id, and whether the stream
 /// still carries replies.
@@ -63,15 +161,50 @@ pub struct LinkChannel {
     max_file: u64,
     /// Bytes of file contents the shim sent on this stream (read or not).
     received: AtomicU64,
+    memory: Arc<ReplyMemory>,
+    /// The room of the replies the link has read (held until it ends).
+    kept: Mutex<Held>,
 }
 
 /// A read waiting for its reply, and the pieces of it received so far.
 struct Pending {
-    tx: oneshot::Sender<FileReply>,
+    tx: oneshot::Sender<Reply>,
     data: Vec<u8>,
+    /// The room reserved for `data` (its capacity), or for a reply in one piece.
+    held: Held,
     /// Most bytes its pieces may add up to: the link's budget, or the size the
     /// shim announced for the file.
     limit: u64,
+}
+
+impl Pending {
+    /// Room for a piece of `n` bytes (`last`: the reply's last one), reserved
+    /// daemon-wide: false when it does not fit. Pieces are gathered in a
+    /// buffer that doubles (up to the read's limit) or, where the doubled one
+    /// does not fit or the piece is the last, grows to just what it needs; a
+    /// reply in one piece is held as it came.
+    fn room(&mut self, n: usize, last: bool) -> bool {
+        if last && self.data.is_empty() {
+            return self.held.grow(n as u64);
+        }
+        let need = self.data.len() + n;
+        let cap = self.data.capacity();
+        if need <= cap {
+            return true;
+        }
+        let doubled = if last {
+            need
+        } else {
+            need.max(cap.saturating_mul(2)).min(usize::try_from(self.limit).unwrap_or(usize::MAX)).max(need)
+        };
+        for want in [doubled, need] {
+            if self.held.grow((want - cap) as u64) {
+                self.data.reserve_exact(want - self.data.len());
+                return true;
+            }
+        }
+        false
+    }
 }
 
 #[derive(Default)]
@@ -83,7 +216,13 @@ struct State {
 }
 
 impl LinkChannel {
-    pub fn new(tx: Outbound, rt: tokio::runtime::Handle, reply_timeout: Duration, max_file: u64) -> Arc<Self> {
+    pub fn new(
+        tx: Outbound,
+        rt: tokio::runtime::Handle,
+        reply_timeout: Duration,
+        max_file: u64,
+        memory: Arc<ReplyMemory>,
+    ) -> Arc<Self> {
         Arc::new(LinkChannel {
             state: Mutex::new(State::default()),
             closed: watch::channel(false).0,
@@ -92,6 +231,8 @@ impl LinkChannel {
             reply_timeout,
             max_file,
             received: AtomicU64::new(0),
+            kept: Mutex::new(memory.none()),
+            memory,
         })
     }
 
@@ -122,9 +263,10 @@ impl LinkChannel {
     }
 
     /// A reply from the shim, to the read waiting for it (if any still is).
-    /// The pieces of a read (`more`) are gathered up to the link's budget; one
-    /// piece past it answers the read "too large" (later pieces find no
-    /// waiter and are dropped).
+    /// The pieces of a read (`more`) are gathered up to the link's budget, in
+    /// room reserved of the daemon's [`ReplyMemory`]; one piece past either
+    /// answers the read "too large" (later pieces find no waiter and are
+    /// dropped).
     pub fn deliver(&self, mut reply: FileReply) {
         if let Some(file_reply::Result::Data(d)) = &reply.result {
             self.received.fetch_add(d.len() as u64, Ordering::Relaxed);
@@ -132,14 +274,21 @@ impl LinkChannel {
         let mut s = self.state();
         let Some(p) = s.pending.get_mut(&reply.id) else { return };
         if let Some(file_reply::Result::Data(d)) = &mut reply.result {
-            if p.data.len() as u64 + d.len() as u64 > p.limit {
+            let refusal = if p.data.len() as u64 + d.len() as u64 > p.limit {
+                Some("larger than the daemon reads for one link")
+            } else if !p.room(d.len(), !reply.more) {
+                self.memory.refuse(d.len() as u64);
+                Some("more than the daemon holds of its shims' files at once (--max-reply-memory)")
+            } else {
+                None
+            };
+            if let Some(message) = refusal {
+                // What was gathered goes, and its room with it.
                 let p = s.pending.remove(&reply.id).expect("present");
-                let error = nvlinkd_proto::v1::FileError {
-                    kind: file_error::Kind::TooLarge as i32,
-                    message: "larger than the daemon reads for one link".into(),
-                };
-                let _ =
-                    p.tx.send(FileReply { id: reply.id, result: Some(file_reply::Result::Error(error)), more: false });
+                let error =
+                    nvlinkd_proto::v1::FileError { kind: file_error::Kind::TooLarge as i32, message: message.into() };
+                let reply = FileReply { id: reply.id, result: Some(file_reply::Result::Error(error)), more: false };
+                let _ = p.tx.send((reply, self.memory.none()));
                 return;
             }
             if reply.more {
@@ -159,7 +308,7 @@ impl LinkChannel {
             }));
         }
         if let Some(p) = s.pending.remove(&reply.id) {
-            let _ = p.tx.send(reply);
+            let _ = p.tx.send((reply, p.held));
         }
     }
 
@@ -171,7 +320,7 @@ impl LinkChannel {
         path: &Path,
         op: file_request::Op,
         limit: u64,
-    ) -> io::Result<(u64, oneshot::Receiver<FileReply>, ServerMessage)> {
+    ) -> io::Result<(u64, oneshot::Receiver<Reply>, ServerMessage)> {
         let mut s = self.state();
         if let Some(why) = s.closed {
             return Err(gone(why));
@@ -179,7 +328,8 @@ impl LinkChannel {
         s.next_id += 1;
         let id = s.next_id;
         let (tx, rx) = oneshot::channel();
-        s.pending.insert(id, Pending { tx, data: Vec::new(), limit: limit.min(self.max_file) });
+        let held = self.memory.none();
+        s.pending.insert(id, Pending { tx, data: Vec::new(), held, limit: limit.min(self.max_file) });
         let msg = ServerMessage {
             msg: Some(server_message::Msg::File(FileRequest {
                 id,
@@ -191,7 +341,7 @@ impl LinkChannel {
     }
 
     /// Register a read and send its request (from the link thread).
-    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<FileReply>> {
+    fn request(&self, path: &Path, op: file_request::Op, limit: u64) -> io::Result<oneshot::Receiver<Reply>> {
         let (id, rx, msg) = self.register(path, op, limit)?;
         if let Err(e) = self.send(msg, true) {
             self.state().pending.remove(&id);
@@ -206,7 +356,7 @@ impl LinkChannel {
         path: &Path,
         op: file_request::Op,
         limit: u64,
-    ) -> io::Result<oneshot::Receiver<FileReply>> {
+    ) -> io::Result<oneshot::Receiver<Reply>> {
         let (id, rx, msg) = self.register(path, op, limit)?;
         if let Err(e) = self.send_async(msg, true).await {
             self.state().pending.remove(&id);
@@ -234,11 +384,15 @@ impl LinkChannel {
         }
     }
 
-    /// Wait for a reply, at most the reply timeout (then the shim counts as gone).
-    fn wait(&self, rx: oneshot::Receiver<FileReply>) -> io::Result<file_reply::Result> {
+    /// Wait for a reply, at most the reply timeout (then the shim counts as
+    /// gone). Its room stays held until the link ends.
+    fn wait(&self, rx: oneshot::Receiver<Reply>) -> io::Result<file_reply::Result> {
         let reply = self.rt.block_on(async { tokio::time::timeout(self.reply_timeout, rx).await });
         match reply {
-            Ok(Ok(r)) => r.result.ok_or_else(|| io::Error::other("empty file reply")),
+            Ok(Ok((r, held))) => {
+                self.kept.lock().unwrap_or_else(|p| p.into_inner()).absorb(held);
+                r.result.ok_or_else(|| io::Error::other("empty file reply"))
+            }
             Ok(Err(_)) => Err(gone(self.closed_reason().unwrap_or("the shim went away"))),
             Err(_) => {
                 self.close("the shim stopped answering");
@@ -403,16 +557,22 @@ impl LinkFs {
             let rx = self.channel.request_async(&path, file_request::Op::Read, size).await.ok();
             let blobs = blobs.clone();
             self.channel.rt.spawn(async move {
-                let data = match rx {
+                let (data, held) = match rx {
                     Some(rx) => match rx.await {
-                        Ok(FileReply { result: Some(file_reply::Result::Data(d)), .. }) => Some(d),
-                        _ => None,
+                        Ok((FileReply { result: Some(file_reply::Result::Data(d)), .. }, held)) => {
+                            (Some(d), Some(held))
+                        }
+                        _ => (None, None),
                     },
-                    None => None,
+                    None => (None, None),
                 };
-                // Hashing and the disk write are blocking work.
-                let _ =
-                    tokio::task::spawn_blocking(move || blobs.land(&digest, size, data.map(Vec::from), &flight)).await;
+                // Hashing and the disk write are blocking work; the reply's
+                // room is given back once the blob store has it.
+                let _ = tokio::task::spawn_blocking(move || {
+                    blobs.land(&digest, size, data.map(Vec::from), &flight);
+                    drop(held);
+                })
+                .await;
             });
         }
         let mut late = Vec::new();
@@ -546,7 +706,9 @@ impl LinkFs {
         match st.announced.get(path) {
             Some(a) if !a.exists => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
             Some(a) if a.is_dir => Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")),
-            Some(a) if a.size > remaining => Err(io::Error::new(io::ErrorKind::FileTooLarge, "too large")),
+            Some(a) if a.size > remaining => {
+                Err(io::Error::new(io::ErrorKind::FileTooLarge, "larger than the daemon reads for one link"))
+            }
             Some(a @ Announced { digest: Some(d), .. }) => self.blob(st, path, a, d),
             _ => self.fetch(st, path, u64::MAX).map(Arc::from),
         }
@@ -561,11 +723,12 @@ impl InputFs for LinkFs {
             if corefs::is_not_regular(e) {
                 self.decline(format!("{} is not a regular file: nvlink reads it itself", path.display()));
             } else if e.kind() == io::ErrorKind::FileTooLarge {
-                self.past_budget.store(true, Ordering::Relaxed);
-                self.decline(format!(
-                    "{} is larger than the daemon reads for one link (--max-link-input)",
-                    path.display()
-                ));
+                // Past the link's budget (--max-link-input: a fix the user can
+                // make, said once by the shim), or the daemon's for replies.
+                if !e.to_string().contains("--max-reply-memory") {
+                    self.past_budget.store(true, Ordering::Relaxed);
+                }
+                self.decline(format!("{}: {e}", path.display()));
             }
         })?;
         let total = self.used.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
@@ -650,6 +813,54 @@ impl InputFs for LinkFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two links' reads share one bound: one gathering 3 MiB (in a buffer
+    /// doubled to 4 MiB) leaves no room for the other's first piece, whose
+    /// read fails as too large and is counted; the first completes, its room
+    /// held while its link holds the reply and given back when the link ends
+    /// (the channel drops), and a read gathering when its channel closes
+    /// gives its room back at once.
+    #[test]
+    fn replies_share_the_daemons_reply_memory_and_give_it_back() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let memory = ReplyMemory::new(4 << 20);
+        let held = || memory.counters()[0].1;
+        let (tx, _rx) = mpsc::channel(4);
+        let channel =
+            || LinkChannel::new(tx.clone(), rt.handle().clone(), Duration::from_secs(5), u64::MAX, memory.clone());
+        let (a, b) = (channel(), channel());
+        let piece = |id, more| FileReply {
+            id,
+            result: Some(file_reply::Result::Data(bytes::Bytes::from(vec![7u8; 1 << 20]))),
+            more,
+        };
+        let (ida, rxa, _) = a.register(Path::new("/a"), file_request::Op::Read, u64::MAX).unwrap();
+        let (idb, rxb, _) = b.register(Path::new("/b"), file_request::Op::Read, u64::MAX).unwrap();
+        for _ in 0..3 {
+            a.deliver(piece(ida, true));
+        }
+        assert_eq!(held(), 4 << 20, "the gathering buffer's room");
+        b.deliver(piece(idb, true));
+        let (refused, _) = rt.block_on(rxb).unwrap();
+        match refused.result {
+            Some(file_reply::Result::Error(e)) => assert_eq!(e.kind, file_error::Kind::TooLarge as i32, "{e:?}"),
+            other => panic!("a piece past the bound was taken: {other:?}"),
+        }
+        assert_eq!(memory.counters()[1].1, 1, "the refusal is counted");
+        a.deliver(piece(ida, false));
+        match a.wait(rxa).unwrap() {
+            file_reply::Result::Data(d) => assert_eq!(d.len(), 4 << 20),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(held(), 4 << 20, "held while the link holds the reply");
+        drop(a);
+        assert_eq!(held(), 0, "given back when the link ends");
+        let (idb, _rxb, _) = b.register(Path::new("/b2"), file_request::Op::Read, u64::MAX).unwrap();
+        b.deliver(piece(idb, true));
+        assert_eq!(held(), 1 << 20);
+        b.close("the shim went away");
+        assert_eq!(held(), 0, "a closed stream's pieces are given back");
+    }
 
     #[test]
     fn announcements_are_taken_only_as_sent_rightly() {

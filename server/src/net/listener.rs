@@ -76,7 +76,11 @@ impl Remote {
         }
         if let Some(auth) = &self.auth {
             match auth.reload() {
-                Ok(tokens) => info!(listen = %self.listen, tokens, "SIGHUP: token file reloaded"),
+                Ok(names) => {
+                    let tokens = names.len();
+                    let names = names.join(" ");
+                    info!(listen = %self.listen, tokens, %names, "SIGHUP: token file reloaded")
+                }
                 Err(why) => {
                     warn!(listen = %self.listen, %why, "SIGHUP: token file not reloaded; keeping the tokens in use")
                 }

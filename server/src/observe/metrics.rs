@@ -12,8 +12,11 @@
 //!   cache bytes, connections) as `nvlinkd_<name>` (`uptime_s` as
 //!   `nvlinkd_uptime_seconds`), and per cache level
 //!   `nvlinkd_cache_hits_total{level}` / `nvlinkd_cache_misses_total{level}`
-//!   (`link`, `jit`, `nvvm`, `ptxas`); each with its own HELP
-//!   ([`crate::observe::help`]);
+//!   (`link`, `jit`, `nvvm`, `ptxas`), and per token of `--token-file`
+//!   `nvlinkd_token_links_total{token}`, `nvlinkd_token_refused_total{token}`,
+//!   `nvlinkd_token_received_bytes_total{token}`,
+//!   `nvlinkd_token_sent_bytes_total{token}` (by the token's name); each with
+//!   its own HELP ([`crate::observe::help`]);
 //! - `nvlinkd_build_info{version}` and the process's `process_*` figures (CPU
 //!   seconds, resident memory, open and maximum descriptors, start time).
 //!
@@ -140,6 +143,20 @@ impl Collector for StatsCollector {
             } else {
                 let c = ConstCounter::new(v);
                 c.encode(encoder.encode_descriptor(name, &help, None, c.metric_type())?)?;
+            }
+        }
+        // Per token (`--token-file`), labelled by its name (letters, digits, `.`, `_`, `-`).
+        if !stats.tokens.is_empty() {
+            for (pick, family_name) in
+                [(0usize, "token_links"), (1, "token_refused"), (2, "token_received_bytes"), (3, "token_sent_bytes")]
+            {
+                let help = crate::observe::help(family_name).unwrap_or_else(|| format!("nvlinkd figure {family_name}"));
+                let kind = ConstCounter::new(0u64).metric_type();
+                let mut family = encoder.encode_descriptor(family_name, &help, None, kind)?;
+                for (token, figures) in &stats.tokens {
+                    let labels = [("token", token.as_str())];
+                    ConstCounter::new(figures.named()[pick].1).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
         let info = ConstGauge::new(1i64);

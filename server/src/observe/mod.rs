@@ -19,6 +19,9 @@ pub struct Figures {
     pub connections: Arc<crate::net::incoming::Counters>,
     pub auth_failures: Arc<AtomicU64>,
     pub remote_links: Arc<crate::link::admission::RemoteLinks>,
+    pub reply_memory: Arc<crate::link::stream_fs::ReplyMemory>,
+    /// The remote listener's tokens (`--token-file`): remote links per token.
+    pub auth: Option<Arc<crate::net::auth::Auth>>,
 }
 
 impl Figures {
@@ -30,7 +33,9 @@ impl Figures {
         own.extend(self.staged.counters());
         own.extend(self.connections.counters());
         own.extend(self.remote_links.counters());
+        own.extend(self.reply_memory.counters());
         s.prepend(own);
+        s.tokens = self.auth.as_ref().map(|a| a.figures()).unwrap_or_default();
         s
     }
 }
@@ -55,6 +60,15 @@ const HELP: &[(&str, &str)] = &[
     ("remote_links", "Remote links holding a slot now"),
     ("remote_links_waiting", "Remote links waiting for a slot"),
     ("remote_links_refused", "Remote links refused: no slot within the wait (their shims ran the real nvlink)"),
+    ("reply_memory_bytes", "Bytes of shims' file replies the daemon holds now (gathered pieces, replies links hold)"),
+    (
+        "reply_memory_refused",
+        "File replies refused: past --max-reply-memory (their links were left to the real nvlink)",
+    ),
+    ("token_links", "Remote links served, by the name of their token (--token-file)"),
+    ("token_refused", "Remote links refused before they started (no slot in time), by the name of their token"),
+    ("token_received_bytes", "Bytes of input files remote shims sent, by the name of their token"),
+    ("token_sent_bytes", "Bytes of answers sent to remote shims, by the name of their token"),
     ("remote_cache_hits", "Links served from the shared (REAPI) cache tier"),
     ("remote_cache_misses", "Lookups the shared (REAPI) cache tier did not answer"),
     ("remote_cache_errors", "Shared-tier lookups that failed"),

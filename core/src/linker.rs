@@ -707,7 +707,11 @@ impl Linker {
         // for the entry, on the flight).
         let planning = std::cell::RefCell::new(Some(planning));
         let mine = std::cell::RefCell::new(None);
-        let entry = cache.flights.run(keys.content, || {
+        // A link that waits for an identical one gives back its plan permit
+        // first: a speculative (background) leader waiting for a compute slot
+        // is admitted only while no foreground link holds a permit.
+        let give_back = || drop(planning.borrow_mut().take());
+        let entry = cache.flights.run_or_wait(keys.content, give_back, || {
             let mismatch = || Declined::new(Reason::VerifyMismatch, "verification found the in-process answer wrong");
             let mut outcome = if self.verifier.mismatched(&keys.content) {
                 self.route(tk, req, memo, spec, ctl, mismatch())

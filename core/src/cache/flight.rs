@@ -45,7 +45,16 @@ impl<T: Clone> Flights<T> {
     /// Run `compute` for `key` unless another caller is already running it, in
     /// which case wait for that result (computed by whichever call ran it).
     pub fn run(&self, key: Key, compute: impl FnOnce() -> Option<T>) -> Option<T> {
+        self.run_or_wait(key, || {}, compute)
+    }
+
+    /// [`Flights::run`], calling `waiting` once before this caller first waits
+    /// for another's result: to give back what it holds that the leader may
+    /// need (a link gives back its plan permit, which a background leader
+    /// waits on while a foreground link holds one: a deadlock otherwise).
+    pub fn run_or_wait(&self, key: Key, waiting: impl FnOnce(), compute: impl FnOnce() -> Option<T>) -> Option<T> {
         let mut compute = Some(compute);
+        let mut waiting = Some(waiting);
         loop {
             let (slot, leader) = match self.inflight.entry(key) {
                 dashmap::Entry::Occupied(e) => (e.get().clone(), false),
@@ -60,6 +69,9 @@ impl<T: Clone> Flights<T> {
                 let value = compute.take().and_then(|f| f());
                 guard.result = Some(value.clone());
                 return value;
+            }
+            if let Some(w) = waiting.take() {
+                w();
             }
             let (lock, cv) = &*slot;
             let Ok(mut r) = lock.lock() else { return None };
@@ -82,6 +94,30 @@ impl<T: Clone> Flights<T> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A waiter gives back what the leader needs before it waits (the leader
+    /// here finishes only once the waiter has done so, as a speculative link
+    /// is admitted only once a waiting foreground link gave back its plan
+    /// permit).
+    #[test]
+    fn a_waiter_gives_back_before_it_waits() {
+        let f: Flights<u32> = Flights::default();
+        let (given_back, permit) = std::sync::mpsc::channel::<()>();
+        let (started, leading) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let f = &f;
+            let leader = s.spawn(move || {
+                f.run([7; 32], || {
+                    started.send(()).unwrap();
+                    permit.recv_timeout(std::time::Duration::from_secs(10)).ok().map(|()| 1)
+                })
+            });
+            leading.recv().unwrap();
+            let waiter = f.run_or_wait([7; 32], || given_back.send(()).unwrap(), || Some(2));
+            assert_eq!(leader.join().unwrap(), Some(1), "the leader never got what the waiter held");
+            assert_eq!(waiter, Some(1));
+        });
+    }
 
     #[test]
     fn concurrent_identical_work_runs_once() {

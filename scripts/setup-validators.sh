@@ -38,27 +38,23 @@ pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-py$pyver
 log() { echo "setup-validators: $*" >&2; }
 
-# systemd-analyze comes from the system, not the prefix.
-if ! command -v systemd-analyze >/dev/null; then
+# Tools from the system, not the prefix: installed from Debian's packages
+# where missing and apt-get runs as root (nothing is started), else their
+# checks skip.
+#   system_tool COMMAND PACKAGE WHAT-CHECKS-IT
+system_tool() {
+  command -v "$1" >/dev/null && return 0
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    log "installing systemd-analyze (Debian package systemd)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; } >&2 \
-      || log "could not install systemd; the systemd unit check will be skipped"
+    log "installing $1 (Debian package $2)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2"; } >&2 \
+      || log "could not install $2; $3 will be skipped"
   else
-    log "no systemd-analyze and no root apt-get; the systemd unit check will be skipped"
+    log "no $1 and no root apt-get; $3 will be skipped"
   fi
-fi
-
-# promtool, for the classic metrics text (tests/tests/metrics.rs), likewise.
-if ! command -v promtool >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    log "installing promtool (Debian package prometheus, not started)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >&2 \
-      || log "could not install prometheus; the promtool check will be skipped"
-  else
-    log "no promtool and no root apt-get; the promtool check will be skipped"
-  fi
-fi
+}
+system_tool systemd-analyze systemd "the systemd unit check"
+# promtool, for the classic metrics text (tests/tests/metrics.rs).
+system_tool promtool prometheus "the promtool check"
 
 if [[ -f $stamp ]]; then
   echo "$prefix/bin"

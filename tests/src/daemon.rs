@@ -306,6 +306,18 @@ pub fn proc_stat_field(pid: u32, n: usize) -> Option<String> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(n.checked_sub(3)?).map(str::to_string)
 }
 
+/// Clock ticks of CPU (user and system, proc(5) fields 14 and 15) process
+/// `pid` uses over the next `span`.
+pub fn cpu_ticks_over(pid: u32, span: Duration) -> u64 {
+    let cpu = || -> u64 {
+        let field = |n| proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        field(14) + field(15)
+    };
+    let before = cpu();
+    std::thread::sleep(span);
+    cpu().saturating_sub(before)
+}
+
 /// The daemon's counters that each say one engine served a link, with the
 /// engine's name in the table.
 pub const ENGINE_COUNTERS: &[(&str, &str)] = &[

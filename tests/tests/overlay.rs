@@ -242,20 +242,20 @@ fn a_daemon_never_runs_without_a_usable_toolkit() {
     install_overlay(prefix.path());
     let dir = TempDir::new("ovl-start-d");
     let sock = dir.path().join("sock");
-    let daemon = |exe: &Path, extra: &[&str]| {
-        Command::new(exe)
-            .arg("start")
+    // `nvlinkd start` on the test's socket and cache, without CUDA_HOME.
+    let start = |exe: &Path, extra: &[&str]| {
+        let mut cmd = Command::new(exe);
+        cmd.arg("start")
             .arg("--socket")
             .arg(&sock)
             .arg("--cache-dir")
             .arg(dir.path().join("cache"))
             .args(extra)
-            .env_remove("CUDA_HOME")
-            .output()
-            .expect("nvlinkd start")
+            .env_remove("CUDA_HOME");
+        cmd
     };
     let overlay_nvlinkd = prefix.path().join("bin/nvlinkd");
-    let started = daemon(&overlay_nvlinkd, &[]);
+    let started = start(&overlay_nvlinkd, &[]).output().expect("nvlinkd start");
     assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
     let out = TempDir::new("ovl-start-out");
     let link = Invocation::templated("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", corpus::dir(), &out);
@@ -283,17 +283,7 @@ fn a_daemon_never_runs_without_a_usable_toolkit() {
         cases.push(&[]);
     }
     for extra in cases {
-        let refused = Command::new(nvlinkd())
-            .arg("start")
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--cache-dir")
-            .arg(dir.path().join("cache"))
-            .args(extra)
-            .env_remove("CUDA_HOME")
-            .env("PATH", "/usr/bin:/bin")
-            .output()
-            .expect("nvlinkd start");
+        let refused = start(&nvlinkd(), extra).env("PATH", "/usr/bin:/bin").output().expect("nvlinkd start");
         let said = String::from_utf8_lossy(&refused.stderr).into_owned();
         assert!(!refused.status.success(), "nvlinkd start {extra:?} started a daemon without a toolkit");
         assert!(said.contains("toolkit") && said.contains("--cuda-home"), "no word on naming a toolkit: {said}");

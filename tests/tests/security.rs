@@ -934,13 +934,7 @@ fn a_connection_flood_starves_nothing() {
     assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
     // The daemon idles under the flood: under 0.3 s of CPU in 2 s.
     let pid = d.pid().expect("daemon pid");
-    let cpu = || -> u64 {
-        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        field(14) + field(15)
-    };
-    let before = cpu();
-    std::thread::sleep(Duration::from_secs(2));
-    let ticks = cpu() - before;
+    let ticks = nvlinkd_tests::daemon::cpu_ticks_over(pid, Duration::from_secs(2));
     assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
     // An admitted connection that never shakes hands is closed at the deadline.
     let mut waiting = flood.into_iter().next().unwrap();
@@ -1003,13 +997,7 @@ fn a_flood_past_the_file_limit_starves_nothing() {
     assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link during the flood");
     assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
     let pid = d.pid().expect("daemon pid");
-    let cpu = || -> u64 {
-        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        field(14) + field(15)
-    };
-    let before = cpu();
-    std::thread::sleep(Duration::from_secs(2));
-    let ticks = cpu() - before;
+    let ticks = nvlinkd_tests::daemon::cpu_ticks_over(pid, Duration::from_secs(2));
     assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
     drop(flood);
     let remote = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
@@ -1466,13 +1454,7 @@ fn a_flood_of_the_metrics_port_starves_nothing() {
     assert!(flood.len() > 256, "the flood could not pass the file limit: {} connections", flood.len());
     // At once, while the silent connections hold every descriptor.
     let pid = d.pid().expect("daemon pid");
-    let cpu = || -> u64 {
-        let field = |n| nvlinkd_tests::daemon::proc_stat_field(pid, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        field(14) + field(15)
-    };
-    let before = cpu();
-    std::thread::sleep(Duration::from_secs(2));
-    let ticks = cpu() - before;
+    let ticks = nvlinkd_tests::daemon::cpu_ticks_over(pid, Duration::from_secs(2));
     assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
     let out = TempDir::new("sec-mflood-out");
     let link = inv(LINK, corpus::dir(), &out);

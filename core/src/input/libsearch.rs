@@ -24,8 +24,7 @@ pub(crate) fn past_bounds(
     env_library_path: Option<&String>,
     libraries: &[String],
 ) -> Option<String> {
-    let env_dirs = env_library_path.map_or(0, |lp| lp.split(':').filter(|d| !d.is_empty()).count());
-    let dirs = library_paths.iter().filter(|d| !d.is_empty()).count() + env_dirs;
+    let dirs = search_dirs(library_paths, env_library_path.map(String::as_str)).len();
     let lookups = dirs.saturating_mul(libraries.len());
     (lookups > MAX_LOOKUPS)
         .then(|| format!("{} libraries in {dirs} directories: past {MAX_LOOKUPS} library lookups", libraries.len()))

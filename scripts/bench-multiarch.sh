@@ -109,7 +109,7 @@ for line in open(sys.argv[1]):
     l = links.setdefault(e.get("link"), {"phases": []})
     if e["event"] == "link_started":
         l["what"] = ("speculative " if e.get("speculative") else "") + next((a for a in e["args"] if a.startswith("--arch")), "?")
-    elif e["event"] == "phase":
+    elif e["event"] == "phase_finished":
         l["phases"].append(f'{e["phase"]}{" (cached)" if e.get("cached") else ""} {e["ms"] / 1e3:.2f} s')
     elif e["event"] == "link_finished":
         l["end"] = f'{e["engine"]}, {e["ms"] / 1e3:.2f} s'

@@ -17,6 +17,7 @@ const LIVE: u8 = 0;
 const CANCELLED: u8 = 1;
 pub(crate) const TIMED_OUT: u8 = 2;
 const SUPERSEDED: u8 = 3;
+const REQUESTED: u8 = 4;
 
 /// Why a link was stopped (see [`Cancel::stopped`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub enum Stopped {
     Superseded,
     /// Its worker or child outlived the time limit.
     TimedOut,
+    /// [`Cancel::cancel_requested`]: someone asked for it by the link's id
+    /// (`nvlinkd cancel`, an IDE).
+    Requested,
 }
 
 impl Stopped {
@@ -36,6 +40,7 @@ impl Stopped {
             Stopped::Cancelled => "caller_gone",
             Stopped::Superseded => "superseded",
             Stopped::TimedOut => "timed_out",
+            Stopped::Requested => "requested",
         }
     }
 }
@@ -57,6 +62,8 @@ struct CancelInner {
     /// Whether `link_queued` was announced for it (once per link, whichever
     /// stage it waited at first).
     announced: std::sync::atomic::AtomicBool,
+    /// The id of the link that superseded this one (0: none).
+    superseded_by: std::sync::atomic::AtomicU64,
 }
 
 /// A link's control handle: its priority class, and the power to stop it. A
@@ -88,9 +95,21 @@ impl Cancel {
         self.stop(CANCELLED);
     }
 
-    /// Cancel the link because a newer one replaces it.
-    pub fn supersede(&self) {
+    /// Cancel the link because a newer one (of id `by`) replaces it.
+    pub fn supersede(&self, by: u64) {
+        self.0.superseded_by.store(by, Ordering::Release);
         self.stop(SUPERSEDED);
+    }
+
+    /// Cancel the link because someone asked for it by its id.
+    pub fn cancel_requested(&self) {
+        self.stop(REQUESTED);
+    }
+
+    /// The id of the link that superseded this one, if one did.
+    pub fn superseded_by(&self) -> Option<u64> {
+        Some(self.0.superseded_by.load(Ordering::Acquire))
+            .filter(|&id| id != 0 && self.stopped() == Some(Stopped::Superseded))
     }
 
     pub fn is_cancelled(&self) -> bool {
@@ -103,6 +122,7 @@ impl Cancel {
             CANCELLED => Some(Stopped::Cancelled),
             SUPERSEDED => Some(Stopped::Superseded),
             TIMED_OUT => Some(Stopped::TimedOut),
+            REQUESTED => Some(Stopped::Requested),
             _ => None,
         }
     }

@@ -354,10 +354,9 @@ impl Linker {
         s
     }
 
-    /// "Run the real nvlink yourself": counted, with its reason.
+    /// "Run the real nvlink yourself" (counted with its reason where the link
+    /// ends, [`Linker::link_cancellable`], unless the link was cancelled).
     fn fall_back(&self, why: Declined) -> Outcome {
-        bump(&self.stats.fallbacks);
-        self.fallback_reasons.bump(why.reason);
         Outcome::fallback(why)
     }
 
@@ -469,16 +468,23 @@ impl Linker {
     /// observer's events about this link carry it. Called inside the link's
     /// span, whose children the phase spans are.
     pub fn link_cancellable(&self, link: u64, req: &Request, fs: &dyn InputFs, cancel: &Cancel) -> Outcome {
-        let obs = LinkObs::new(link, self.observer.clone(), Span::current());
+        let obs = LinkObs::new(link, self.observer.clone(), Span::current()).with_cancel(cancel);
         let outcome = self.link_controlled(req, fs, Ctl { cancel, obs: &obs });
-        if outcome.fallback.is_some() {
+        // A link that gives up is counted once, here: a stopped link as
+        // `cancelled` (its caller no longer wants the answer), any other as a
+        // `fallback`, with its reason.
+        if let Some(why) = &outcome.fallback {
             match cancel.stopped() {
-                Some(Stopped::Cancelled) => bump(&self.stats.cancelled),
-                Some(Stopped::Superseded) => {
-                    bump(&self.stats.cancelled);
-                    bump(&self.stats.cancelled_superseded);
+                Some(Stopped::TimedOut) | None => {
+                    bump(&self.stats.fallbacks);
+                    self.fallback_reasons.bump(why.reason);
                 }
-                _ => {}
+                Some(stopped) => {
+                    bump(&self.stats.cancelled);
+                    if stopped == Stopped::Superseded {
+                        bump(&self.stats.cancelled_superseded);
+                    }
+                }
             }
         }
         outcome
@@ -490,7 +496,8 @@ impl Linker {
     /// would be overwritten anyway. A background link never supersedes a
     /// foreground one (it then does not register); a remote link neither
     /// supersedes nor is superseded. The registration ends when the guard drops.
-    fn claim_output(&self, req: &Request, spec: &Spec, cancel: &Cancel) -> Option<OutputClaim<'_>> {
+    fn claim_output(&self, req: &Request, spec: &Spec, ctl: Ctl<'_>) -> Option<OutputClaim<'_>> {
+        let cancel = ctl.cancel;
         // A speculative link writes no file: the real link of that output joins
         // its computation (`cache/flight.rs`) instead of superseding it.
         if req.speculative {
@@ -511,7 +518,7 @@ impl Linker {
                 return None;
             }
             debug!(output = %key.1.display(), "superseding an older link of the same output");
-            older.supersede();
+            older.supersede(ctl.obs.link());
         }
         map.insert(key.clone(), cancel.clone());
         Some(OutputClaim { linker: self, key, cancel: cancel.clone() })
@@ -593,7 +600,7 @@ impl Linker {
         debug!(?mode, "dispatch");
         let _claim = match mode {
             Mode::Help | Mode::Version => None,
-            _ => self.claim_output(req, &spec, ctl.cancel),
+            _ => self.claim_output(req, &spec, ctl),
         };
         let outcome = match mode {
             Mode::Help => self.frontend(0, tk.help_text().into_bytes(), Vec::new()),

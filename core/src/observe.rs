@@ -12,11 +12,13 @@
 //!
 //! Emitted where things happen:
 //!
-//! - [`LinkEvent::PhaseFinished`]: when a phase ends ([`LinkObs::phase`]:
+//! - [`LinkEvent::PhaseStarted`] and [`LinkEvent::PhaseFinished`]: when a
+//!   phase begins and ends ([`LinkObs::phase`]:
 //!   `plan` in `Linker::plan_link`, `jit`, `jitlink`, `nvvm`, `ptxas` and
 //!   `finalize` in `engine/inprocess.rs`, `nvlink` in `Linker::run_nvlink`),
 //!   `cached` when the step was an artifact served from the cache
-//!   ([`InPhase::cached`], from `engine/artifacts.rs`);
+//!   ([`InPhase::cached`], from `engine/artifacts.rs`), `aborted` when the
+//!   link was stopped while it ran;
 //! - [`LinkEvent::Queued`] and [`LinkEvent::Admitted`]: the scheduler
 //!   (`sched.rs`), once per link when it must wait, and when it is admitted to
 //!   compute;
@@ -40,6 +42,7 @@ use std::time::{Duration, Instant};
 use tracing::field::Empty;
 use tracing::Span;
 
+use crate::cancel::Cancel;
 use crate::sched::Priority;
 
 /// A step of a link that events report when it ends.
@@ -104,9 +107,13 @@ impl Phase {
 /// link given none).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LinkEvent {
-    /// A phase ended (successfully or not); `cached`: its result came from
-    /// the artifact cache.
-    PhaseFinished { link: u64, phase: Phase, cached: bool, ms: f64 },
+    /// A phase began. Phases of one kind may overlap (`jit` runs once per
+    /// PTX module, in parallel): each start has its own finish.
+    PhaseStarted { link: u64, phase: Phase },
+    /// A phase ended; `cached`: its result came from the artifact cache;
+    /// `aborted`: it was cut off (the link was cancelled or superseded while
+    /// it ran, or the phase's step panicked), so its result is not the link's.
+    PhaseFinished { link: u64, phase: Phase, cached: bool, aborted: bool, ms: f64 },
     /// The link must wait for a plan permit or a compute slot (once per link).
     Queued { link: u64, priority: Priority },
     /// The link was given a compute slot after `waited_ms`.
@@ -120,7 +127,8 @@ impl LinkEvent {
     /// The link the event is about.
     pub fn link(&self) -> u64 {
         match self {
-            LinkEvent::PhaseFinished { link, .. }
+            LinkEvent::PhaseStarted { link, .. }
+            | LinkEvent::PhaseFinished { link, .. }
             | LinkEvent::Queued { link, .. }
             | LinkEvent::Admitted { link, .. }
             | LinkEvent::VerifyMismatch { link, .. } => *link,
@@ -148,18 +156,28 @@ pub struct LinkObs {
     link: u64,
     observer: Arc<dyn Observer>,
     span: Span,
+    /// The link's control handle: a phase that ends once the link is stopped
+    /// was cut off (`aborted`).
+    cancel: Option<Cancel>,
 }
 
 impl Default for LinkObs {
     /// No link, nobody watching.
     fn default() -> Self {
-        LinkObs { link: 0, observer: Arc::new(Ignore), span: Span::none() }
+        LinkObs { link: 0, observer: Arc::new(Ignore), span: Span::none(), cancel: None }
     }
 }
 
 impl LinkObs {
     pub fn new(link: u64, observer: Arc<dyn Observer>, span: Span) -> LinkObs {
-        LinkObs { link, observer, span }
+        LinkObs { link, observer, span, cancel: None }
+    }
+
+    /// The link's control handle, so that a phase cut off by a cancel is
+    /// reported `aborted`.
+    pub fn with_cancel(mut self, cancel: &Cancel) -> LinkObs {
+        self.cancel = Some(cancel.clone());
+        self
     }
 
     /// The link's id.
@@ -176,6 +194,7 @@ impl LinkObs {
     /// is entered, and its [`LinkEvent::PhaseFinished`] is emitted at the end.
     pub fn phase(&self, phase: Phase) -> InPhase<'_> {
         let span = phase.span(&self.span).entered();
+        self.emit(&LinkEvent::PhaseStarted { link: self.link, phase });
         InPhase { obs: self, phase, start: Instant::now(), cached: Cell::new(false), span }
     }
 
@@ -233,9 +252,10 @@ impl Drop for InPhase<'_> {
     fn drop(&mut self) {
         let ms = self.start.elapsed().as_secs_f64() * 1e3;
         let (link, phase, cached) = (self.obs.link, self.phase, self.cached.get());
+        let aborted = std::thread::panicking() || self.obs.cancel.as_ref().is_some_and(Cancel::is_cancelled);
         // (A field the phase's span does not declare is not recorded.)
         self.span.record("cached", cached);
-        self.obs.emit(&LinkEvent::PhaseFinished { link, phase, cached, ms });
+        self.obs.emit(&LinkEvent::PhaseFinished { link, phase, cached, aborted, ms });
     }
 }
 
@@ -271,7 +291,7 @@ mod tests {
         {
             let p = obs.phase(Phase::Nvvm);
             p.cached();
-            assert!(rec.0.lock().unwrap().is_empty(), "reported before it ended");
+            assert_eq!(rec.0.lock().unwrap().len(), 1, "its end reported before it ended");
         }
         let other = obs.clone();
         std::thread::spawn(move || other.in_phase(Phase::Jit, || ())).join().unwrap();
@@ -282,12 +302,37 @@ mod tests {
         let phases: Vec<(Phase, bool)> = got
             .iter()
             .filter_map(|e| match e {
-                LinkEvent::PhaseFinished { phase, cached, ms, .. } if *ms >= 0.0 => Some((*phase, *cached)),
+                LinkEvent::PhaseFinished { phase, cached, ms, aborted: false, .. } if *ms >= 0.0 => {
+                    Some((*phase, *cached))
+                }
                 _ => None,
             })
             .collect();
         assert_eq!(phases, [(Phase::Nvvm, true), (Phase::Jit, false)]);
-        assert!(matches!(got[2], LinkEvent::Queued { priority: Priority::Background, .. }));
-        assert!(matches!(got[3], LinkEvent::Admitted { waited_ms, .. } if (waited_ms - 2.0).abs() < 1e-9));
+        assert_eq!(got[0], LinkEvent::PhaseStarted { link: 7, phase: Phase::Nvvm });
+        assert_eq!(got[2], LinkEvent::PhaseStarted { link: 7, phase: Phase::Jit });
+        assert!(matches!(got[4], LinkEvent::Queued { priority: Priority::Background, .. }));
+        assert!(matches!(got[5], LinkEvent::Admitted { waited_ms, .. } if (waited_ms - 2.0).abs() < 1e-9));
+    }
+
+    /// A phase that ends after its link was stopped was cut off: `aborted`.
+    #[test]
+    fn a_phase_cut_off_by_a_cancel_is_reported_aborted() {
+        let rec = Arc::new(Recorder::default());
+        let cancel = Cancel::new();
+        let obs = LinkObs::new(9, rec.clone(), Span::none()).with_cancel(&cancel);
+        obs.in_phase(Phase::Plan, || ());
+        obs.in_phase(Phase::Ptxas, || cancel.cancel());
+        let ended: Vec<(Phase, bool)> = rec
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                LinkEvent::PhaseFinished { phase, aborted, .. } => Some((*phase, *aborted)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ended, [(Phase::Plan, false), (Phase::Ptxas, true)]);
     }
 }

@@ -171,7 +171,8 @@ counters! {
     nvlink_process,
     /// Requests answered without linking (help, version, option errors, -ghls).
     frontend,
-    /// Requests handed back to the shim to run the real nvlink.
+    /// Requests handed back to the shim to run the real nvlink (cancelled
+    /// links are counted in `cancelled` instead).
     fallbacks,
     /// Requests that failed inside nvlinkd (answered with a fallback).
     failures,
@@ -193,8 +194,9 @@ counters! {
     ptxas_hits,
     /// LTO: ptxas step (PTX to cubin) cache misses.
     ptxas_misses,
-    /// Links stopped before their answer: their caller went away, or a newer
-    /// link of the same output superseded them (also counted in
+    /// Links stopped before their answer (never counted in `fallbacks`):
+    /// their caller went away, someone cancelled them by id, or a newer link
+    /// of the same output superseded them (also counted in
     /// `cancelled_superseded`). Nothing of theirs is cached but finished artifacts.
     cancelled,
     /// Links stopped because a newer link of the same output superseded them.

@@ -590,7 +590,7 @@ impl WorkerPool {
                     Err(_) => format!("{e}"),
                 };
                 match cancel.stopped() {
-                    Some(Stopped::Cancelled | Stopped::Superseded) => Err(WorkerError::Cancelled),
+                    Some(Stopped::Cancelled | Stopped::Superseded | Stopped::Requested) => Err(WorkerError::Cancelled),
                     Some(Stopped::TimedOut) => Err(WorkerError::TimedOut(self.config.timeout)),
                     None => {
                         self.crashes.fetch_add(1, Ordering::Relaxed);

@@ -360,6 +360,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // The event stream hears of phases, admissions and mismatches from the
     // linker itself (`observe/events.rs`).
     let linker = Arc::new(Linker::observed(opts.linker, Arc::new(opts.events.clone())));
+    // `phase_progress` for long phases.
+    opts.events.spawn_progress();
     if let Some(r) = opts.remote_cache.clone() {
         let tier = crate::reapi::RemoteCache::new(r, tokio::runtime::Handle::current())?;
         linker.set_remote_tier(Arc::new(tier));

@@ -454,8 +454,9 @@ enum Command {
         json: bool,
     },
     /// Print what the daemon does as it happens, one JSON object per line, until
-    /// interrupted (link_started, link_queued, link_admitted, phase, diagnostic,
-    /// link_finished, link_cancelled; see docs/ide.md)
+    /// interrupted (link_started, link_queued, link_admitted, phase_started,
+    /// phase_progress, phase_finished, diagnostic, link_finished,
+    /// link_cancelled; every field in docs/events.md)
     Events {
         /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
@@ -463,6 +464,24 @@ enum Command {
         /// One JSON object per line (the only format; accepted for scripts)
         #[arg(long)]
         json: bool,
+        /// Only links whose working directory is DIR or below it
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Only links that write PATH (relative: to --cwd, or to this directory)
+        #[arg(long, value_name = "PATH")]
+        output: Option<PathBuf>,
+        /// No speculative links (other archs, serve --watch relinks)
+        #[arg(long)]
+        no_speculative: bool,
+    },
+    /// Cancel a running link by its id (the `link` of its events): its shim
+    /// prints that it was cancelled and exits 1
+    Cancel {
+        /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The link's id
+        link: u64,
     },
     /// Run one nvlink invocation in this process, without a daemon (for debugging);
     /// the toolkit is found as for serve (the overlay's, $CUDA_HOME, PATH, /usr/local/cuda)
@@ -474,15 +493,24 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Keep one link's outputs fresh: link now through the daemon, and again
-    /// whenever one of its input files changes (run it in the link's working
-    /// directory); prints one JSON line per (re)link; ends on Ctrl-C
+    /// Keep links' outputs fresh: link now through the daemon, and again
+    /// whenever one of their input files changes (run it in the links' working
+    /// directory); prints one JSON line per (re)link; ends on Ctrl-C. Several
+    /// links: their argument lists separated by `--` (`watch -- A… -- B…`).
+    /// `--list` and `--forget` show and drop the links `serve --watch` keeps
+    /// fresh
     Watch {
         /// Unix socket of the daemon [default: $NVLINKD_SOCKET or the per-user runtime dir]
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// nvlink's arguments
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        /// Print the links the daemon keeps fresh (`serve --watch`), one JSON object per line
+        #[arg(long, conflicts_with_all = ["forget", "args"])]
+        list: bool,
+        /// Forget a link the daemon keeps fresh (its `id` in --list), or `all`
+        #[arg(long, value_name = "ID|all", conflicts_with = "args")]
+        forget: Vec<String>,
+        /// nvlink's arguments (several links: separated by `--`)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required_unless_present_any = ["list", "forget"])]
         args: Vec<String>,
     },
     /// Run libnvJitLink for a daemon (started by the daemon; see core/src/worker.rs)
@@ -661,20 +689,41 @@ fn main() -> ExitCode {
         Command::Stop { socket } => report(runtime().block_on(control::stop(&socket_or_default(socket)))),
         Command::Status { socket } => report(runtime().block_on(control::status(&socket_or_default(socket)))),
         Command::Stats { socket, json } => report(runtime().block_on(control::stats(&socket_or_default(socket), json))),
-        Command::Events { socket, json: _ } => match runtime().block_on(control::events(&socket_or_default(socket))) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("nvlinkd: {e}");
-                ExitCode::FAILURE
+        Command::Events { socket, json: _, cwd, output, no_speculative } => {
+            let cwd = cwd.map(|c| std::path::absolute(&c).unwrap_or(c));
+            let output = output.map(|o| match &cwd {
+                Some(_) if o.is_relative() => o,
+                _ => std::path::absolute(&o).unwrap_or(o),
+            });
+            let filter = nvlinkd_proto::v1::EventsRequest {
+                cwd: cwd.map(|c| c.to_string_lossy().into_owned()).unwrap_or_default(),
+                output: output.map(|o| o.to_string_lossy().into_owned()).unwrap_or_default(),
+                no_speculative,
+            };
+            match runtime().block_on(control::events(&socket_or_default(socket), filter)) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("nvlinkd: {e}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
+        Command::Cancel { socket, link } => {
+            report(runtime().block_on(control::cancel(&socket_or_default(socket), link)))
+        }
         Command::Install { cuda_home, prefix: Some(prefix), in_place: false } => {
             report(install::install(&cuda_home, &prefix))
         }
         Command::Install { cuda_home, .. } => report(install::install_in_place(&cuda_home)),
         Command::Uninstall { cuda_home } => report(install::uninstall(&cuda_home)),
         Command::Exec { explain, args } => exec::run(args, explain),
-        Command::Watch { socket, args } => runtime().block_on(cmd::watch::run(&socket_or_default(socket), args)),
+        Command::Watch { socket, list: true, .. } => {
+            report(runtime().block_on(cmd::watch::recipes(&socket_or_default(socket), Vec::new())))
+        }
+        Command::Watch { socket, forget, args, .. } if !forget.is_empty() && args.is_empty() => {
+            report(runtime().block_on(cmd::watch::recipes(&socket_or_default(socket), forget)))
+        }
+        Command::Watch { socket, args, .. } => runtime().block_on(cmd::watch::run(&socket_or_default(socket), args)),
         Command::Worker { lib, release, mem } => {
             let Some(lib) = nvlinkd_core::worker::LibSpec::with_release(lib, &release) else {
                 eprintln!("nvlinkd worker: bad --release {release}");

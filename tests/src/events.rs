@@ -2,6 +2,7 @@
 //! JSON object per line, read on a thread and waited for with a deadline.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -29,8 +30,17 @@ impl Events {
     /// Subscribe, and make sure the subscription is live: `--version` links
     /// go through the daemon until one of them shows up as an event.
     pub fn follow(d: &Daemon) -> Events {
+        Events::follow_filtered(d, &[], corpus::dir(), "--version")
+    }
+
+    /// [`Events::follow`] with `nvlinkd events` options (filters): the
+    /// probes are `probe` (templated) run in `cwd`, which the filter must
+    /// let through.
+    pub fn follow_filtered(d: &Daemon, options: &[&str], cwd: &Path, probe: &str) -> Events {
         let mut child = Command::new(nvlinkd())
-            .args(["events", "--json", "--socket"])
+            .args(["events", "--json"])
+            .args(options)
+            .arg("--socket")
             .arg(d.socket())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -47,10 +57,10 @@ impl Events {
             }
         });
         let mut ev = Events { child, rx, seen: Vec::new() };
-        let probe = TempDir::new("ev-probe");
+        let probe_out = TempDir::new("ev-probe");
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let r = run(&shim(), &Invocation::templated("--version", corpus::dir(), &probe), &d.shim_env());
+            let r = run(&shim(), &Invocation::templated(probe, cwd, &probe_out), &d.shim_env());
             assert_eq!(r.code, 0);
             // (The subscription may start in the middle of a probe.)
             if ev.next(Duration::from_millis(200)).is_some() {

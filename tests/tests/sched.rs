@@ -116,15 +116,30 @@ fn event_stream_schema() {
     assert!(num_field(&finished, "ms") >= 0.0);
     assert_eq!(finished["cache_hit"], false);
     assert_eq!(str_field(&finished, "engine"), "in_process");
-    let phases: Vec<Value> = ev.all("phase", cold);
+    let phases: Vec<Value> = ev.all("phase_finished", cold);
     let names: Vec<&str> = phases.iter().map(|p| str_field(p, "phase")).collect();
     for want in ["plan", "nvvm", "ptxas"] {
         assert!(names.contains(&want), "no {want} phase in {names:?}");
     }
     for p in &phases {
         assert_eq!(p["cached"], false, "a cold link's phase was cached: {p}");
+        assert_eq!(p["aborted"], false, "{p}");
         assert!(num_field(p, "ms") >= 0.0);
     }
+    // Each phase was announced when it began, before it ended.
+    let began = ev.all("phase_started", cold);
+    let started: Vec<&str> = began.iter().map(|p| str_field(p, "phase")).collect();
+    assert_eq!(started.len(), names.len(), "{started:?} began, {names:?} ended");
+    for name in &names {
+        assert!(started.contains(name), "{name} ended without beginning");
+    }
+    // Every event of the link carries the envelope.
+    for e in ev.seen.iter().filter(|e| e["link"] == cold) {
+        assert_eq!(e["schema"], 1, "{e}");
+        assert!(e["time"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() >= 20), "{e}");
+    }
+    assert_eq!(finished["cwd"].as_str(), Some(corpus::dir().to_str().unwrap()));
+    assert_eq!(finished["outputs"], serde_json::json!([out.path().join("out.cubin")]), "{finished}");
     assert!(ev.all("link_admitted", cold).len() == 1, "the cold link was not admitted once");
 
     // The same link again: a whole-link cache hit, never admitted.
@@ -148,6 +163,12 @@ fn event_stream_schema() {
         assert_eq!(str_field(diag, "severity"), "error", "{diag}");
         assert!(line.ends_with(str_field(diag, "message")), "{diag} is not {line:?}");
     }
+    // The undefined reference, in fields: the symbol (demangled) and the object.
+    let undefined = &diags[0];
+    assert_eq!(str_field(undefined, "code"), "undefined_reference", "{undefined}");
+    assert_eq!(str_field(undefined, "symbol_demangled"), "missing_symbol(float)", "{undefined}");
+    assert_eq!(str_field(undefined, "object"), "missing.o", "{undefined}");
+    assert_eq!(str_field(undefined, "object_path"), corpus::dir().join("missing.o").to_str().unwrap());
 
     // Cancelled: one link computing (held in the only slot), one queued
     // behind it; their shims are killed.
@@ -166,6 +187,7 @@ fn event_stream_schema() {
     assert_eq!(str_field(&ev.of("link_cancelled", a), "reason"), "caller_gone");
     assert!(ev.all("link_admitted", b).is_empty(), "the queued link was admitted after its caller left");
     assert_eq!(d.stat("cancelled"), 2);
+    assert_eq!(d.stat("fallbacks"), 0, "cancelled links are not fallbacks: {}", d.stats());
     assert_eq!(d.stat("queued"), 0);
     std::fs::remove_file(&hold).unwrap();
 }
@@ -268,7 +290,12 @@ fn a_newer_link_of_the_same_output_supersedes_the_older() {
     // The newer link: same directory, same -o (other inputs: an edit).
     let newer_args = LINK;
     let newer = spawn_shim(&inv(newer_args, &out), &d.shim_env());
-    assert_eq!(str_field(&ev.of("link_cancelled", a), "reason"), "superseded");
+    let cancelled = ev.of("link_cancelled", a);
+    assert_eq!(str_field(&cancelled, "reason"), "superseded");
+    // It names the link that superseded it.
+    let b = ev.wait("the newer link", |v| v["event"] == "link_started" && v["link"].as_u64() > Some(a));
+    assert_eq!(cancelled["superseded_by"], b["link"], "{cancelled}");
+    assert_eq!(cancelled["outputs"][0].as_str(), Some(out.path().join("out.cubin").to_str().unwrap()), "{cancelled}");
     let older = older.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&older.stderr);
     assert_eq!(older.status.code(), Some(1), "{stderr}");

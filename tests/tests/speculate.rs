@@ -210,12 +210,17 @@ struct WatchCmd {
 
 impl WatchCmd {
     fn start(d: &Daemon, p: &Project, env: &[(String, String)]) -> WatchCmd {
-        let mut child = Command::new(nvlinkd())
-            .arg("watch")
-            .arg("--socket")
-            .arg(d.socket())
-            .arg("--")
-            .args(&p.inv().args)
+        WatchCmd::start_all(d, p, &[p.inv().args], env)
+    }
+
+    /// `nvlinkd watch -- A… -- B…` in the project's directory.
+    fn start_all(d: &Daemon, p: &Project, targets: &[Vec<String>], env: &[(String, String)]) -> WatchCmd {
+        let mut cmd = Command::new(nvlinkd());
+        cmd.arg("watch").arg("--socket").arg(d.socket());
+        for t in targets {
+            cmd.arg("--").args(t);
+        }
+        let mut child = cmd
             .current_dir(p.dir.path())
             .env("CUDA_HOME", cuda_home())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -279,8 +284,106 @@ fn nvlinkd_watch_runs_nvlink_when_the_daemon_declines() {
     let env = [("NVLINKD_REAL_NVLINK".to_string(), real_nvlink().display().to_string())];
     let w = WatchCmd::start(&d, &p, &env);
     let ev = w.next_event();
-    assert!(ev["fallback"].is_string() && ev["exit_code"].as_i64() == Some(0), "{ev}");
+    assert!(ev["fallback"] == true && ev["fallback_reason"].is_string() && ev["exit_code"].as_i64() == Some(0), "{ev}");
     let output = p.out.path().join("out.cubin");
     assert_eq!(std::fs::read(&output).ok().as_ref(), p.expected().files.get("out.cubin"), "nvlink's output");
     w.interrupt();
+}
+
+/// `nvlinkd watch` as the whole `--list`/`--forget` command, its stdout.
+fn watch_cmd(d: &Daemon, args: &[&str]) -> (i32, String) {
+    let out = Command::new(nvlinkd()).arg("watch").arg("--socket").arg(d.socket()).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One `nvlinkd watch` follows two links (`-- A… -- B…`); each line names
+/// its target and its link id (the event stream's), in the events' engine
+/// words, with the failing link's diagnostics in fields; the event stream
+/// carries the same diagnostics for the watch's link.
+#[test]
+fn nvlinkd_watch_follows_several_links_with_ids_and_diagnostics() {
+    let d = Daemon::start();
+    let mut ev = Events::follow(&d);
+    let p = Project::new("watch-two");
+    std::fs::copy(corpus::dir().join("missing.o"), p.dir.path().join("missing.o")).unwrap();
+    let good = p.inv().args;
+    let bad: Vec<String> = ["--arch=sm_90", "missing.o", "-o"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([p.dir.path().join("bad.cubin").display().to_string()])
+        .collect();
+    let w = WatchCmd::start_all(&d, &p, &[good, bad.clone()], &[]);
+    let (a, b) = (w.next_event(), w.next_event());
+    let (ok, failed) = if a["target"] == 0 { (a, b) } else { (b, a) };
+    assert_eq!(
+        (ok["target"].as_u64(), ok["exit_code"].as_i64(), ok["engine"].as_str()),
+        (Some(0), Some(0), Some("in_process")),
+        "{ok}"
+    );
+    assert_eq!((ok["schema"].as_u64(), ok["fallback"].as_bool()), (Some(1), Some(false)), "{ok}");
+    assert_eq!(std::fs::read(p.out.path().join("out.cubin")).ok().as_ref(), p.expected().files.get("out.cubin"));
+    let reference = TempDir::new("watch-two-ref");
+    let expected = run(
+        &real_nvlink(),
+        &Invocation { args: bad, cwd: p.dir.path().to_owned(), env: Vec::new(), out_dir: reference.path().to_owned() },
+        &[],
+    );
+    assert_eq!(failed["exit_code"].as_i64(), Some(expected.code as i64), "{failed}");
+    let diag = &failed["diagnostics"][0];
+    assert_eq!(
+        (diag["code"].as_str(), diag["symbol"].as_str(), diag["object"].as_str()),
+        (Some("undefined_reference"), Some("_Z14missing_symbolf"), Some("missing.o")),
+        "{failed}"
+    );
+    assert!(String::from_utf8_lossy(&expected.stderr).contains(diag["message"].as_str().unwrap()), "{failed}");
+    // The same link on the event stream: a watch link, with its diagnostic.
+    let link = failed["link"].as_u64().expect("a link id");
+    let started = ev.of("link_started", link);
+    assert_eq!(
+        (started["origin"].as_str(), started["speculative"].as_bool()),
+        (Some("watch"), Some(true)),
+        "{started}"
+    );
+    let d_ev = ev.of("diagnostic", link);
+    assert_eq!(d_ev["symbol_demangled"].as_str(), Some("missing_symbol(float)"), "{d_ev}");
+    assert_eq!(ev.of("link_finished", link)["exit_code"], failed["exit_code"]);
+    // Both are followed recipes; --forget leaves followed recipes alone.
+    let (code, list) = watch_cmd(&d, &["--list"]);
+    assert_eq!(code, 0);
+    let recipes: Vec<serde_json::Value> = list.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recipes.len(), 2, "{list}");
+    assert!(recipes.iter().all(|r| r["followed"] == true), "{list}");
+    assert_eq!(watch_cmd(&d, &["--forget", "all"]).0, 0);
+    assert_eq!(watch_cmd(&d, &["--list"]).1.lines().count(), 2);
+    w.interrupt();
+}
+
+/// `serve --watch` remembers a build's link: `nvlinkd watch --list` shows it
+/// (its id, directory, arguments, outputs, relinks) and `--forget ID` drops
+/// it, so that a change no longer relinks it.
+#[test]
+fn nvlinkd_watch_lists_and_forgets_the_links_serve_watch_keeps_fresh() {
+    let d = Daemon::start_with(&["--watch"]);
+    let p = Project::new("watch-list");
+    same("first link", &p.expected(), &run(&shim(), &p.inv(), &d.shim_env()));
+    let (code, list) = watch_cmd(&d, &["--list"]);
+    assert_eq!(code, 0, "{list}");
+    let r: serde_json::Value = serde_json::from_str(list.lines().next().expect("a recipe")).unwrap();
+    assert_eq!(r["cwd"].as_str(), Some(p.dir.path().to_str().unwrap()), "{r}");
+    assert_eq!(r["args"].as_array().map(Vec::len), Some(p.inv().args.len()), "{r}");
+    assert_eq!(r["outputs"][0].as_str(), Some(p.out.path().join("out.cubin").to_str().unwrap()), "{r}");
+    assert_eq!((r["relinks"].as_u64(), r["followed"].as_bool()), (Some(0), Some(false)), "{r}");
+    let finished = d.stat("speculative_finished");
+    p.change_scale(true);
+    wait_for("the relink", || d.stat("speculative_finished") > finished);
+    let r: serde_json::Value = serde_json::from_str(watch_cmd(&d, &["--list"]).1.lines().next().unwrap()).unwrap();
+    assert_eq!(r["relinks"].as_u64(), Some(1), "{r}");
+    let id = r["id"].as_u64().unwrap().to_string();
+    assert_eq!(watch_cmd(&d, &["--forget", &id]).0, 0);
+    assert_eq!(watch_cmd(&d, &["--list"]).1, "", "forgotten");
+    let started = d.stat("speculative_links");
+    p.change_scale(false);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(d.stat("speculative_links"), started, "a forgotten recipe was relinked");
+    assert_ne!(watch_cmd(&d, &["--forget", "x"]).0, 0, "not an id");
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::{
-    nvlinkd_client::NvlinkdClient, EventsRequest, PingReply, PingRequest, ShutdownRequest, StatsRequest,
+    nvlinkd_client::NvlinkdClient, CancelRequest, EventsRequest, PingReply, PingRequest, ShutdownRequest, StatsRequest,
 };
 use tonic::transport::Channel;
 
@@ -297,10 +297,10 @@ fn stats_in_words(v: &serde_json::Value) -> String {
 
 /// `nvlinkd events --json`: print the daemon's events, one JSON object per
 /// line, flushed as each arrives, until interrupted or the daemon stops.
-pub async fn events(socket: &Path) -> Result<String, String> {
+pub async fn events(socket: &Path, filter: EventsRequest) -> Result<String, String> {
     use std::io::Write;
     let mut c = connect(socket).await?;
-    let mut stream = c.events(EventsRequest {}).await.map_err(|s| s.message().to_string())?.into_inner();
+    let mut stream = c.events(filter).await.map_err(|s| s.message().to_string())?.into_inner();
     let mut out = std::io::stdout().lock();
     loop {
         match stream.message().await {
@@ -313,6 +313,17 @@ pub async fn events(socket: &Path) -> Result<String, String> {
             Ok(None) => return Err("the daemon ended the event stream (stopped)".into()),
             Err(s) => return Err(format!("event stream failed: {}", s.message())),
         }
+    }
+}
+
+/// `nvlinkd cancel ID`.
+pub async fn cancel(socket: &Path, link: u64) -> Result<String, String> {
+    let mut c = connect(socket).await?;
+    let r = c.cancel(CancelRequest { link }).await.map_err(|s| s.message().to_string())?.into_inner();
+    if r.cancelled {
+        Ok(format!("link {link} cancelled"))
+    } else {
+        Err(format!("no running link {link}"))
     }
 }
 

@@ -1,23 +1,30 @@
-//! `nvlinkd watch -- <nvlink arguments>`: keep one link's outputs fresh.
+//! `nvlinkd watch -- <nvlink arguments> [-- <nvlink arguments>]…`: keep
+//! links' outputs fresh; `nvlinkd watch --list|--forget ID|all`: the links
+//! `serve --watch` keeps fresh.
 //!
 //! For tools that relink without a build system (an IDE's "link on save", a
-//! test loop). Run in the link's working directory, it asks the local daemon
-//! to watch the link (the `Watch` RPC: the daemon reads and watches the input
-//! files itself, see `speculate/watch.rs`); the daemon links at once and again after
-//! every change of an input, and streams each result here. This command writes
-//! the outputs exactly as the shim does for nvlink (each to a temporary file
-//! beside it, then renamed over it), sends nvlink's own messages to stderr,
-//! and prints one JSON object per (re)link on stdout:
+//! test loop). Run in the links' working directory, it asks the local daemon
+//! to watch each link (the `Watch` RPC: the daemon reads and watches the
+//! input files itself, see `speculate/watch.rs`); the daemon links at once
+//! and again after every change of an input, and streams each result here.
+//! This command writes the outputs exactly as the shim does for nvlink (each
+//! to a temporary file beside it, then renamed over it), sends nvlink's own
+//! messages to stderr, and prints one JSON object per (re)link on stdout:
 //!
 //! ```text
-//! {"event":"relinked","relink":1,"changed":["/src/a.o"],"exit_code":0,"engine":"InProcess","ms":41.2,"outputs":["/src/out.cubin"]}
+//! {"event":"relinked","schema":1,"link":12,"target":0,"relink":1,"changed":["/src/a.o"],"exit_code":0,
+//!  "engine":"in_process","ms":41.2,"outputs":["/src/out.cubin"],"write_errors":[],"fallback":false,
+//!  "fallback_reason":null,"diagnostics":[]}
 //! ```
 //!
-//! A link the daemon cannot serve itself (`"fallback"` in the event: an input
-//! only nvlink may read, a worker that crashed) is run with the real nvlink
-//! here, as the shim would (found as the shim finds it: `NVLINKD_REAL_NVLINK`,
-//! the install record, `$CUDA_HOME/bin/nvlink`). The command ends on Ctrl-C
-//! (or when the daemon stops).
+//! (`event` is `linked` for the first link of a target; `link` joins the
+//! line with the event stream; `target` is the index of the argument list;
+//! `diagnostics` are those of the event stream, docs/events.md.) A link the
+//! daemon cannot serve itself (`"fallback": true`: an input only nvlink may
+//! read, a worker that crashed) is run with the real nvlink here, as the
+//! shim would (found as the shim finds it: `NVLINKD_REAL_NVLINK`, the install
+//! record, `$CUDA_HOME/bin/nvlink`), and its diagnostics are read from its
+//! output. The command ends on Ctrl-C (or when the daemon stops).
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -29,6 +36,7 @@ use nvlinkd_proto::shared::RELEVANT_ENV;
 use nvlinkd_proto::v1::{LinkResult, Start, WatchEvent};
 
 use crate::cmd::control;
+use crate::observe::events::{diagnostic_fields, SCHEMA};
 
 pub async fn run(socket: &Path, args: Vec<String>) -> ExitCode {
     match watch(socket, args).await {
@@ -55,7 +63,49 @@ fn release_of(nvlink: &Path) -> Option<String> {
     nvlinkd_core::toolkit::identity_of_banner(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// `--list` (no ids) or `--forget ID|all`: the recipes of `serve --watch`,
+/// one JSON object per line.
+pub async fn recipes(socket: &Path, forget: Vec<String>) -> Result<String, String> {
+    let mut req = nvlinkd_proto::v1::RecipesRequest::default();
+    for f in &forget {
+        match f.as_str() {
+            "all" => req.forget_all = true,
+            id => req.forget.push(id.parse().map_err(|_| format!("--forget: not an id or `all`: {id}"))?),
+        }
+    }
+    let mut client = control::connect(socket).await?;
+    let reply = client.recipes(req).await.map_err(|s| s.message().to_string())?.into_inner();
+    if !forget.is_empty() {
+        return Ok(String::new());
+    }
+    let lines: Vec<String> = reply
+        .recipes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "id": r.id,
+                "cwd": r.cwd,
+                "args": r.args,
+                "outputs": r.outputs,
+                "relinks": r.relinks,
+                "followed": r.followed,
+            })
+            .to_string()
+        })
+        .collect();
+    Ok(lines.join("\n"))
+}
+
+/// The argument lists of `watch -- A… -- B…`.
+fn targets(args: Vec<String>) -> Vec<Vec<String>> {
+    args.split(|a| a == "--").filter(|t| !t.is_empty()).map(<[String]>::to_vec).collect()
+}
+
 async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
+    let targets = targets(args);
+    if targets.is_empty() {
+        return Err("no link to watch (nvlink's arguments after --)".into());
+    }
     let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
     let md = std::fs::metadata(&cwd).map_err(|e| format!("{}: {e}", cwd.display()))?;
     let record = OverlayRecord::of_current_exe();
@@ -64,25 +114,30 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
         .and_then(|r| r.cuda_home.clone())
         .or_else(|| std::env::var_os("CUDA_HOME").filter(|v| !v.is_empty()).map(PathBuf::from));
     let nvlink = real_nvlink(record.as_ref(), toolkit.as_deref());
-    let start = Start {
-        args: args.clone(),
-        cwd: cwd.to_string_lossy().into_owned(),
-        env: RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect(),
-        // The release the daemon must link with: that of the nvlink this watch
-        // stands for (empty: the daemon's default toolkit).
-        toolkit_release: nvlink.as_deref().and_then(release_of).unwrap_or_default(),
-        cwd_dev: md.dev(),
-        cwd_ino: md.ino(),
-        ..Default::default()
-    };
+    // The release the daemon must link with: that of the nvlink this watch
+    // stands for (empty: the daemon's default toolkit).
+    let release = nvlink.as_deref().and_then(release_of).unwrap_or_default();
     let mut client = control::connect(socket).await?;
-    let mut events = client.watch(start).await.map_err(|s| s.message().to_string())?.into_inner();
+    let mut streams = tokio_stream::StreamMap::new();
+    for (i, args) in targets.iter().enumerate() {
+        let start = Start {
+            args: args.clone(),
+            cwd: cwd.to_string_lossy().into_owned(),
+            env: RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect(),
+            toolkit_release: release.clone(),
+            cwd_dev: md.dev(),
+            cwd_ino: md.ino(),
+            ..Default::default()
+        };
+        let events = client.watch(start).await.map_err(|s| format!("link {i}: {}", s.message()))?.into_inner();
+        streams.insert(i, events);
+    }
     loop {
         tokio::select! {
-            m = events.message() => match m {
-                Ok(Some(ev)) => report(&ev, &args, nvlink.as_deref()),
-                Ok(None) => return Err("the daemon ended the watch (stopped?)".into()),
-                Err(s) => return Err(s.message().to_string()),
+            m = tokio_stream::StreamExt::next(&mut streams) => match m {
+                Some((i, Ok(ev))) => report(&ev, i, &targets[i], &cwd, nvlink.as_deref()),
+                Some((i, Err(s))) => return Err(format!("link {i}: {}", s.message())),
+                None => return Err("the daemon ended the watch (stopped?)".into()),
             },
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
@@ -91,27 +146,34 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
 
 /// Write one result's outputs (or run the real nvlink for a fallback) and
 /// print its event line.
-fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
+fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: Option<&Path>) {
     let empty = LinkResult::default();
     let r = ev.result.as_ref().unwrap_or(&empty);
     let mut written = Vec::new();
     let mut errors = Vec::new();
     let mut exit_code = r.exit_code;
+    let diagnostics;
     if r.fallback {
         // nvlink writes its outputs itself, and prints its own messages (to
-        // stderr here: stdout is for the events).
+        // stderr here: stdout is for the events), read for the line too.
         let ran = nvlink.ok_or_else(|| "no real nvlink known (set NVLINKD_REAL_NVLINK)".to_string()).and_then(|n| {
-            std::process::Command::new(n)
-                .args(args)
-                .stdout(std::io::stderr())
-                .status()
-                .map_err(|e| format!("{}: {e}", n.display()))
+            std::process::Command::new(n).args(args).output().map_err(|e| format!("{}: {e}", n.display()))
         });
         match ran {
-            Ok(status) => exit_code = status.code().unwrap_or(-1),
-            Err(e) => errors.push(e),
+            Ok(out) => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&out.stdout);
+                let _ = err.write_all(&out.stderr);
+                exit_code = out.status.code().unwrap_or(-1);
+                diagnostics = diagnostic_fields(&out.stdout, &out.stderr, Some(cwd));
+            }
+            Err(e) => {
+                errors.push(e);
+                diagnostics = Vec::new();
+            }
         }
     } else {
+        diagnostics = diagnostic_fields(&r.stdout, &r.stderr, Some(cwd));
         for f in &r.outputs {
             let path = Path::new(&f.path);
             let done = if f.append { append(path, &f.data) } else { nvlinkd_fs::write_atomically(path, &f.data) };
@@ -127,6 +189,9 @@ fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
     }
     let line = serde_json::json!({
         "event": if ev.relink == 0 { "linked" } else { "relinked" },
+        "schema": SCHEMA,
+        "link": ev.link,
+        "target": target,
         "relink": ev.relink,
         "changed": ev.changed,
         "exit_code": exit_code,
@@ -134,7 +199,9 @@ fn report(ev: &WatchEvent, args: &[String], nvlink: Option<&Path>) {
         "ms": (ev.ms * 10.0).round() / 10.0,
         "outputs": written,
         "write_errors": errors,
-        "fallback": r.fallback.then_some(&r.fallback_reason),
+        "fallback": r.fallback,
+        "fallback_reason": r.fallback.then_some(&r.fallback_reason),
+        "diagnostics": diagnostics,
     });
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");

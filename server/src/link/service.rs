@@ -33,9 +33,9 @@ use nvlinkd_core::sched::Priority;
 use nvlinkd_core::worker::{Cancel, Stopped};
 use nvlinkd_core::Linker;
 use nvlinkd_proto::v1::{
-    client_message, nvlinkd_server::Nvlinkd, server_message, ClientMessage, Event, EventsRequest, LinkResult,
-    OutputFile, PingReply, PingRequest, Progress, ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply,
-    StatsRequest, WatchEvent,
+    client_message, nvlinkd_server::Nvlinkd, server_message, CancelReply, CancelRequest, ClientMessage, Event,
+    EventsRequest, LinkResult, OutputFile, PingReply, PingRequest, Progress, Recipe, RecipesReply, RecipesRequest,
+    ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply, StatsRequest, WatchEvent,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
@@ -246,7 +246,16 @@ impl Service {
         let priority = Priority::from_name(&start.priority).unwrap_or_default();
         let (link_id, span) = self.linker.link_span_with_id(&req);
         let events = self.events.clone();
-        events.started(link_id, &start.cwd, &req.args, priority.name(), false);
+        let cancel = Cancel::with_priority(priority);
+        events.started(crate::observe::events::Started {
+            link: link_id,
+            cwd: &req.cwd,
+            args: &req.args,
+            priority: priority.name(),
+            origin: if remote.is_some() { "remote" } else { "local" },
+            // A remote link is its shim's alone to cancel (it goes away).
+            cancel: remote.is_none().then(|| cancel.clone()),
+        });
         if start.progress {
             forward_progress(&events, link_id, tx.clone());
         }
@@ -267,7 +276,6 @@ impl Service {
         let reader = channel.clone();
         // ... and its computation: a closed stream kills the worker process or
         // nvlink engine serving the link (nothing of it is cached).
-        let cancel = Cancel::with_priority(priority);
         let cancel_on_close = cancel.clone();
         // Outputs written here for the shim to rename (`staging.rs`); what it
         // leaves is removed once its stream ends.
@@ -370,24 +378,38 @@ impl Service {
                 // and fails; it does not run nvlink (the newer link is the one wanted).
                 Ok(_) if stopped == Some(Stopped::Superseded) => {
                     reason = "superseded";
-                    info!(args = %args, ms, "link superseded by a newer link of the same output");
-                    events.cancelled(link_id, Stopped::Superseded.name());
+                    let by = cancel.superseded_by();
+                    info!(args = %args, ms, by, "link superseded by a newer link of the same output");
+                    events.cancelled(link_id, Stopped::Superseded, by);
                     superseded(&req.args)
+                }
+                Ok(_) if stopped == Some(Stopped::Requested) => {
+                    reason = "cancelled";
+                    info!(args = %args, ms, "link cancelled by request");
+                    events.cancelled(link_id, Stopped::Requested, None);
+                    cancelled_by_request(&req.args)
                 }
                 Ok(o) if stopped == Some(Stopped::Cancelled) => {
                     reason = "cancelled";
                     info!(args = %args, ms, "link cancelled: its caller went away");
-                    events.cancelled(link_id, Stopped::Cancelled.name());
+                    events.cancelled(link_id, Stopped::Cancelled, None);
                     fallback(o.fallback.map(|d| d.detail).unwrap_or_default())
                 }
                 Ok(o) => {
-                    events.diagnostics(link_id, &o.stdout, &o.stderr);
+                    // The files the shim writes: what the outcome carries.
+                    let written = (o.fallback.is_none() && fs.declined().is_none())
+                        .then(|| o.outputs.iter().map(|f| req.cwd.join(&f.path)).collect());
                     events.finished(
                         link_id,
-                        o.exit_code,
-                        ms,
-                        crate::observe::events::engine_name(o.engine),
-                        o.fallback.is_some(),
+                        crate::observe::events::Finished {
+                            exit_code: o.exit_code,
+                            ms,
+                            engine: crate::observe::events::engine_name(o.engine),
+                            fallback: o.fallback.as_ref().map(|d| d.detail.as_str()),
+                            stdout: &o.stdout,
+                            stderr: &o.stderr,
+                            written,
+                        },
                     );
                     reason = o.fallback.as_ref().or(o.routed.as_ref()).map_or("-", |d| d.reason.name());
                     routed = o.routed.as_ref().map(|d| d.detail.clone());
@@ -446,7 +468,18 @@ impl Service {
                 }
                 Err(_) => {
                     reason = "panic";
-                    events.finished(link_id, 0, ms, "none", true);
+                    events.finished(
+                        link_id,
+                        crate::observe::events::Finished {
+                            exit_code: 0,
+                            ms,
+                            engine: "none",
+                            fallback: Some("internal error in nvlinkd"),
+                            stdout: b"",
+                            stderr: b"",
+                            written: Some(Vec::new()),
+                        },
+                    );
                     warn!(args = %args, "link panicked; asking the shim to fall back");
                     linker.note_failure();
                     fallback("internal error in nvlinkd".into())
@@ -609,6 +642,18 @@ fn superseded(args: &[String]) -> LinkResult {
     }
 }
 
+/// The answer to a link cancelled by its id (`nvlinkd cancel`, an editor):
+/// it failed, as if superseded; the shim does not run nvlink.
+fn cancelled_by_request(args: &[String]) -> LinkResult {
+    let out = output_named(args).map(|o| format!(" of '{o}'")).unwrap_or_default();
+    LinkResult {
+        exit_code: 1,
+        stderr: format!("nvlink fatal   : Link{out} cancelled by request (nvlinkd)\n").into_bytes(),
+        cancelled: Stopped::Requested.name().into(),
+        ..Default::default()
+    }
+}
+
 /// The output file as the command line names it (`-o X`, `-oX`, `--output-file X`, `…=X`).
 fn output_named(args: &[String]) -> Option<&str> {
     let mut it = args.iter();
@@ -645,7 +690,7 @@ fn forward_progress(events: &Hub, link: u64, tx: Outbound) {
                 continue;
             }
             match ev.kind {
-                "phase" => {
+                "phase_finished" => {
                     let phase = serde_json::from_str::<serde_json::Value>(&ev.json)
                         .ok()
                         .and_then(|v| v["phase"].as_str().map(str::to_owned))
@@ -771,16 +816,24 @@ impl Nvlinkd for Service {
         self.authenticate(&request)?;
         // Every link's cwd and arguments: for the daemon's own user only.
         self.local_only("Events")?;
+        let want = request.into_inner();
+        let nonempty = |s: String| (!s.is_empty()).then(|| PathBuf::from(s));
+        let filter = crate::observe::events::Filter {
+            cwd: nonempty(want.cwd),
+            output: nonempty(want.output),
+            no_speculative: want.no_speculative,
+        };
         let mut rx = self.events.subscribe();
         let mut shutdown = self.shutdown.subscribe();
         let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
             loop {
-                let json: Arc<str> = tokio::select! {
+                let (json, kind, link): (Arc<str>, &str, u64) = tokio::select! {
                     ev = rx.recv() => match ev {
-                        Ok(ev) => ev.json,
+                        Ok(ev) if filter.admits(&ev) => (ev.json, ev.kind, ev.link),
+                        Ok(_) => continue,
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                            format!("{{\"event\":\"lagged\",\"missed\":{n}}}").into()
+                            (crate::observe::events::lagged(n), "lagged", 0)
                         }
                         Err(_) => return,
                     },
@@ -788,7 +841,16 @@ impl Nvlinkd for Service {
                     _ = shutdown.wait_for(|s| *s) => return,
                     _ = tx.closed() => return,
                 };
-                if tx.send(Ok(Event { json: json.to_string() })).await.is_err() {
+                let event = Event {
+                    json: json.to_string(),
+                    kind: kind.to_owned(),
+                    link,
+                    schema: crate::observe::events::SCHEMA,
+                    time_unix_ms: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64),
+                };
+                if tx.send(Ok(event)).await.is_err() {
                     return;
                 }
             }
@@ -810,13 +872,15 @@ impl Nvlinkd for Service {
         }
         let (tx, rx) = mpsc::channel(16);
         let events = tx.clone();
-        let subscriber: Subscriber = Arc::new(move |relink, changed, o, took| {
+        let subscriber: Subscriber = Arc::new(move |relink, link, changed, o, took| {
             let event = WatchEvent {
                 relink,
                 changed: changed.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
                 result: Some(link_result(o)),
                 ms: took.as_secs_f64() * 1e3,
-                engine: format!("{:?}", o.engine),
+                engine: if o.fallback.is_some() { "none" } else { crate::observe::events::engine_name(o.engine) }
+                    .to_owned(),
+                link,
             };
             // Called on the relink's own thread, never on the runtime.
             events.blocking_send(Ok(event)).is_ok()
@@ -834,6 +898,47 @@ impl Nvlinkd for Service {
             watcher.unsubscribe(id);
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn cancel(&self, request: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        self.authenticate(&request)?;
+        self.local_only("Cancel")?;
+        let link = request.into_inner().link;
+        let cancelled = self.events.cancel(link);
+        info!(link, cancelled, "cancel requested");
+        Ok(Response::new(CancelReply { cancelled }))
+    }
+
+    async fn recipes(&self, request: Request<RecipesRequest>) -> Result<Response<RecipesReply>, Status> {
+        self.authenticate(&request)?;
+        self.local_only("Recipes")?;
+        let want = request.into_inner();
+        let watcher = self.watcher.clone();
+        let recipes = tokio::task::spawn_blocking(move || {
+            if want.forget_all {
+                watcher.forget(None);
+            } else if !want.forget.is_empty() {
+                watcher.forget(Some(&want.forget));
+            }
+            watcher.recipes()
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let recipes = recipes
+            .into_iter()
+            .map(|r| Recipe {
+                id: r.id,
+                outputs: crate::observe::events::named_outputs(&r.args, &r.cwd)
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect(),
+                cwd: r.cwd.to_string_lossy().into_owned(),
+                args: r.args,
+                relinks: r.relinks,
+                followed: r.followed,
+            })
+            .collect();
+        Ok(Response::new(RecipesReply { recipes }))
     }
 
     async fn stats(&self, request: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {

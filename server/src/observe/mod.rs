@@ -1,5 +1,6 @@
 //! What the daemon tells: the event stream (`nvlinkd events`) and `/metrics`.
 
+pub mod diagnostics;
 pub mod events;
 pub mod metrics;
 

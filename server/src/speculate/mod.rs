@@ -63,7 +63,7 @@ impl std::fmt::Display for Reason {
 }
 
 /// What is told when a speculative link ends.
-pub type OnDone = Box<dyn FnOnce(&Outcome, std::time::Duration) + Send>;
+pub type OnDone = Box<dyn FnOnce(u64, &Outcome, std::time::Duration) + Send>;
 
 /// How many nvcc steps are remembered to not predict the same arch twice.
 const FAMILIES: usize = 64;
@@ -201,7 +201,15 @@ impl Speculator {
             let _running = Running(&this.running);
             let (link_id, span) = this.linker.link_span_with_id(&req);
             let _entered = span.enter();
-            this.events.started(link_id, &req.cwd.to_string_lossy(), &req.args, Priority::Background.name(), true);
+            let origin = if matches!(reason, Reason::OtherArch(_)) { "speculative" } else { "watch" };
+            this.events.started(crate::observe::events::Started {
+                link: link_id,
+                cwd: &req.cwd,
+                args: &req.args,
+                priority: Priority::Background.name(),
+                origin,
+                cancel: Some(cancel.clone()),
+            });
             let t = Instant::now();
             let fs = SpeculativeFs::new(this.max_link_input);
             let linked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -212,7 +220,18 @@ impl Speculator {
                 Err(_) => {
                     warn!(%reason, "speculative link panicked");
                     this.linker.note_failure();
-                    this.events.finished(link_id, 0, t.elapsed().as_secs_f64() * 1e3, "none", true);
+                    this.events.finished(
+                        link_id,
+                        crate::observe::events::Finished {
+                            exit_code: 0,
+                            ms: t.elapsed().as_secs_f64() * 1e3,
+                            engine: "none",
+                            fallback: Some("internal error in nvlinkd"),
+                            stdout: b"",
+                            stderr: b"",
+                            written: Some(Vec::new()),
+                        },
+                    );
                     return;
                 }
             };
@@ -225,13 +244,20 @@ impl Speculator {
             };
             bump(&this.linker.stats.speculative_finished);
             match cancel.stopped() {
-                Some(why) if outcome.fallback.is_some() => this.events.cancelled(link_id, why.name()),
+                Some(why) if outcome.fallback.is_some() => this.events.cancelled(link_id, why, cancel.superseded_by()),
+                // Nothing speculative is written to the caller's files; an
+                // `nvlinkd watch` writes what its command line names.
                 _ => this.events.finished(
                     link_id,
-                    outcome.exit_code,
-                    t.elapsed().as_secs_f64() * 1e3,
-                    crate::observe::events::engine_name(outcome.engine),
-                    outcome.fallback.is_some(),
+                    crate::observe::events::Finished {
+                        exit_code: outcome.exit_code,
+                        ms: t.elapsed().as_secs_f64() * 1e3,
+                        engine: crate::observe::events::engine_name(outcome.engine),
+                        fallback: outcome.fallback.as_ref().map(|d| d.detail.as_str()),
+                        stdout: &outcome.stdout,
+                        stderr: &outcome.stderr,
+                        written: if matches!(reason, Reason::Watch) { None } else { Some(Vec::new()) },
+                    },
                 ),
             }
             info!(
@@ -243,7 +269,7 @@ impl Speculator {
                 "speculative link done"
             );
             if let Some(done) = on_done {
-                done(&outcome, t.elapsed());
+                done(link_id, &outcome, t.elapsed());
             }
         });
         if let Err(e) = spawned {

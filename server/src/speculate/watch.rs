@@ -43,9 +43,19 @@ pub const QUIET: Duration = Duration::from_millis(200);
 pub const MAX_RECIPES: usize = 64;
 
 /// Told about every finished relink of a subscribed recipe: its number (0 is
-/// the first link), the inputs whose change caused it, the outcome, how long
-/// it took. Returns false once nobody listens any more.
-pub type Subscriber = Arc<dyn Fn(u64, &[PathBuf], &Outcome, Duration) -> bool + Send + Sync>;
+/// the first link), its link id (events), the inputs whose change caused it,
+/// the outcome, how long it took. Returns false once nobody listens any more.
+pub type Subscriber = Arc<dyn Fn(u64, u64, &[PathBuf], &Outcome, Duration) -> bool + Send + Sync>;
+
+/// A recipe as `nvlinkd watch --list` shows it.
+pub struct RecipeInfo {
+    pub id: u64,
+    pub cwd: PathBuf,
+    pub args: Vec<String>,
+    pub relinks: u64,
+    /// An `nvlinkd watch` follows it.
+    pub followed: bool,
+}
 
 struct Recipe {
     id: u64,
@@ -187,6 +197,41 @@ impl Watcher {
         self.remove(&mut st, id);
     }
 
+    /// The recipes kept fresh now, oldest first.
+    pub fn recipes(&self) -> Vec<RecipeInfo> {
+        let st = self.lock();
+        let mut v: Vec<RecipeInfo> = st
+            .recipes
+            .iter()
+            .map(|r| RecipeInfo {
+                id: r.id,
+                cwd: r.req.cwd.clone(),
+                args: r.req.args.clone(),
+                relinks: r.runs.saturating_sub(u64::from(r.subscriber.is_some())),
+                followed: r.subscriber.is_some(),
+            })
+            .collect();
+        v.sort_by_key(|r| r.id);
+        v
+    }
+
+    /// Forget the build recipes `ids` (all of them: `None`); a recipe an
+    /// `nvlinkd watch` follows stays (it ends with its command). How many
+    /// were forgotten.
+    pub fn forget(&self, ids: Option<&[u64]>) -> usize {
+        let mut st = self.lock();
+        let gone: Vec<u64> = st
+            .recipes
+            .iter()
+            .filter(|r| r.subscriber.is_none() && ids.is_none_or(|ids| ids.contains(&r.id)))
+            .map(|r| r.id)
+            .collect();
+        for id in &gone {
+            self.remove(&mut st, *id);
+        }
+        gone.len()
+    }
+
     fn insert(&self, st: &mut State, req: Request, inputs: &[PathBuf], subscriber: Option<Subscriber>) -> u64 {
         let mut named = Vec::new();
         let mut dirs = Vec::new();
@@ -290,7 +335,9 @@ impl Watcher {
                 continue;
             }
             if let Some(old) = r.running.take() {
-                old.cancel();
+                // (Its `link_cancelled` says `superseded`; the newer relink's
+                // id is not known yet.)
+                old.supersede(0);
                 bump(&self.linker.stats.speculative_cancelled);
             }
             let cancel = Cancel::with_priority(Priority::Background);
@@ -301,7 +348,7 @@ impl Watcher {
                 let (weak, id, subscriber, changed) =
                     (Arc::downgrade(self), r.id, r.subscriber.clone(), changed.clone());
                 let cancel = cancel.clone();
-                Box::new(move |o: &Outcome, took: Duration| {
+                Box::new(move |link: u64, o: &Outcome, took: Duration| {
                     let Some(w) = weak.upgrade() else { return };
                     let current = {
                         let mut st = w.lock();
@@ -315,7 +362,7 @@ impl Watcher {
                     };
                     // A superseded or cancelled relink tells nobody.
                     if let (true, false, Some(s)) = (current, cancel.is_cancelled(), subscriber) {
-                        if !s(run, &changed, o, took) {
+                        if !s(run, link, &changed, o, took) {
                             w.unsubscribe(id);
                         }
                     }

@@ -21,9 +21,9 @@ use std::pin::Pin;
 
 use nvlinkd_proto::v1::nvlinkd_server::{Nvlinkd, NvlinkdServer};
 use nvlinkd_proto::v1::{
-    client_message, file_request, server_message, ClientMessage, Event, EventsRequest, FileRequest, LinkResult,
-    OutputFile, PingReply, PingRequest, ServerMessage, ShutdownReply, ShutdownRequest, Start, StatsReply, StatsRequest,
-    WatchEvent,
+    client_message, file_request, server_message, CancelReply, CancelRequest, ClientMessage, Event, EventsRequest,
+    FileRequest, LinkResult, OutputFile, PingReply, PingRequest, RecipesReply, RecipesRequest, ServerMessage,
+    ShutdownReply, ShutdownRequest, Start, StatsReply, StatsRequest, WatchEvent,
 };
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -156,6 +156,14 @@ impl Nvlinkd for Hostile {
 
     async fn shutdown(&self, _: Request<ShutdownRequest>) -> Result<Response<ShutdownReply>, Status> {
         Ok(Response::new(ShutdownReply {}))
+    }
+
+    async fn cancel(&self, _: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        Err(Status::unimplemented("a hostile daemon cancels nothing"))
+    }
+
+    async fn recipes(&self, _: Request<RecipesRequest>) -> Result<Response<RecipesReply>, Status> {
+        Err(Status::unimplemented("a hostile daemon keeps nothing fresh"))
     }
 }
 

@@ -1,0 +1,307 @@
+//! nvlink's (and its ptxas's) message lines as structured diagnostics, for
+//! the event stream and `nvlinkd watch`: what an editor needs for a problems
+//! panel without parsing nvlink's text itself. The text stays nvlink's, byte
+//! for byte, in `message`; the fields are read from it.
+//!
+//! A line `nvlink error   : Undefined reference to '_Z1fi' in 'liba.a:a.o'`
+//! becomes
+//!
+//! ```text
+//! {"severity":"error","tool":"nvlink","code":"undefined_reference",
+//!  "message":"Undefined reference to '_Z1fi' in 'liba.a:a.o'",
+//!  "symbol":"_Z1fi","symbol_demangled":"f(int)",
+//!  "object":"liba.a","member":"a.o","object_path":"/src/liba.a"}
+//! ```
+//!
+//! `code` names the message (a stable name per message text of nvlink;
+//! `other` for the rest); `symbol` and `object` are there where the message
+//! names them, `member` where the object is an archive's member
+//! (`archive:member`, as nvlink writes it), `first_defined` where the message
+//! names a second object, `object_path` where the object is a file of the
+//! link's working directory. `source_file` and `line` are not known yet (the
+//! objects' line tables are not read): they are absent. Under LTO nvlink
+//! names the object `lto.cubin`, which is no file: `object_path` is absent.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+/// One message line, structured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diagnostic {
+    /// `error`, `warning`, `info` or `fatal`.
+    pub severity: &'static str,
+    /// The tool that printed the line: `nvlink` or `ptxas`.
+    pub tool: &'static str,
+    /// The message's stable name ([`PATTERNS`]), `other` for any other.
+    pub code: &'static str,
+    /// The message, as nvlink printed it after `severity : `.
+    pub message: String,
+    pub symbol: Option<String>,
+    pub object: Option<String>,
+    pub member: Option<String>,
+    /// The object named "first defined in" (multiple definitions).
+    pub first_defined: Option<String>,
+}
+
+/// What a `'%s'` of a message names.
+#[derive(Clone, Copy)]
+enum Field {
+    Symbol,
+    Object,
+    FirstDefined,
+    /// Quoted, but none of the above (an option, an arch, a library name).
+    Other,
+}
+
+use Field::*;
+
+/// nvlink's and ptxas's messages that name a symbol or a file: its code, the
+/// message's text with `'%s'` for each quoted value, and what each names.
+/// Matched in order; the first whose literal parts fit wins.
+const PATTERNS: &[(&str, &str, &[Field])] = &[
+    ("undefined_reference", "Undefined reference to '%s' in '%s'", &[Symbol, Object]),
+    ("multiple_definition", "Multiple definition of '%s' in '%s', first defined in '%s'", &[Symbol, Object, FirstDefined]),
+    ("prototype_mismatch", "Prototype doesn't match for '%s' in '%s', first defined in '%s'", &[Symbol, Object, FirstDefined]),
+    ("address_taken_no_calls", "Function '%s' has address taken but no calls to it found", &[Symbol]),
+    ("stack_limit", "Function '%s' uses %d bytes stack but limited to %d", &[Symbol]),
+    ("not_global_everywhere", "Function '%s' not declared __global__ in all source files", &[Symbol]),
+    ("reserved_smem_not_allowed", "Function '%s' uses reserved shared memory when not allowed.", &[Symbol]),
+    ("weak_not_exported", "Weak non-exported function '%s' followed by weak exported results in non-exported being used; make sure weak definitions are consistent", &[Symbol]),
+    ("exported_calls_non_exported", "Exported function '%s' calls non-exported function '%s'", &[Symbol, Other]),
+    ("weak_not_replaced", "Could not replace weak symbol '%s'", &[Symbol]),
+    ("common_symbol_size", "Common symbol '%s' in file '%s' has larger size than initialization", &[Symbol, Object]),
+    ("unresolved_extern", "Unresolved extern function '%s'", &[Symbol]),
+    ("unresolved_extern", "Unresolved extern variable '%s'", &[Symbol]),
+    ("partial_lto", "requested LTO but '%s' not built for LTO so doing partial LTO", &[Object]),
+    ("arch_not_found", "SM Arch ('%s') not found in '%s'", &[Other, Object]),
+    ("cannot_open_input", "Could not open input file '%s'", &[Object]),
+    ("cannot_open_output", "Could not open output file '%s'", &[Other]),
+    ("library_not_found", "Library file '%s' not found in paths", &[Other]),
+    ("library_not_recognized", "Library file '%s' not recognized", &[Object]),
+    ("no_fatbinary", "Could not find fatbinary in '%s'", &[Object]),
+    ("unsupported_file_type", "Unsupported file type '%s'", &[Object]),
+    ("input_abi_mismatch", "Input file '%s' abi does not match", &[Object]),
+    ("input_arch_mismatch", "Input file '%s' arch does not match target '%s'", &[Object, Other]),
+    ("input_size_mismatch", "Input file '%s' size does not match target '%s'", &[Object, Other]),
+    ("input_newer_than_toolkit", "Input file '%s' newer than toolkit (%d vs %d)", &[Object]),
+    ("input_needs_recompile", "Input file '%s' must be recompiled with toolkit >= Cuda %s", &[Object]),
+    ("input_not_relocatable", "Input file '%s' not ET_REL", &[Object]),
+    ("no_host_code", "Input file '%s' has no host code, which could cause later host link error if there is a reference to it", &[Object]),
+    ("skipping_incompatible", "Skipping incompatible '%s' when searching for -l%s", &[Object]),
+    ("unknown_option", "Unknown option '%s'", &[Other]),
+    ("no_input_files", "No input files specified; use option --help for more information", &[]),
+];
+
+impl Diagnostic {
+    /// The diagnostic of one output line, if it is a message of nvlink or
+    /// ptxas (`nvlink error   : …`, `ptxas fatal   : …`).
+    pub fn parse(line: &str) -> Option<Diagnostic> {
+        let (tool, rest) =
+            ["nvlink", "ptxas"].into_iter().find_map(|t| Some((t, line.strip_prefix(t)?.strip_prefix(' ')?)))?;
+        let (kind, message) = rest.split_once(':')?;
+        let severity = match kind.trim() {
+            "error" => "error",
+            "warning" => "warning",
+            "info" => "info",
+            "fatal" => "fatal",
+            _ => return None,
+        };
+        let message = message.strip_prefix(' ').unwrap_or(message);
+        let mut d = Diagnostic { severity, tool, code: "other", message: message.to_owned(), ..Default::default() };
+        for (code, pattern, fields) in PATTERNS {
+            let Some(values) = quoted_values(pattern, message) else { continue };
+            d.code = code;
+            for (field, value) in fields.iter().zip(values) {
+                match field {
+                    Symbol => d.symbol = Some(value),
+                    Object => d.object = Some(value),
+                    FirstDefined => d.first_defined = Some(value),
+                    Other => {}
+                }
+            }
+            break;
+        }
+        // An archive's member: `archive:member`, as nvlink names it.
+        if let Some((archive, member)) = d.object.as_deref().and_then(split_member) {
+            (d.object, d.member) = (Some(archive), Some(member));
+        }
+        Some(d)
+    }
+
+    /// The event's fields: every field of the module docs that is known.
+    /// `cwd`: the link's working directory (for `object_path`).
+    pub fn fields(&self, cwd: Option<&Path>) -> Value {
+        let mut m = Map::new();
+        m.insert("severity".into(), json!(self.severity));
+        m.insert("tool".into(), json!(self.tool));
+        m.insert("code".into(), json!(self.code));
+        m.insert("message".into(), json!(self.message));
+        if let Some(s) = &self.symbol {
+            m.insert("symbol".into(), json!(s));
+            if let Some(d) = demangle(s) {
+                m.insert("symbol_demangled".into(), json!(d));
+            }
+        }
+        if let Some(o) = &self.object {
+            m.insert("object".into(), json!(o));
+            if let Some(p) = cwd.map(|c| c.join(o)).filter(|p| o != "lto.cubin" && p.is_file()) {
+                m.insert("object_path".into(), json!(p.to_string_lossy()));
+            }
+        }
+        if let Some(x) = &self.member {
+            m.insert("member".into(), json!(x));
+        }
+        if let Some(f) = &self.first_defined {
+            m.insert("first_defined".into(), json!(f));
+        }
+        Value::Object(m)
+    }
+}
+
+/// Every diagnostic of a link's output (stderr first, as nvlink prints its
+/// messages there; then stdout).
+pub fn of_output(stdout: &[u8], stderr: &[u8]) -> Vec<Diagnostic> {
+    let (err, out) = (String::from_utf8_lossy(stderr), String::from_utf8_lossy(stdout));
+    err.lines().chain(out.lines()).filter_map(Diagnostic::parse).collect()
+}
+
+/// The longest message line read for its fields (longer ones are `other`):
+/// the matching below tries each occurrence of a pattern's literal pieces.
+const PARSE_MAX: usize = 1024;
+
+/// The values of the quoted `'%s'` in `message` if it is `pattern`, where a
+/// placeholder (`%s`, `%d`) stands for any text, the earliest that lets the
+/// rest match (names may hold quotes themselves).
+fn quoted_values(pattern: &str, message: &str) -> Option<Vec<String>> {
+    if message.len() > PARSE_MAX {
+        return None;
+    }
+    let mut values = Vec::new();
+    matches(pattern, message, &mut values).then_some(values)
+}
+
+fn matches(pat: &str, text: &str, values: &mut Vec<String>) -> bool {
+    let Some(at) = pat.find('%') else { return pat == text };
+    let (literal, spec, rest_pat) =
+        (&pat[..at], pat.get(at + 1..at + 2).unwrap_or(""), pat.get(at + 2..).unwrap_or(""));
+    let Some(text) = text.strip_prefix(literal) else { return false };
+    let quoted = spec == "s" && literal.ends_with('\'');
+    let next = rest_pat.find('%').map_or(rest_pat, |i| &rest_pat[..i]);
+    let ends: Vec<usize> =
+        if next.is_empty() { vec![text.len()] } else { text.match_indices(next).map(|(i, _)| i).collect() };
+    for end in ends {
+        let value = &text[..end];
+        if spec == "d" && (value.is_empty() || !value.chars().all(|c| c.is_ascii_digit() || c == '-')) {
+            continue;
+        }
+        let mark = values.len();
+        if quoted {
+            values.push(value.to_owned());
+        }
+        if matches(rest_pat, &text[end..], values) {
+            return true;
+        }
+        values.truncate(mark);
+    }
+    false
+}
+
+/// `archive.a:member.o` → (`archive.a`, `member.o`).
+fn split_member(object: &str) -> Option<(String, String)> {
+    let (archive, member) = object.rsplit_once(':')?;
+    (archive.ends_with(".a") && !member.is_empty() && !member.contains('/'))
+        .then(|| (archive.to_owned(), member.to_owned()))
+}
+
+/// The longest name demangled, and the longest demangled name: symbols come
+/// from the link's objects (the client's bytes), so both are bounded, and
+/// the demangler's own recursion limits apply.
+const DEMANGLE_MAX: usize = 4096;
+
+/// `_Z1fi` → `f(int)`; None for names that are not Itanium C++ names or not
+/// demangled within the bounds.
+fn demangle(symbol: &str) -> Option<String> {
+    if !symbol.starts_with("_Z") || symbol.len() > DEMANGLE_MAX {
+        return None;
+    }
+    let sym = cpp_demangle::Symbol::new(symbol.as_bytes()).ok()?;
+    let mut out = Bounded(String::new());
+    sym.structured_demangle(&mut out, &cpp_demangle::DemangleOptions::default()).ok()?;
+    Some(out.0)
+}
+
+/// A string that refuses to grow past [`DEMANGLE_MAX`].
+struct Bounded(String);
+
+impl std::fmt::Write for Bounded {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.0.len() + s.len() > DEMANGLE_MAX {
+            return Err(std::fmt::Error);
+        }
+        self.0.push_str(s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Diagnostic {
+        Diagnostic::parse(line).unwrap_or_else(|| panic!("not a diagnostic: {line}"))
+    }
+
+    /// The lines nvlink 13.5 printed for an undefined reference (plain, in an
+    /// archive given by path and by -l), a multiple definition and partial LTO.
+    #[test]
+    fn nvlinks_messages_name_their_symbol_object_and_member() {
+        let d = parse("nvlink error   : Undefined reference to '_Z1fi' in 'a.o'");
+        assert_eq!(
+            (d.severity, d.tool, d.code, d.symbol.as_deref(), d.object.as_deref(), d.member.as_deref()),
+            ("error", "nvlink", "undefined_reference", Some("_Z1fi"), Some("a.o"), None)
+        );
+        assert_eq!(d.message, "Undefined reference to '_Z1fi' in 'a.o'");
+        let d = parse("nvlink error   : Undefined reference to '_Z1fi' in './liba.a:a.o'");
+        assert_eq!((d.object.as_deref(), d.member.as_deref()), (Some("./liba.a"), Some("a.o")));
+        let d = parse("nvlink error   : Multiple definition of '_Z1fi' in 'c.o', first defined in 'b.o'");
+        assert_eq!(
+            (d.code, d.symbol.as_deref(), d.object.as_deref(), d.first_defined.as_deref()),
+            ("multiple_definition", Some("_Z1fi"), Some("c.o"), Some("b.o"))
+        );
+        let d = parse("nvlink info    : requested LTO but 'b.o' not built for LTO so doing partial LTO");
+        assert_eq!((d.severity, d.code, d.object.as_deref()), ("info", "partial_lto", Some("b.o")));
+        let d = parse("ptxas fatal   : Unresolved extern function '_Z1fi'");
+        assert_eq!(
+            (d.tool, d.severity, d.code, d.symbol.as_deref()),
+            ("ptxas", "fatal", "unresolved_extern", Some("_Z1fi"))
+        );
+        let d = parse("nvlink warning : Function '_ZN1D1fEi' has address taken but no calls to it found");
+        assert_eq!((d.code, d.symbol.as_deref()), ("address_taken_no_calls", Some("_ZN1D1fEi")));
+        let d = parse("nvlink fatal   : merge_elf failed");
+        assert_eq!((d.code, d.symbol, d.object), ("other", None, None));
+        assert_eq!(Diagnostic::parse("ptxas info    : Used 8 registers").map(|d| d.code), Some("other"));
+        assert!(Diagnostic::parse("nvlink: something").is_none());
+        assert!(Diagnostic::parse("nvlinker error : x").is_none());
+    }
+
+    #[test]
+    fn symbols_are_demangled_within_bounds() {
+        let f = parse("nvlink error   : Undefined reference to '_ZN1D1fEi' in 'a.o'").fields(None);
+        assert_eq!(f["symbol_demangled"], "D::f(int)");
+        let f = parse("nvlink error   : Undefined reference to 'plain_c' in 'a.o'").fields(None);
+        assert!(f.get("symbol_demangled").is_none(), "{f}");
+        // Not a name, or too long: no demangled name, no panic.
+        assert_eq!(demangle("_Z"), None);
+        assert_eq!(demangle(&format!("_Z{}", "1a".repeat(DEMANGLE_MAX))), None);
+        // Substitutions that would expand past the bound.
+        let bomb = format!("_Z1fIJ{}EEvv", "S_".repeat(1000));
+        let _ = demangle(&bomb);
+    }
+
+    #[test]
+    fn a_quoted_value_may_hold_quotes_and_separators() {
+        let d = parse("nvlink error   : Undefined reference to 'it's' in 'dir with ' in '/b.o'");
+        assert_eq!((d.symbol.as_deref(), d.object.as_deref()), (Some("it's"), Some("dir with ' in '/b.o")));
+    }
+}

@@ -21,7 +21,7 @@ pub fn cli(data: &[u8]) {
     let args: Vec<String> = data.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     if let Ok(parsed) = parse::parse(&args, &LocalFs, Path::new("/nonexistent-fuzz-cwd")) {
         let _ = render::options_string(&parsed);
-        if let Ok(spec) = Spec::from_parsed(parsed) {
+        if let Ok(spec) = Spec::from_parsed(parsed, Path::new("/nonexistent-fuzz-cwd"), None) {
             let _ = spec.mode();
             let _ = spec.target();
         }
@@ -91,6 +91,7 @@ pub fn inputs(data: &[u8]) {
         for name in ["x.o", "x.cubin", "x.ptx", "x.fatbin", "x.a", "x.ltoir", "x"] {
             let _ = ctx.input(name);
         }
-        let _ = ctx.library("x", &["lib".to_owned()]);
+        let candidate = crate::input::files::Named { given: "lib/libx.a".into(), path: "/w/lib/libx.a".into() };
+        let _ = ctx.library(&crate::input::files::LibrarySearch { name: "x".into(), candidates: vec![candidate] });
     }
 }

@@ -25,7 +25,6 @@ use crate::cli::options::Opt;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
 use crate::fs::{absolute, FileIdentity, FileStat, HashMemo, InputFs};
-use crate::input::libsearch;
 use crate::request::{OutputFile, Request};
 
 /// One view of the files per link: an `InputFs` that remembers every read,
@@ -246,25 +245,27 @@ pub fn keys(
         let exists = spec.register_link_binaries.as_deref().map(|r| fs.stat(&absolute(&req.cwd, r)).is_ok());
         k.u64(u64::from(exists == Some(true)));
     }
-    fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
+    let files = &spec.files;
+    fs.prefetch(&files.input_paths());
     // Digested in parallel (a cold link of large objects hashes megabytes),
     // keyed in order.
-    let digests: Vec<Option<[u8; 32]>> = spec
+    let digests: Vec<Option<[u8; 32]>> = files
         .inputs
         .par_iter()
-        .map(|input| hashes.digest(fs, &absolute(&req.cwd, input), crate::input::host::key_digest).ok())
+        .map(|input| hashes.digest(fs, &input.path, crate::input::host::key_digest).ok())
         .collect();
     for digest in digests {
         k.bytes(&digest?);
     }
-    let dirs = libsearch::search_dirs(&spec.library_paths, req.env.get("LIBRARY_PATH").map(String::as_str));
-    for name in &spec.libraries {
-        k.str(name);
-        for dir in &dirs {
-            let candidate = libsearch::candidate(dir, name);
-            let path = absolute(&req.cwd, &candidate);
-            let Ok(st) = fs.stat(&path) else { continue };
-            k.str(&candidate);
+    // Every candidate of a `-l` search that exists, up to a directory (where
+    // the search stops): which one links is decided by reading them (a tiny
+    // file or another machine's archive is skipped, `load.rs`), so a change
+    // of any of them may change the answer.
+    for search in &files.libraries {
+        k.str(&search.name);
+        for candidate in &search.candidates {
+            let Ok(st) = fs.stat(&candidate.path) else { continue };
+            k.str(&candidate.given);
             if st.is_dir || st.size <= 8 {
                 k.u64(st.size).u64(u64::from(st.is_dir));
                 if st.is_dir {
@@ -272,8 +273,7 @@ pub fn keys(
                 }
                 continue;
             }
-            k.bytes(&hashes.digest(fs, &path, crate::input::host::key_digest).ok()?);
-            break;
+            k.bytes(&hashes.digest(fs, &candidate.path, crate::input::host::key_digest).ok()?);
         }
     }
     let content = k.finish();
@@ -292,7 +292,9 @@ pub fn keys(
 /// outputs are equal.
 pub fn keys_of(req: &Request) -> Option<LinkKeys> {
     let fs = MemoFs::new(&crate::fs::LocalFs);
-    let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &fs, &req.cwd).ok()?).ok()?;
+    let library_path = req.env.get("LIBRARY_PATH").map(String::as_str);
+    let spec =
+        Spec::from_parsed(crate::cli::parse::parse(&req.args, &fs, &req.cwd).ok()?, &req.cwd, library_path).ok()?;
     let mode = spec.mode().ok()?;
     if matches!(mode, Mode::Help | Mode::Version | Mode::HostLinkerScript(_)) {
         return None;
@@ -361,7 +363,7 @@ mod tests {
     fn keys_of(cwd: &Path, args: &str) -> Option<LinkKeys> {
         let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
         let req = Request { args, cwd: cwd.to_owned(), ..Default::default() };
-        let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &LocalFs, cwd).unwrap()).unwrap();
+        let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &LocalFs, cwd).unwrap(), cwd, None).unwrap();
         let mode = spec.mode().unwrap();
         keys(&[7; 32], &req, &spec, mode, &MemoFs::new(&LocalFs), &HashMemo::default())
     }

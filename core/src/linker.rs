@@ -571,7 +571,7 @@ impl Linker {
             Err(reason) => return self.fall_back(Declined::new(Reason::NoToolkit, reason)),
         };
         let spec = match parse(&req.args, fs, &req.cwd) {
-            Ok(parsed) => match Spec::from_parsed(parsed) {
+            Ok(parsed) => match Spec::from_parsed(parsed, &req.cwd, req.env.get("LIBRARY_PATH").map(String::as_str)) {
                 Ok(s) => s,
                 Err(d) => return self.fatal(d),
             },
@@ -1022,8 +1022,8 @@ impl Linker {
             cpu_machine: crate::input::load::cpu_machine(spec.cpu_arch.as_deref()),
         };
         let planned = ctl.obs.in_phase(Phase::Plan, || {
-            fs.prefetch(&spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect::<Vec<_>>());
-            plan::build(spec, &ctx, req.env.get("LIBRARY_PATH").map(String::as_str))
+            fs.prefetch(&spec.files.input_paths());
+            plan::build(spec, &ctx)
         });
         let plan = match planned {
             Ok(p) => p,

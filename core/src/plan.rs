@@ -24,7 +24,6 @@ use crate::cli::spec::{Mode, Spec};
 use crate::diag::Diagnostic;
 use crate::input::cubin::CubinInfo;
 use crate::input::host::{glob_match, HostRefs};
-use crate::input::libsearch;
 use crate::input::load::{select_members, InputItem, Library, LoadContext, LoadError, Unit};
 
 #[derive(Debug)]
@@ -80,7 +79,7 @@ impl Plan {
     }
 }
 
-pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>) -> Result<Plan, LoadError> {
+pub fn build(spec: &Spec, ctx: &LoadContext<'_>) -> Result<Plan, LoadError> {
     if spec.inputs.is_empty() {
         return Err(Diagnostic::fatal("No input files specified; use option --help for more information").into());
     }
@@ -96,8 +95,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>, env_library_path: Option<&str>)
     // threads wait on worker processes (the files were read for the key or
     // prefetched: decoding waits on nothing).
     let inputs: Vec<_> = spec.inputs.par_iter().map(|input| ctx.input(input)).collect();
-    let dirs = libsearch::search_dirs(&spec.library_paths, env_library_path);
-    let libraries: Vec<_> = spec.libraries.par_iter().map(|name| ctx.library(name, &dirs)).collect();
+    let libraries: Vec<_> = spec.files.libraries.par_iter().map(|search| ctx.library(search)).collect();
     for loaded in inputs {
         let loaded = loaded?;
         warnings.extend(loaded.warnings);
@@ -512,7 +510,7 @@ mod tests {
     fn spec(args: &str) -> Spec {
         let args: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
         let parsed = crate::cli::parse::parse(&args, &crate::fs::LocalFs, std::path::Path::new("/")).unwrap();
-        Spec::from_parsed(parsed).unwrap()
+        Spec::from_parsed(parsed, std::path::Path::new("/"), None).unwrap()
     }
 
     /// When pruning applies: (arguments, units as (has host references,

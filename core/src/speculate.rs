@@ -32,7 +32,6 @@ use crate::elf::Elf;
 use crate::fatbin::{self, MemberKind};
 use crate::fs::{absolute, InputFs};
 use crate::input::host::HostObject;
-use crate::input::libsearch;
 use crate::request::Request;
 
 /// Most sibling archs predicted from one link.
@@ -132,7 +131,8 @@ pub fn sibling_archs(
     if req.speculative || !req.shared_fs {
         return None;
     }
-    let spec = parse(&req.args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p).ok())?;
+    let spec =
+        parse(&req.args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p, &req.cwd, library_path(req)).ok())?;
     if !per_arch_device_link(&spec) {
         return None;
     }
@@ -188,7 +188,8 @@ pub fn sibling_archs(
             }
         }
         // Only a command line nvlink takes as the same kind of link.
-        let predicted = parse(&args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p).ok());
+        let predicted =
+            parse(&args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p, &req.cwd, library_path(req)).ok());
         if !predicted.is_some_and(|p| per_arch_device_link(&p) && p.target().map(|t| t.name()) == Some(arch.clone())) {
             continue;
         }
@@ -197,11 +198,17 @@ pub fn sibling_archs(
     Some(Siblings { family, arch: own, links })
 }
 
-/// The caller's files a link reads (absolute): its inputs, the library each
-/// `-l` resolves to, and its options files. `None` for links the daemon does
+/// The caller's `LIBRARY_PATH`, as the request carries it.
+fn library_path(req: &Request) -> Option<&str> {
+    req.env.get("LIBRARY_PATH").map(String::as_str)
+}
+
+/// The caller's files a link reads (absolute): its inputs, every existing
+/// candidate of each `-l` search, and its options files. `None` for links the daemon does
 /// not relink on its own (no output, `-time` tables, not a device link).
 pub fn watched_inputs(req: &Request, fs: &dyn InputFs) -> Option<Vec<PathBuf>> {
-    let spec = parse(&req.args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p).ok())?;
+    let spec =
+        parse(&req.args, fs, &req.cwd).ok().and_then(|p| Spec::from_parsed(p, &req.cwd, library_path(req)).ok())?;
     if spec.output.is_none()
         || spec.time.is_some()
         || !matches!(
@@ -211,18 +218,18 @@ pub fn watched_inputs(req: &Request, fs: &dyn InputFs) -> Option<Vec<PathBuf>> {
     {
         return None;
     }
-    let mut files: Vec<PathBuf> = spec.inputs.iter().map(|i| absolute(&req.cwd, i)).collect();
-    let dirs = libsearch::search_dirs(&spec.library_paths, req.env.get("LIBRARY_PATH").map(String::as_str));
-    for name in &spec.libraries {
-        let found = dirs
-            .iter()
-            .map(|d| absolute(&req.cwd, &libsearch::candidate(d, name)))
-            .find(|p| fs.stat(p).is_ok_and(|s| !s.is_dir));
-        files.extend(found);
-    }
-    for o in &spec.parsed.options {
-        if let (Opt::OptionsFile, Some(v)) = (o.id, o.value.as_deref()) {
-            files.push(absolute(&req.cwd, v));
+    // Every file that may change the answer: the inputs, the options files,
+    // and each library candidate that exists (which one links is decided by
+    // reading them, see `load.rs`).
+    let mut files: Vec<PathBuf> = spec.files.input_paths();
+    files.extend(spec.files.options_files.iter().map(|n| n.path.clone()));
+    for search in &spec.files.libraries {
+        for candidate in &search.candidates {
+            match fs.stat(&candidate.path) {
+                Ok(st) if st.is_dir => break,
+                Ok(_) => files.push(candidate.path.clone()),
+                Err(_) => {}
+            }
         }
     }
     files.sort();

@@ -194,3 +194,44 @@ fn lto_steps_and_jit_modules_are_cached_on_their_own() {
     }
     assert_eq!((d.stat("jit_misses"), d.stat("jit_hits")), (1, 1), "the PTX module must be compiled once");
 }
+
+/// `-l` is resolved once, by the rule the link itself uses, and the key
+/// covers every file that decided it: an incompatible `libvd.a` found first
+/// is skipped (nvlink's warning) and the next one links; when that next one
+/// changes (here: becomes incompatible too, so that nvlink finds no library
+/// and reports the undefined references), the link misses and gives
+/// nvlink's new answer instead of the old output.
+#[test]
+fn a_library_found_past_an_incompatible_one_is_in_the_key() {
+    let d = Daemon::start();
+    let dir = TempDir::new("lib-skip");
+    let (first, second) = (dir.path().join("a"), dir.path().join("b"));
+    for sub in [&first, &second] {
+        std::fs::create_dir_all(sub).unwrap();
+    }
+    std::fs::copy(corpus::dir().join("vars_use.o"), dir.path().join("vars_use.o")).unwrap();
+    std::fs::copy(corpus::dir().join("vars_def.o"), second.join("vars_def.o")).unwrap();
+    std::fs::write(first.join("notes.txt"), b"not an object, so not this machine's archive\n").unwrap();
+    std::fs::write(second.join("notes.txt"), b"neither is this one, of the second directory\n").unwrap();
+    let ar = |d: &std::path::Path, member: &str| {
+        let ok = std::process::Command::new("ar").args(["rcs", "libvd.a", member]).current_dir(d).status().unwrap();
+        assert!(ok.success());
+    };
+    ar(&first, "notes.txt");
+    ar(&second, "vars_def.o");
+    let out = TempDir::new("lib-skip-out");
+    let args = "--arch=sm_90 vars_use.o -La -Lb -lvd -o {OUT}/out.cubin";
+    let expected = run(&real_nvlink(), &inv(args, dir.path(), &out), &[]);
+    assert_eq!(expected.code, 0, "{}", String::from_utf8_lossy(&expected.stderr));
+    assert!(String::from_utf8_lossy(&expected.stderr).contains("Skipping incompatible"), "not the case wanted");
+    same(&expected, &run(&shim(), &inv(args, dir.path(), &out), &d.shim_env()));
+
+    // The library that linked becomes incompatible: nvlink finds none.
+    std::fs::remove_file(second.join("libvd.a")).unwrap();
+    ar(&second, "notes.txt");
+    let changed = run(&real_nvlink(), &inv(args, dir.path(), &out), &[]);
+    assert_ne!(changed.code, 0, "{}", String::from_utf8_lossy(&changed.stderr));
+    let hits = d.stat("cache_hits");
+    same(&changed, &run(&shim(), &inv(args, dir.path(), &out), &d.shim_env()));
+    assert_eq!(d.stat("cache_hits"), hits, "served from the cache: the key missed the library that changed");
+}

@@ -8,10 +8,13 @@
 //! types the options and [`Spec::mode`] applies nvlink's option-level checks
 //! in its order and with its messages.
 
+use std::path::Path;
+
 use super::options::Opt;
 use super::parse::{parse_number, Parsed};
 use super::target::{arch_number, Target};
 use crate::diag::Diagnostic;
+use crate::input::files::LinkFiles;
 
 /// The host linker script flavour of `-ghls`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,11 +99,15 @@ pub struct Spec {
     pub verbose_tkinfo: Option<bool>,
     /// Hidden options nvlinkd accepts but does not reproduce in process.
     pub unmodelled: Vec<Opt>,
+    /// Every file the link reads, named once (`input/files.rs`).
+    pub files: LinkFiles,
 }
 
 impl Spec {
-    /// Collect the options into fields (last one wins for single values).
-    pub fn from_parsed(parsed: Parsed) -> Result<Spec, Diagnostic> {
+    /// Collect the options into fields (last one wins for single values),
+    /// and name every file the link reads against the caller's working
+    /// directory `cwd` and `LIBRARY_PATH` ([`Spec::files`]).
+    pub fn from_parsed(parsed: Parsed, cwd: &Path, library_path: Option<&str>) -> Result<Spec, Diagnostic> {
         let mut s = Spec { inputs: parsed.inputs.clone(), ..Default::default() };
         for o in &parsed.options {
             let v = o.value.clone();
@@ -166,6 +173,7 @@ impl Spec {
                 _ => s.unmodelled.push(o.id),
             }
         }
+        s.files = LinkFiles::of(&parsed, &s.library_paths, &s.libraries, cwd, library_path);
         s.parsed = parsed;
         Ok(s)
     }
@@ -285,7 +293,7 @@ mod tests {
             crate::cli::parse::Stop::Fatal(d) => d.message,
             crate::cli::parse::Stop::TooLarge(why) => why,
         })?;
-        Spec::from_parsed(parsed).map_err(|d| d.message)?.mode().map_err(|d| d.message)
+        Spec::from_parsed(parsed, std::path::Path::new("/"), None).map_err(|d| d.message)?.mode().map_err(|d| d.message)
     }
 
     /// nvlink's option-level checks, in its order: each row is one rule.

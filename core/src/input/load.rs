@@ -22,8 +22,8 @@ use rayon::prelude::*;
 use super::archive;
 use super::classify::{classify, is_ptx, Content};
 use super::cubin::{self, CubinInfo};
+use super::files::LibrarySearch;
 use super::host::{HostObject, HostRefs};
-use super::libsearch;
 use super::memo::{DecodeMemo, Decoded};
 use super::ptx::{self, PtxSymbols};
 use super::Bytes;
@@ -271,13 +271,17 @@ impl LoadContext<'_> {
         }
     }
 
-    /// Resolve `-l name`: `lib<name>.a` in the search directories. Returns
-    /// `None` (silently) when it is not found.
-    pub fn library(&self, name: &str, dirs: &[String]) -> Result<Loaded<Option<Library>>, LoadError> {
+    /// Resolve `-l name`: the first of its candidates (`lib<name>.a` in the
+    /// search directories, [`LinkFiles`](crate::input::files::LinkFiles))
+    /// that is an archive for this machine; tiny files and archives for
+    /// another machine are skipped with nvlink's warning. Returns `None`
+    /// (silently) when none is.
+    pub fn library(&self, search: &LibrarySearch) -> Result<Loaded<Option<Library>>, LoadError> {
         let mut warnings = Vec::new();
-        for dir in dirs {
-            let shown = libsearch::candidate(dir, name);
-            let Ok(stat) = self.fs.stat(&absolute(self.cwd, &shown)) else { continue };
+        let name = &search.name;
+        for candidate in &search.candidates {
+            let shown = &candidate.given;
+            let Ok(stat) = self.fs.stat(&candidate.path) else { continue };
             if stat.is_dir {
                 return unsupported(Reason::Input, format!("{shown} is a directory"));
             }
@@ -286,7 +290,7 @@ impl LoadContext<'_> {
                     .push(Diagnostic::warning(format!("Skipping incompatible '{shown}' when searching for -l{name}")));
                 continue;
             }
-            let data = self.read(&shown)?;
+            let data = self.read(shown)?;
             if !data.starts_with(b"!<arch>\n") {
                 return unsupported(Reason::Input, format!("{shown} is not an archive"));
             }
@@ -296,7 +300,7 @@ impl LoadContext<'_> {
                     .push(Diagnostic::warning(format!("Skipping incompatible '{shown}' when searching for -l{name}")));
                 continue;
             }
-            return Ok(Loaded { item: Some(self.archive(&shown, data)?), warnings });
+            return Ok(Loaded { item: Some(self.archive(shown, data)?), warnings });
         }
         Ok(Loaded { item: None, warnings })
     }

@@ -6,6 +6,7 @@
 pub mod archive;
 pub mod classify;
 pub mod cubin;
+pub mod files;
 pub mod host;
 pub mod libsearch;
 pub mod load;

@@ -1,0 +1,114 @@
+//! Every file a link reads, named once: right after its command line is
+//! parsed ([`Spec::from_parsed`](crate::cli::spec::Spec::from_parsed)), each
+//! input, options file and `-l` search is resolved against the caller's
+//! working directory and `LIBRARY_PATH`, and every step that needs a file —
+//! the whole-link key (`linkcache.rs`), the plan (`plan.rs`, `load.rs`), the
+//! files speculation and `--watch` follow (`speculate.rs`) — reads this value
+//! instead of joining paths or searching directories again. A `-l` search
+//! lists every candidate in search order; which one nvlink takes is decided
+//! by reading them (`load.rs`: skip a tiny file or an archive for another
+//! machine, stop at a directory or a file that is no archive), so the key
+//! covers every candidate that exists, not only the first.
+
+use std::path::{Path, PathBuf};
+
+use crate::cli::options::Opt;
+use crate::cli::parse::Parsed;
+use crate::fs::absolute;
+use crate::input::libsearch;
+
+/// A file as the command line names it, and where it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Named {
+    /// As nvlink shows it (typed; a library candidate as nvlink builds it).
+    pub given: String,
+    /// Absolute, against the caller's working directory.
+    pub path: PathBuf,
+}
+
+/// One `-l name`: every candidate, in the order nvlink tries them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LibrarySearch {
+    pub name: String,
+    pub candidates: Vec<Named>,
+}
+
+/// Every file a link reads (besides the toolkit's), named once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkFiles {
+    /// The inputs, in command-line order.
+    pub inputs: Vec<Named>,
+    /// The `-l` searches, in command-line order.
+    pub libraries: Vec<LibrarySearch>,
+    /// The options files (`-optf`), in the order read.
+    pub options_files: Vec<Named>,
+}
+
+impl LinkFiles {
+    /// Resolve what `parsed` names against `cwd` and the caller's
+    /// `LIBRARY_PATH`.
+    pub fn of(
+        parsed: &Parsed,
+        library_paths: &[String],
+        libraries: &[String],
+        cwd: &Path,
+        library_path: Option<&str>,
+    ) -> LinkFiles {
+        let named = |given: &str| Named { given: given.to_owned(), path: absolute(cwd, given) };
+        let dirs = libsearch::search_dirs(library_paths, library_path);
+        LinkFiles {
+            inputs: parsed.inputs.iter().map(|i| named(i)).collect(),
+            libraries: libraries
+                .iter()
+                .map(|name| LibrarySearch {
+                    name: name.clone(),
+                    candidates: dirs.iter().map(|d| named(&libsearch::candidate(d, name))).collect(),
+                })
+                .collect(),
+            options_files: parsed
+                .options
+                .iter()
+                .filter(|o| o.id == Opt::OptionsFile)
+                .filter_map(|o| o.value.as_deref())
+                .map(named)
+                .collect(),
+        }
+    }
+
+    /// The inputs' absolute paths.
+    pub fn input_paths(&self) -> Vec<PathBuf> {
+        self.inputs.iter().map(|n| n.path.clone()).collect()
+    }
+
+    /// Every path the link may read: inputs, every library candidate,
+    /// options files.
+    pub fn every_path(&self) -> impl Iterator<Item = &Path> {
+        self.inputs
+            .iter()
+            .chain(self.libraries.iter().flat_map(|l| &l.candidates))
+            .chain(&self.options_files)
+            .map(|n| n.path.as_path())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_is_named_once_with_its_path() {
+        let args: Vec<String> =
+            ["a.o", "/abs/b.o", "-Llib/", "-L/sys", "-lm", "-lz"].iter().map(|s| s.to_string()).collect();
+        let parsed = crate::cli::parse::parse(&args, &crate::fs::LocalFs, Path::new("/w")).unwrap();
+        let spec = crate::cli::spec::Spec::from_parsed(parsed, Path::new("/w"), Some(":/env")).unwrap();
+        let f = &spec.files;
+        assert_eq!(f.inputs[0], Named { given: "a.o".into(), path: "/w/a.o".into() });
+        assert_eq!(f.inputs[1].path, PathBuf::from("/abs/b.o"));
+        let m = &f.libraries[0];
+        assert_eq!(m.name, "m");
+        let given: Vec<&str> = m.candidates.iter().map(|c| c.given.as_str()).collect();
+        assert_eq!(given, ["lib/libm.a", "/sys/libm.a", "/env/libm.a"]);
+        assert_eq!(m.candidates[0].path, PathBuf::from("/w/lib/libm.a"));
+        assert_eq!(f.every_path().count(), 2 + 6);
+    }
+}

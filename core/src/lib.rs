@@ -26,6 +26,7 @@ pub mod fs;
 pub mod fuzz;
 pub mod ghls;
 pub mod heap;
+mod hooks;
 pub mod input;
 pub mod jitlink;
 pub mod linkcache;

@@ -93,13 +93,8 @@ pub struct Linker {
     /// Links running now by (working directory, output file): a newer link of
     /// the same output supersedes the older one (see [`Linker::claim_output`]).
     outputs: std::sync::Mutex<std::collections::HashMap<(PathBuf, PathBuf), Cancel>>,
-    /// Test hook (`NVLINKD_TEST_HOLD_SLOT`): an admitted link waits while this
-    /// file exists (cancellably), so tests can fill every slot.
-    test_hold_slot: Option<PathBuf>,
-    /// Test hook (`NVLINKD_TEST_HOLD_STORE`): one link at a time, about to store
-    /// its entry, waits while this file exists (and marks `<file>.storing`).
-    test_hold_store: Option<PathBuf>,
-    test_holding_store: std::sync::atomic::AtomicBool,
+    /// Test hooks (`hooks.rs`), read from the environment once.
+    hooks: crate::hooks::TestHooks,
     /// Single flight for artifacts when there is no cache.
     no_cache_flights: Flights<Arc<[u8]>>,
     /// Decoded SASS members of inputs, kept across requests.
@@ -108,9 +103,6 @@ pub struct Linker {
     contents: Arc<crate::fs::ContentMemo>,
     /// Content hashes of unchanged local inputs.
     hashes: HashMemo,
-    /// Test hook (`NVLINKD_TEST_PAUSE_AFTER_KEY_MS`): a pause between a link's
-    /// key and its computation, for tests that change inputs in between.
-    test_pause_after_key: u64,
     /// Worker processes running libnvJitLink (see `worker.rs`).
     workers: Option<Arc<WorkerPool>>,
     /// Content keys of whole-link entries that speculative links computed (or
@@ -118,9 +110,6 @@ pub struct Linker {
     speculated: std::sync::Mutex<std::collections::VecDeque<crate::cache::Key>>,
     /// Checks links computed in process against the real nvlink (`verify.rs`).
     verifier: crate::verify::Verifier,
-    /// Test hook (`NVLINKD_TEST_CORRUPT_IN_PROCESS`): the in-process engine's
-    /// output files come out damaged (a fault verification must catch).
-    test_corrupt_in_process: bool,
     /// When this linker started (`uptime_s` in the stats).
     started: std::time::Instant,
     /// Whoever watches links (`observe.rs`): told of phases, admissions and
@@ -271,21 +260,14 @@ impl Linker {
             bg_pool,
             sched: Scheduler::new(jobs),
             outputs: Default::default(),
-            test_hold_slot: std::env::var_os("NVLINKD_TEST_HOLD_SLOT").map(PathBuf::from),
-            test_hold_store: std::env::var_os("NVLINKD_TEST_HOLD_STORE").map(PathBuf::from),
-            test_holding_store: Default::default(),
+            hooks: crate::hooks::TestHooks::from_env(),
             no_cache_flights: Flights::default(),
             decode_memo: DecodeMemo::new(config.cache_mem.min(DECODE_MEMO_MAX)),
             contents: Arc::new(crate::fs::ContentMemo::new(config.cache_mem.min(CONTENT_MEMO_MAX))),
             hashes: HashMemo::default(),
-            test_pause_after_key: std::env::var("NVLINKD_TEST_PAUSE_AFTER_KEY_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
             workers,
             speculated: Default::default(),
             verifier: crate::verify::Verifier::new(config.verify, &config.cache_dir),
-            test_corrupt_in_process: std::env::var_os("NVLINKD_TEST_CORRUPT_IN_PROCESS").is_some(),
             started: std::time::Instant::now(),
             config,
             observer,
@@ -536,13 +518,8 @@ impl Linker {
             return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued"))));
         };
         let admitted = Admission { _slot: slot, cancel: ctl.cancel.clone() };
-        if let Some(hold) = &self.test_hold_slot {
-            while hold.exists() && !ctl.cancel.is_cancelled() {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            if ctl.cancel.is_cancelled() {
-                return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled"))));
-            }
+        if !self.hooks.hold_slot(ctl.cancel) {
+            return Err(Box::new(self.fall_back(Declined::new(Reason::Worker, "the link was cancelled"))));
         }
         Ok(Some(admitted))
     }
@@ -705,9 +682,7 @@ impl Linker {
         } else {
             bump(&self.stats.cache_misses);
         }
-        if self.test_pause_after_key > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(self.test_pause_after_key));
-        }
+        self.hooks.pause_after_key();
         // The slot (taken and given back in `compute_link`) and the plan
         // permit are held while the link computes, not while it stores its
         // entry: the next link starts meanwhile (identical links still wait
@@ -742,7 +717,7 @@ impl Linker {
                     .routed(why);
                 }
             }
-            self.test_hold_store();
+            self.hooks.hold_store();
             let entry = self.entry_of(&outcome, req, spec, memo).map(Arc::new);
             match (job, &entry) {
                 (Some(mut job), Some(e)) => {
@@ -843,23 +818,6 @@ impl Linker {
             scratch_parents: self.scratch_parents(),
             obs: obs.clone(),
         })
-    }
-
-    /// See `test_hold_store`: a test sees what happens while a link stores.
-    fn test_hold_store(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        let Some(hold) = &self.test_hold_store else { return };
-        if !hold.exists() || self.test_holding_store.swap(true, SeqCst) {
-            return;
-        }
-        let mut mark = hold.clone().into_os_string();
-        mark.push(".storing");
-        let _ = std::fs::write(&mark, b"");
-        let t0 = std::time::Instant::now();
-        while hold.exists() && t0.elapsed() < std::time::Duration::from_secs(120) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        self.test_holding_store.store(false, SeqCst);
     }
 
     /// A speculative link is about to compute the entry under `key`.
@@ -1177,11 +1135,7 @@ impl Linker {
         emit_tool_warnings(&mut report, spec, plan);
         let mut outputs = Vec::new();
         let mut output = output;
-        if self.test_corrupt_in_process {
-            if let Some(b) = output.last_mut() {
-                *b ^= 0x5a;
-            }
-        }
+        self.hooks.corrupt(&mut output);
         if let Some(o) = &spec.output {
             outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output.into(), append: false });
         }

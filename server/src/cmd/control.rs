@@ -242,6 +242,11 @@ fn stats_in_words(v: &serde_json::Value) -> String {
         ),
         format!("fell back (the shim ran nvlink itself): {}{}", n("fallbacks"), by_reason("fallback_reasons")),
         format!(
+            "cancelled before their answer: {} ({} superseded by a newer link of the same output)",
+            n("cancelled"),
+            n("cancelled_superseded")
+        ),
+        format!(
             "now: {} in flight, {} queued; {} workers ({} crashed so far)",
             n("in_flight"),
             n("queued"),
@@ -291,6 +296,19 @@ fn stats_in_words(v: &serde_json::Value) -> String {
             n("remote_links_refused")
         ));
     }
+    // Remote links per token of the listener (`name:secret` in --token-file).
+    if let Some(tokens) = v.get("tokens").and_then(|t| t.as_object()) {
+        for (name, t) in tokens {
+            let t = |k: &str| t.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+            out.push(format!(
+                "token {name}: {} remote links, {} refused, {} received, {} sent",
+                t("links"),
+                t("refused"),
+                bytes(t("bytes_received")),
+                bytes(t("bytes_sent"))
+            ));
+        }
+    }
     out.push("(every counter: nvlinkd stats --json)".into());
     out.join("\n")
 }
@@ -329,4 +347,25 @@ pub async fn cancel(socket: &Path, link: u64) -> Result<String, String> {
 
 pub fn default_socket() -> PathBuf {
     nvlinkd_proto::paths::socket_path()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain `stats` says in words what users ask about: links by engine,
+    /// fallbacks and cancellations apart, and each token's remote links.
+    #[test]
+    fn stats_in_words_name_cancellations_and_each_token() {
+        let v = serde_json::json!({
+            "uptime_s": 61, "requests": 5, "cache_hits": 2, "in_process": 2, "nvlink_process": 1,
+            "fallbacks": 1, "cancelled": 3, "cancelled_superseded": 1, "auth_failures": 1,
+            "tokens": {"ci": {"links": 2, "refused": 1, "bytes_received": 2048, "bytes_sent": 40}},
+        });
+        let words = stats_in_words(&v);
+        assert!(words.contains("up 1 min 1 s"), "{words}");
+        assert!(words.contains("fell back (the shim ran nvlink itself): 1"), "{words}");
+        assert!(words.contains("cancelled before their answer: 3 (1 superseded"), "{words}");
+        assert!(words.contains("token ci: 2 remote links, 1 refused, 2.0 KiB received, 40 B sent"), "{words}");
+    }
 }

@@ -34,6 +34,14 @@ if [[ ${NVLINKD_SKIP_LINT:-0} != 1 ]]; then
     step "shellcheck (warnings and errors)"
     shellcheck -S warning scripts/*.sh .ci/run tests/corpus/build.sh
   fi
+  step "docs for their readers: README.md within 300 lines, ARCHITECTURE.md within 400"
+  for limit in README.md:300 ARCHITECTURE.md:400; do
+    file=${limit%:*} max=${limit#*:} lines=$(wc -l <"${limit%:*}")
+    if ((lines > max)); then
+      echo "$file has $lines lines (at most $max: depth belongs in docs/)" >&2
+      exit 1
+    fi
+  done
 fi
 
 step "cargo build --workspace"

@@ -3,6 +3,9 @@
 # prefix and lay them out like a regular CUDA installation.
 #
 #   scripts/setup-toolkit.sh [PREFIX]      (default: .toolkit/cuda-13.5.37)
+#   NVLINKD_CUDA_VERSION=13.0.88 scripts/setup-toolkit.sh
+#                                          (the release NVIDIA's driver images
+#                                          carry; default .toolkit/cuda-13.0.88)
 #
 # Idempotent: a complete install is recognised by its stamp file and nothing is
 # downloaded again (offline-safe). Prints the toolkit root (CUDA_HOME) on stdout
@@ -10,7 +13,15 @@
 # (pip's own lines and download bars).
 set -euo pipefail
 
-VERSION=13.5.37
+VERSION=${NVLINKD_CUDA_VERSION:-13.5.37}
+# thrust/cub headers version on their own scheme: the release's own.
+# 13.0 has no cuobjdump or nvdisasm wheel (nothing the tests need), and its
+# nvfatbin is 13.0.85.
+case $VERSION in
+  13.5.37) CCCL=13.3.5.0.6 FATBIN=$VERSION EXTRA=("nvidia-cuda-cuobjdump==$VERSION" "nvidia-cuda-nvdisasm==$VERSION") ;;
+  13.0.88) CCCL=13.0.85 FATBIN=13.0.85 EXTRA=() ;;
+  *) echo "setup-toolkit: no pinned set for CUDA $VERSION (13.5.37, 13.0.88)" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=${1:-$here/.toolkit/cuda-$VERSION}
 stamp=$prefix/.nvlinkd-toolkit-$VERSION
@@ -24,10 +35,9 @@ WHEELS=(
   "nvidia-nvptxcompiler==$VERSION"
   "nvidia-cuda-crt==$VERSION"
   "nvidia-cuda-runtime==$VERSION"
-  "nvidia-cuda-cuobjdump==$VERSION"
-  "nvidia-cuda-nvdisasm==$VERSION"
-  "nvidia-nvfatbin==$VERSION"
-  "nvidia-cuda-cccl==13.3.5.0.6"
+  "nvidia-nvfatbin==$FATBIN"
+  "nvidia-cuda-cccl==$CCCL"
+  "${EXTRA[@]}"
 )
 
 if [[ -f $stamp ]]; then

@@ -437,7 +437,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let client_certificates =
         remote.as_ref().and_then(|r| r.tls.as_ref()).is_some_and(|t| t.requires_client_certificates());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
-        NvlinkdServer::new(Service {
+        let gate = crate::net::auth::Gate { auth: auth.clone(), failures: auth_failures.clone() };
+        let server = NvlinkdServer::new(Service {
             linker: linker.clone(),
             speculator: speculator.clone(),
             watcher: watcher.clone(),
@@ -463,7 +464,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         // Compressed only for a client that asks (remote shims, for their
         // outputs); the bounds above hold for the decompressed message.
         .send_compressed(tonic::codec::CompressionEncoding::Zstd)
-        .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
+        .accept_compressed(tonic::codec::CompressionEncoding::Zstd);
+        // The token is checked on a call's headers, before its body is read.
+        tonic::service::interceptor::InterceptedService::new(server, gate)
     };
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -1651,3 +1651,75 @@ fn a_remote_link_is_audited_by_its_tokens_name_and_never_its_secret() {
     assert_eq!(d.log().matches("remote link done").count(), 2);
     assert_eq!(tokens(), t, "a local link moved a token's figures");
 }
+
+/// A gRPC codec that sends raw bytes (here: no protobuf message at all) and
+/// reads nothing of the answer.
+#[derive(Default)]
+struct RawCodec;
+
+struct RawBytes;
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = ();
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        use bytes::Buf;
+        src.advance(src.remaining());
+        Ok(Some(()))
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = ();
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+    fn decoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+}
+
+/// A caller without a token is refused on the call's headers, before the
+/// daemon reads (and inflates) its body: a zstd message of 4 MiB that is no
+/// protobuf at all gets UNAUTHENTICATED without a token (had the body been
+/// decoded first, as tonic does for a unary call before its handler runs,
+/// the answer would be the decoding error, and every such stream would hold
+/// 4 MiB); with a valid token the same call reaches the decoder.
+#[test]
+fn a_call_without_a_token_is_refused_before_its_body_is_read() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let garbage = vec![0xff_u8; 4 << 20];
+    let call = |token: Option<&str>| {
+        runtime().block_on(async {
+            let channel = tls_channel(&pki, port).await;
+            let mut grpc = tonic::client::Grpc::new(channel).send_compressed(tonic::codec::CompressionEncoding::Zstd);
+            grpc.ready().await.unwrap();
+            let request = match token {
+                Some(t) => with_token(garbage.clone(), t),
+                None => tonic::Request::new(garbage.clone()),
+            };
+            let path = http::uri::PathAndQuery::from_static("/nvlinkd.v1.Nvlinkd/Stats");
+            grpc.unary(request, path, RawCodec).await.map(|_| ()).unwrap_err()
+        })
+    };
+    let refused = call(None);
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(d.stat("auth_failures"), 1);
+    let decoded = call(Some(TOKEN));
+    assert_ne!(decoded.code(), Code::Unauthenticated, "the valid token was refused: {decoded:?}");
+    assert_eq!(d.stat("auth_failures"), 1);
+}

@@ -752,19 +752,7 @@ impl Service {
         match &self.auth {
             Some(auth) if !auth.allows(request.metadata()) => {
                 self.auth_failures.fetch_add(1, Ordering::Relaxed);
-                let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "?".into());
-                // A client retrying in a loop must not fill the log.
-                match auth.refusal_log.allow() {
-                    Some(suppressed) => warn!(
-                        %peer,
-                        suppressed,
-                        "call without a valid bearer token refused (logged at most every {}s; suppressed: refusals \
-                         not logged since the last line)",
-                        crate::net::incoming::LOG_EVERY.as_secs()
-                    ),
-                    None => debug!(%peer, "call without a valid bearer token refused"),
-                }
-                Err(Status::unauthenticated("a valid bearer token is required (authorization: Bearer <token>)"))
+                Err(auth.refused(request.remote_addr()))
             }
             _ => Ok(()),
         }

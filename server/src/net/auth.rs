@@ -43,7 +43,51 @@ pub struct Identified {
     pub name: Arc<str>,
 }
 
+/// The token check of the remote listener, before anything of a call's body
+/// is read: tonic decodes (and decompresses) a request's messages inside the
+/// handler, so a handler's own check would come after a caller without a
+/// token made the daemon inflate its zstd messages (each up to the 4 MiB
+/// bound, 16 streams per connection). The gate refuses such a call on its
+/// headers alone; the handlers check again (and mark the connection
+/// authenticated). No token file: every call passes.
+#[derive(Clone)]
+pub struct Gate {
+    pub auth: Option<Arc<Auth>>,
+    /// Calls refused (`auth_failures`).
+    pub failures: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl tonic::service::Interceptor for Gate {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match &self.auth {
+            Some(auth) if !auth.allows(request.metadata()) => {
+                self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(auth.refused(request.remote_addr()))
+            }
+            _ => Ok(request),
+        }
+    }
+}
+
 impl Auth {
+    /// A call without a valid token: logged (at most once per
+    /// `LOG_EVERY`), and its answer.
+    pub fn refused(&self, peer: Option<std::net::SocketAddr>) -> tonic::Status {
+        let peer = peer.map(|a| a.to_string()).unwrap_or_else(|| "?".into());
+        // A client retrying in a loop must not fill the log.
+        match self.refusal_log.allow() {
+            Some(suppressed) => tracing::warn!(
+                %peer,
+                suppressed,
+                "call without a valid bearer token refused (logged at most every {}s; suppressed: refusals not \
+                 logged since the last line)",
+                crate::net::incoming::LOG_EVERY.as_secs()
+            ),
+            None => tracing::debug!(%peer, "call without a valid bearer token refused"),
+        }
+        tonic::Status::unauthenticated("a valid bearer token is required (authorization: Bearer <token>)")
+    }
+
     /// The tokens of `file` (a file without any is an error).
     pub fn load(file: &Path) -> Result<Auth, String> {
         let tokens = read_tokens(file)?;

@@ -13,7 +13,7 @@ use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
 /// The token the shims of the tests present.
 pub const TOKEN: &str = "s3cret-token-for-tests";
 /// The token file's other token (`other-client-token`): another caller.
-pub const OTHER_TOKEN: &str = "other-token";
+pub const OTHER_TOKEN: &str = "other-token-for-tests";
 
 /// A CA, a server certificate it signed for 127.0.0.1 and localhost (or the
 /// names given), a client certificate it signed (`client.pem`,

@@ -18,7 +18,9 @@ use super::incoming::LogLimit;
 /// The file: one token per line, `name:secret`, or a bare `secret`, named
 /// `token-N` after its line number; blank lines and `#` comments skipped. A
 /// name is 1 to 64 letters, digits, `.`, `_` or `-` (it labels metrics and
-/// log lines), and names are unique. The secret is never logged or shown.
+/// log lines), and names are unique. A secret is at least [`MIN_SECRET`]
+/// bytes: a shorter one is guessable, or a token cut short (a file being
+/// rewritten while it is read). The secret is never logged or shown.
 pub struct Auth {
     file: PathBuf,
     tokens: RwLock<Arc<Vec<Token>>>,
@@ -125,6 +127,9 @@ impl Auth {
     }
 }
 
+/// The shortest secret a token file may hold, in bytes.
+pub const MIN_SECRET: usize = 16;
+
 /// Whether `name` may name a token: 1 to 64 of `[A-Za-z0-9._-]`.
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -151,6 +156,9 @@ fn read_tokens(f: &Path) -> Result<Vec<Token>, String> {
         }
         if secret.is_empty() {
             return Err(at("no token after the name"));
+        }
+        if secret.len() < MIN_SECRET {
+            return Err(at(&format!("a token is at least {MIN_SECRET} bytes; this one is shorter")));
         }
         if tokens.iter().any(|t| *t.name == *name) {
             return Err(at(&format!("the name {name} is given twice")));
@@ -197,13 +205,17 @@ mod tests {
 
     #[test]
     fn token_lines_are_name_colon_secret_or_a_bare_secret_named_by_its_line() {
-        let f = file("# farm\n\nci: s3cret\nbare-one\n  dev-2:other:with:colons \n");
+        let f = file("# farm\n\nci: s3cret-of-the-ci\nbare-one-0123456789\n  dev-2:other:with:colons:0123 \n");
         let auth = Auth::load(&f.0).unwrap();
         let name = |t: &str| auth.identify(&metadata(t)).map(|i| i.name.to_string());
-        assert_eq!(name("s3cret").as_deref(), Some("ci"));
-        assert_eq!(name("bare-one").as_deref(), Some("token-4"), "named by its line number");
-        assert_eq!(name("other:with:colons").as_deref(), Some("dev-2"), "the secret is what follows the first `:`");
-        assert_eq!(name("ci:s3cret"), None, "the name is no part of the secret");
+        assert_eq!(name("s3cret-of-the-ci").as_deref(), Some("ci"));
+        assert_eq!(name("bare-one-0123456789").as_deref(), Some("token-4"), "named by its line number");
+        assert_eq!(
+            name("other:with:colons:0123").as_deref(),
+            Some("dev-2"),
+            "the secret is what follows the first `:`"
+        );
+        assert_eq!(name("ci:s3cret-of-the-ci"), None, "the name is no part of the secret");
         assert_eq!(name("wrong"), None);
         assert_eq!(auth.count(), 3);
         let names: Vec<String> = auth.figures().into_iter().map(|(n, _)| n).collect();
@@ -213,11 +225,14 @@ mod tests {
     #[test]
     fn a_token_file_with_a_bad_or_repeated_name_is_refused_without_its_secret() {
         for (text, says) in [
-            ("bad name:secret-1\n", "line 1"),
-            ("ci:secret-1\nci:secret-2\n", "given twice"),
-            ("x\ny\n# token-2 is the line above\ntoken-2:secret-3\n", "given twice"),
+            ("bad name:secret-1-0123456789\n", "line 1"),
+            ("ci:secret-1-0123456789\nci:secret-2-0123456789\n", "given twice"),
+            (
+                "x-0123456789abcdef\ny-0123456789abcdef\n# token-2 is the line above\ntoken-2:secret-3-0123456789\n",
+                "given twice",
+            ),
             ("ci:\n", "no token after the name"),
-            (&format!("{}:secret-1\n", "n".repeat(65)), "line 1"),
+            (&format!("{}:secret-1-0123456789\n", "n".repeat(65)), "line 1"),
         ] {
             let f = file(text);
             let e = Auth::load(&f.0).err().unwrap_or_else(|| panic!("{text:?} was taken"));
@@ -228,16 +243,46 @@ mod tests {
 
     #[test]
     fn a_tokens_figures_outlive_its_removal() {
-        let f = file("ci:one\n");
+        let f = file("ci:one-0123456789abcdef\n");
         let auth = Auth::load(&f.0).unwrap();
-        let ci = auth.identify(&metadata("one")).unwrap().name;
+        let ci = auth.identify(&metadata("one-0123456789abcdef")).unwrap().name;
         auth.count_link(&ci, 10, 20);
         auth.count_refused(&ci);
-        std::fs::write(&f.0, "dev:two\n").unwrap();
+        std::fs::write(&f.0, "dev:two-0123456789abcdef\n").unwrap();
         assert_eq!(auth.reload().unwrap().iter().map(|n| n.to_string()).collect::<Vec<_>>(), ["dev"]);
-        assert!(auth.identify(&metadata("one")).is_none(), "a removed token still works");
+        assert!(auth.identify(&metadata("one-0123456789abcdef")).is_none(), "a removed token still works");
         let figures = auth.figures();
         let ci = TokenFigures { links: 1, refused: 1, bytes_received: 10, bytes_sent: 20 };
         assert_eq!(figures, [("ci".to_string(), ci), ("dev".to_string(), TokenFigures::default())]);
+    }
+
+    #[test]
+    fn a_token_shorter_than_16_bytes_is_refused() {
+        for text in ["ci:secret-15-bytes\n", "ok:secret-0123456789\nfifteen-bytes-x\n", "ci:  secret-15-bytes  \n"] {
+            let f = file(text);
+            let e = Auth::load(&f.0).err().unwrap_or_else(|| panic!("{text:?} was taken"));
+            let line = if text.starts_with("ok:") { "line 2" } else { "line 1" };
+            assert!(
+                e.contains(&f.0.display().to_string()) && e.contains(line) && e.contains("16 bytes"),
+                "{text:?}: {e}"
+            );
+            assert!(!e.contains("secret-15") && !e.contains("fifteen"), "{text:?}: the error shows a secret: {e}");
+        }
+        let f = file("ci:secret-16-bytes!\n");
+        assert_eq!(Auth::load(&f.0).unwrap().count(), 1, "a 16-byte token is enough");
+    }
+
+    /// A token file rewritten in place while SIGHUP reads it: what was read
+    /// ends mid-token, the last token cut below 16 bytes. The reload is
+    /// refused and the old tokens stay in force.
+    #[test]
+    fn a_token_file_cut_short_mid_token_is_not_reloaded() {
+        let f = file("ci:old-token-0123456789\n");
+        let auth = Auth::load(&f.0).unwrap();
+        std::fs::write(&f.0, "ci:new-token-0123456789\ndev:new-tok").unwrap();
+        let e = auth.reload().expect_err("a token file cut short was reloaded");
+        assert!(e.contains("line 2") && e.contains("16 bytes"), "{e}");
+        assert!(auth.identify(&metadata("old-token-0123456789")).is_some(), "the old token stopped working");
+        assert!(auth.identify(&metadata("new-token-0123456789")).is_none(), "a token of the refused file works");
     }
 }

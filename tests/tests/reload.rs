@@ -141,6 +141,15 @@ fn sighup_with_a_bad_file_keeps_the_old_ones_and_says_why() {
             why: "holds no token",
         },
         BadFile {
+            what: "a token file other users can read",
+            make: Box::new(|| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(pki.file("tokens"), std::fs::Permissions::from_mode(0o644)).unwrap()
+            }),
+            kept: "token file not reloaded",
+            why: "chmod 600",
+        },
+        BadFile {
             what: "a missing token file",
             make: Box::new(|| std::fs::remove_file(pki.file("tokens")).unwrap()),
             kept: "token file not reloaded",

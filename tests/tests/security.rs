@@ -90,9 +90,8 @@ fn listener_refuses_to_start_without_tls_and_authentication() {
         assert!(!out.status.success(), "nvlinkd served {extra:?}");
         assert!(stderr.contains("refusing to serve --listen"), "{extra:?}: {stderr}");
     }
-    let empty = pki.dir.path().join("empty-tokens");
-    std::fs::write(&empty, "# none\n").unwrap();
-    let empty = empty.display().to_string();
+    pki.replace("empty-tokens", b"# none\n");
+    let empty = pki.file("empty-tokens");
     let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &empty]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no token"));
@@ -112,6 +111,29 @@ fn a_token_shorter_than_16_bytes_is_refused_at_start() {
     assert!(!out.status.success(), "nvlinkd served a 12-byte token: {stderr}");
     assert!(stderr.contains(&tokens) && stderr.contains("line 3") && stderr.contains("16 bytes"), "{stderr}");
     assert!(!stderr.contains("short-secret") && !stderr.contains(TOKEN), "a secret shown: {stderr}");
+}
+
+/// Like ssh with a private key: a token file other users can read or
+/// change is refused at start, saying `chmod 600 FILE`; a symlink to it (as
+/// Kubernetes mounts secrets) is judged by the file it leads to.
+#[test]
+fn a_token_file_others_can_read_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let link = pki.file("tokens-link");
+    std::os::unix::fs::symlink(&tokens, &link).unwrap();
+    for mode in [0o644, 0o640, 0o620] {
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(mode)).unwrap();
+        for file in [&tokens, &link] {
+            let out =
+                serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", file]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "nvlinkd served a token file of mode {mode:o}: {stderr}");
+            assert!(stderr.contains(&format!("chmod 600 {file}")), "{mode:o}: {stderr}");
+        }
+    }
 }
 
 #[test]

@@ -139,6 +139,8 @@ struct Counters {
     uploads_dropped: AtomicU64,
     uploaded_bytes: AtomicU64,
     downloaded_bytes: AtomicU64,
+    /// Bytes of CAS blobs received, kept or refused.
+    bytes_read: AtomicU64,
     pending_uploads: AtomicU64,
     pending_upload_bytes: AtomicU64,
     /// Blobs moved with ByteStream (beyond the batch limit).
@@ -352,6 +354,7 @@ impl RemoteTier for RemoteCache {
             ("remote_cache_uploads_pending", l(&c.pending_uploads)),
             ("remote_cache_uploaded_bytes", l(&c.uploaded_bytes)),
             ("remote_cache_downloaded_bytes", l(&c.downloaded_bytes)),
+            ("remote_cache_bytes_read", l(&c.bytes_read)),
             ("remote_cache_stream_reads", l(&c.stream_reads)),
             ("remote_cache_stream_writes", l(&c.stream_writes)),
         ]
@@ -556,6 +559,7 @@ impl Inner {
             let Some(r) = r.responses.into_iter().find(|r| r.digest.as_ref() == Some(&d)) else {
                 return Err(Error::Rejected("blob not in the batch answer".into()));
             };
+            self.counters.bytes_read.fetch_add(r.data.len() as u64, Ordering::Relaxed);
             match r.status.map(|s| s.code).unwrap_or(0) {
                 0 => r.data,
                 // The ActionResult outlived its blob (evicted): a miss.
@@ -605,6 +609,7 @@ impl Inner {
         // Grown as bytes arrive: the size is the server's word, not yet checked.
         let mut out = Vec::new();
         while let Some(chunk) = stream.message().await? {
+            self.counters.bytes_read.fetch_add(chunk.data.len() as u64, Ordering::Relaxed);
             if out.len() + chunk.data.len() > d.size_bytes as usize {
                 return Err(Error::Rejected("blob longer than its digest says".into()));
             }

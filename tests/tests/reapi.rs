@@ -324,6 +324,40 @@ fn forge(bg: &BuildGrid, action: &re::Digest, blob: &re::Digest) {
     });
 }
 
+/// An entry of the shared tier names a 64 MiB blob its writer did not have
+/// the fleet key to authenticate: the entry's own MAC (in its ActionResult)
+/// is checked first, so the daemon refuses it without reading the blob, and
+/// links as nvlink does. (A forger could make every lookup download up to
+/// 257 MiB before the envelope's MAC said no.)
+#[test]
+fn a_forged_entry_is_refused_before_its_blob_is_downloaded() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let keys = TempDir::new("rp-forge-keys");
+    let fleet = keys.path().join("fleet.key");
+    std::fs::write(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons").unwrap();
+    let (fleet, url) = (fleet.display().to_string(), bg.url());
+    let member =
+        || Daemon::start_with(&["--remote-cache", &url, "--remote-timeout", "5s", "--remote-cache-key", &fleet]);
+    let out = TempDir::new("rp-forge-out");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let a = member();
+    same(&expected, &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+
+    let huge = huge_blob(&bg, 64 << 20);
+    for action in stored_actions(&bg, "link") {
+        forge(&bg, &action, &huge);
+    }
+    let b = member();
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    let s = b.stats();
+    assert_eq!(s["cache_hits"].as_u64().zip(s["cache_misses"].as_u64()), Some((0, 1)), "{s}");
+    assert!(s["remote_cache_rejected"].as_u64() >= Some(1), "the forged entry was not rejected: {s}");
+    assert_eq!(s["remote_cache_errors"].as_u64(), Some(0), "a forgery counted as the server failing: {s}");
+    let read = s["remote_cache_bytes_read"].as_u64().unwrap();
+    assert!(read < 1 << 20, "{read} bytes read for a forged entry: {s}");
+}
+
 /// No daemon writes an entry larger than its upload queue (256 MiB, plus the
 /// envelope): an entry naming a larger blob is refused before a byte of it
 /// is read, with or without a fleet key.

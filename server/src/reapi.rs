@@ -28,8 +28,14 @@
 //! the file's bytes) over its kind, key and payload (magic `nvlkdr02`), and an
 //! entry whose MAC does not verify — written without the key, under another
 //! key, or altered — is a miss, counted in `remote_cache_rejected`, never
-//! served. Keyed entries live under their own action digests (format `1k`),
-//! so daemons with and without a key never overwrite each other's entries.
+//! served. The ActionResult carries a second MAC, over the action digest and
+//! the digest (hash and size) of its blob (`execution_metadata`'s
+//! `auxiliary_metadata`, a `BytesValue`): it is checked before the blob is
+//! downloaded, so a forger without the key cannot make a lookup read a large
+//! blob (each could cost up to [`MAX_BLOB`]) only to refuse it. Keyed entries
+//! live under their own action digests (format `2k`; `1k` entries, without
+//! the second MAC, are never looked up), so daemons with and without a key
+//! never overwrite each other's entries.
 //! Who must hold what: docs/trust.md, "Threat model of the farm".
 //!
 //! The tier is an optimisation, never a condition. Every call has a deadline
@@ -64,8 +70,12 @@ use tracing::{debug, info, warn};
 const FORMAT: &str = "1";
 const ENVELOPE_MAGIC: &[u8; 8] = b"nvlkdr01";
 /// Format and envelope of entries authenticated with a fleet key.
-const FORMAT_KEYED: &str = "1k";
+const FORMAT_KEYED: &str = "2k";
 const ENVELOPE_MAGIC_KEYED: &[u8; 8] = b"nvlkdr02";
+/// What an ActionResult's entry MAC is: `auxiliary_metadata` of this type.
+const ENTRY_MAC_TYPE: &str = "type.googleapis.com/google.protobuf.BytesValue";
+/// The first bytes MACed for an entry MAC (never an envelope's magic).
+const ENTRY_MAC_DOMAIN: &[u8; 8] = b"nvlkdm01";
 /// The BLAKE3 key-derivation context of fleet keys.
 const FLEET_KEY_CONTEXT: &str = "nvlinkd 2026-11-26 shared cache fleet key v1";
 
@@ -82,6 +92,39 @@ impl FleetKey {
     fn mac(&self, data: &[u8]) -> blake3::Hash {
         blake3::keyed_hash(&self.0, data)
     }
+
+    /// The MAC of an entry's ActionResult: that the action `action` names
+    /// the blob `blob` was written with this key.
+    fn entry_mac(&self, action: &re::Digest, blob: &re::Digest) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(ENTRY_MAC_DOMAIN);
+        for d in [action, blob] {
+            h.update(&(d.hash.len() as u64).to_le_bytes());
+            h.update(d.hash.as_bytes());
+            h.update(&d.size_bytes.to_le_bytes());
+        }
+        h.finalize()
+    }
+}
+
+/// The execution metadata carrying an entry MAC (see [`FleetKey::entry_mac`]).
+fn with_entry_mac(mac: blake3::Hash) -> re::ExecutedActionMetadata {
+    re::ExecutedActionMetadata {
+        worker: "nvlinkd".into(),
+        auxiliary_metadata: vec![bazel_remote_apis::google::protobuf::Any {
+            type_url: ENTRY_MAC_TYPE.into(),
+            value: mac.as_bytes().to_vec().encode_to_vec(),
+        }],
+        ..Default::default()
+    }
+}
+
+/// The entry MAC an ActionResult carries, if any.
+fn entry_mac_of(result: &re::ActionResult) -> Option<blake3::Hash> {
+    let metadata = result.execution_metadata.as_ref()?;
+    let any = metadata.auxiliary_metadata.iter().find(|a| a.type_url == ENTRY_MAC_TYPE)?;
+    let bytes: [u8; 32] = Vec::<u8>::decode(&any.value[..]).ok()?.try_into().ok()?;
+    Some(blake3::Hash::from_bytes(bytes))
 }
 
 impl std::fmt::Debug for FleetKey {
@@ -139,6 +182,8 @@ struct Counters {
     uploads_dropped: AtomicU64,
     uploaded_bytes: AtomicU64,
     downloaded_bytes: AtomicU64,
+    /// Bytes of CAS blobs received, kept or refused.
+    bytes_read: AtomicU64,
     pending_uploads: AtomicU64,
     pending_upload_bytes: AtomicU64,
     /// Blobs moved with ByteStream (beyond the batch limit).
@@ -352,6 +397,7 @@ impl RemoteTier for RemoteCache {
             ("remote_cache_uploads_pending", l(&c.pending_uploads)),
             ("remote_cache_uploaded_bytes", l(&c.uploaded_bytes)),
             ("remote_cache_downloaded_bytes", l(&c.downloaded_bytes)),
+            ("remote_cache_bytes_read", l(&c.bytes_read)),
             ("remote_cache_stream_reads", l(&c.stream_reads)),
             ("remote_cache_stream_writes", l(&c.stream_writes)),
         ]
@@ -520,12 +566,14 @@ impl Inner {
     /// The verified entry of `kind`/`key`, or None when the server has none.
     async fn lookup(&self, kind: Kind, key: &Key) -> Result<Option<Vec<u8>>, Error> {
         let caps = self.caps().await?;
-        let (action, _) = action_of(caps.function, kind, key, self.opts.fleet_key.is_some());
+        let fleet = self.opts.fleet_key.as_ref();
+        let (action, _) = action_of(caps.function, kind, key, fleet.is_some());
+        let action = digest(caps.function, &action);
         let mut ac = ActionCacheClient::new(self.channel.clone());
         let result = ac
             .get_action_result(self.request(re::GetActionResultRequest {
                 instance_name: self.opts.instance.clone(),
-                action_digest: Some(digest(caps.function, &action)),
+                action_digest: Some(action.clone()),
                 digest_function: self.digest_function_field(&caps),
                 ..Default::default()
             }))
@@ -539,6 +587,13 @@ impl Inner {
             return Err(Error::Rejected("no output file".into()));
         };
         let Some(d) = file.digest.clone() else { return Err(Error::Rejected("output without digest".into())) };
+        // Before a byte of the blob is read: the fleet key's word that this
+        // action names this blob (`blake3::Hash` compares in constant time).
+        if let Some(k) = fleet {
+            if entry_mac_of(&result) != Some(k.entry_mac(&action, &d)) {
+                return Err(Error::Rejected("the fleet key does not authenticate the entry".into()));
+            }
+        }
         if !(0..=MAX_BLOB).contains(&d.size_bytes) {
             return Err(Error::Rejected(format!("blob size {}", d.size_bytes)));
         }
@@ -556,6 +611,7 @@ impl Inner {
             let Some(r) = r.responses.into_iter().find(|r| r.digest.as_ref() == Some(&d)) else {
                 return Err(Error::Rejected("blob not in the batch answer".into()));
             };
+            self.counters.bytes_read.fetch_add(r.data.len() as u64, Ordering::Relaxed);
             match r.status.map(|s| s.code).unwrap_or(0) {
                 0 => r.data,
                 // The ActionResult outlived its blob (evicted): a miss.
@@ -571,7 +627,6 @@ impl Inner {
         if digest(caps.function, &blob) != d {
             return Err(Error::Rejected("blob does not match its digest".into()));
         }
-        let fleet = self.opts.fleet_key.as_ref();
         let why = match fleet {
             Some(_) => "blob is another entry's, or the fleet key does not authenticate it",
             None => "blob is another entry's",
@@ -605,6 +660,7 @@ impl Inner {
         // Grown as bytes arrive: the size is the server's word, not yet checked.
         let mut out = Vec::new();
         while let Some(chunk) = stream.message().await? {
+            self.counters.bytes_read.fetch_add(chunk.data.len() as u64, Ordering::Relaxed);
             if out.len() + chunk.data.len() > d.size_bytes as usize {
                 return Err(Error::Rejected("blob longer than its digest says".into()));
             }
@@ -625,7 +681,8 @@ impl Inner {
         let fleet = self.opts.fleet_key.as_ref();
         let (action, command) = action_of(f, kind, key, fleet.is_some());
         let blob = envelope(kind, key, value, fleet);
-        let blobs = [(digest(f, &action), &action), (digest(f, &command), &command), (digest(f, &blob), &blob)];
+        let (action_digest, blob_digest) = (digest(f, &action), digest(f, &blob));
+        let blobs = [(action_digest.clone(), &action), (digest(f, &command), &command), (blob_digest.clone(), &blob)];
         let mut cas = ContentAddressableStorageClient::new(self.channel.clone());
         let missing = cas
             .find_missing_blobs(self.request(re::FindMissingBlobsRequest {
@@ -667,18 +724,20 @@ impl Inner {
             }
         }
         let mut ac = ActionCacheClient::new(self.channel.clone());
+        let execution_metadata = fleet.map(|k| with_entry_mac(k.entry_mac(&action_digest, &blob_digest)));
         ac.update_action_result(self.request(re::UpdateActionResultRequest {
             instance_name: self.opts.instance.clone(),
-            action_digest: Some(digest(f, &action)),
             action_result: Some(re::ActionResult {
                 output_files: vec![re::OutputFile {
                     path: OUTPUT.into(),
-                    digest: Some(digest(f, &blob)),
+                    digest: Some(blob_digest),
                     ..Default::default()
                 }],
                 exit_code: 0,
+                execution_metadata,
                 ..Default::default()
             }),
+            action_digest: Some(action_digest),
             digest_function: self.digest_function_field(&caps),
             ..Default::default()
         }))
@@ -761,6 +820,31 @@ mod tests {
         }
         let f = DigestFunction::Sha256;
         assert_ne!(action_of(f, "link", &k, true).0, action_of(f, "link", &k, false).0);
+    }
+
+    /// The ActionResult's MAC binds the action to its blob's hash and size
+    /// under the key; it is read back from the ActionResult as written.
+    #[test]
+    fn entry_macs_bind_the_action_to_its_blob() {
+        let f = DigestFunction::Sha256;
+        let (fleet, other) = (FleetKey::from_file_bytes(b"fleet secret"), FleetKey::from_file_bytes(b"another"));
+        let (a1, a2) = (digest(f, b"action 1"), digest(f, b"action 2"));
+        let (b1, b2) = (digest(f, b"blob 1"), digest(f, b"blob 2"));
+        let mac = fleet.entry_mac(&a1, &b1);
+        let bigger = re::Digest { size_bytes: b1.size_bytes + 1, ..b1.clone() };
+        for (what, other_mac) in [
+            ("another action", fleet.entry_mac(&a2, &b1)),
+            ("another blob", fleet.entry_mac(&a1, &b2)),
+            ("another size", fleet.entry_mac(&a1, &bigger)),
+            ("the two swapped", fleet.entry_mac(&b1, &a1)),
+            ("another key", other.entry_mac(&a1, &b1)),
+        ] {
+            assert_ne!(mac, other_mac, "{what}");
+        }
+        let result = re::ActionResult { execution_metadata: Some(with_entry_mac(mac)), ..Default::default() };
+        let result = re::ActionResult::decode(&result.encode_to_vec()[..]).unwrap();
+        assert_eq!(entry_mac_of(&result), Some(mac));
+        assert_eq!(entry_mac_of(&re::ActionResult::default()), None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::env::{cuda_home, nvlinkd, real_nvlink, TempDir};
 /// The token the shims of the tests present.
 pub const TOKEN: &str = "s3cret-token-for-tests";
 /// The token file's other token (`other-client-token`): another caller.
-pub const OTHER_TOKEN: &str = "other-token";
+pub const OTHER_TOKEN: &str = "other-token-for-tests";
 
 /// A CA, a server certificate it signed for 127.0.0.1 and localhost (or the
 /// names given), a client certificate it signed (`client.pem`,
@@ -49,7 +49,7 @@ impl Pki {
         let cert = params.signed_by(&key, &pki.issuer).unwrap();
         std::fs::write(pki.dir.path().join("client.pem"), cert.pem()).unwrap();
         std::fs::write(pki.dir.path().join("client-key.pem"), key.serialize_pem()).unwrap();
-        std::fs::write(pki.dir.path().join("tokens"), format!("# farm tokens\n\n{OTHER_TOKEN}\n{TOKEN}\n")).unwrap();
+        pki.replace("tokens", format!("# farm tokens\n\n{OTHER_TOKEN}\n{TOKEN}\n").as_bytes());
         std::fs::write(pki.dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
         std::fs::write(pki.dir.path().join("other-client-token"), format!("{OTHER_TOKEN}\n")).unwrap();
         pki
@@ -68,10 +68,14 @@ impl Pki {
         self.replace(key, pair.serialize_pem().as_bytes());
     }
 
-    /// Replace file `name` of the directory with `contents`, by a rename.
+    /// Replace file `name` of the directory with `contents`, by a rename;
+    /// the new file is for this user alone (mode 0600: the daemon refuses a
+    /// token file others can read).
     pub fn replace(&self, name: &str, contents: &[u8]) {
+        use std::os::unix::fs::PermissionsExt;
         let tmp = self.dir.path().join(format!(".{name}.new"));
         std::fs::write(&tmp, contents).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
     }
 
@@ -138,8 +142,14 @@ impl NobodyDaemon {
         // Sticky, as /tmp: the daemon accepts a shared socket directory only so.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        for f in ["cert.pem", "key.pem", "tokens"] {
+        for f in ["cert.pem", "key.pem"] {
             std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        // The token file must be the daemon's user's alone.
+        const NOBODY: u32 = 65534;
+        if let Err(e) = std::os::unix::fs::chown(pki.file("tokens"), Some(NOBODY), None) {
+            eprintln!("skipped: cannot give the token file to nobody ({e})");
+            return None;
         }
         let port = free_port();
         let spawned = Command::new("setpriv")

@@ -4,7 +4,12 @@
 //! unreachable or silent server never fails a link. Every result is compared
 //! with the real nvlink's.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+use prost::Message;
+use re::action_cache_client::ActionCacheClient;
 
 use nvlinkd_tests::buildgrid::BuildGrid;
 use nvlinkd_tests::compare;
@@ -256,4 +261,124 @@ fn entries_not_authenticated_by_the_fleet_key_are_never_served() {
     same(&expected, &run(&shim(), &inv(LINK, &out), &second.shim_env()));
     assert_eq!(second.stat("cache_hits"), 1, "the fleet's entry was not shared: {}", second.stats());
     assert!(second.stat("remote_cache_hits") >= 1);
+}
+
+/// The name of a blob file of BuildGrid's disk CAS (`objects/ab/cdef…`): its hash.
+fn blob_hash(file: &Path) -> String {
+    let shard = file.parent().and_then(|p| p.file_name()).unwrap().to_string_lossy();
+    format!("{shard}{}", file.file_name().unwrap().to_string_lossy())
+}
+
+/// The action digests of the entries of `kind` daemons stored in `bg`:
+/// Actions in BuildGrid's CAS whose Command is nvlinkd's for `kind`, as
+/// anyone who can read the CAS finds them.
+fn stored_actions(bg: &BuildGrid, kind: &str) -> Vec<re::Digest> {
+    let blobs = bg.blobs();
+    let mut found = Vec::new();
+    for file in &blobs {
+        let bytes = std::fs::read(file).unwrap();
+        let Some(command) = re::Action::decode(&bytes[..]).ok().and_then(|a| a.command_digest) else { continue };
+        let Some(command) = blobs.iter().find(|f| blob_hash(f) == command.hash) else { continue };
+        let Ok(command) = re::Command::decode(&std::fs::read(command).unwrap()[..]) else { continue };
+        if command.arguments.first().map(String::as_str) == Some("nvlinkd-cache")
+            && command.arguments.get(2).map(String::as_str) == Some(kind)
+        {
+            found.push(re::Digest { hash: blob_hash(file), size_bytes: bytes.len() as i64 });
+        }
+    }
+    assert!(!found.is_empty(), "no nvlinkd {kind} entry in BuildGrid's CAS");
+    found
+}
+
+/// A blob of `size` bytes in BuildGrid's disk CAS (a sparse file: BuildGrid
+/// serves it as it is, under a made-up SHA-256 hash), as a forger who can
+/// write to the CAS stores one.
+fn huge_blob(bg: &BuildGrid, size: u64) -> re::Digest {
+    let hash = format!("{:064x}", 0xf0f0_u64 + size);
+    let dir: PathBuf = bg.dir.path().join("storage/cas/objects").join(&hash[..2]);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::File::create(dir.join(&hash[2..])).unwrap().set_len(size).unwrap();
+    re::Digest { hash, size_bytes: size as i64 }
+}
+
+/// A forger without the fleet key: the ActionResult stored under `action`
+/// is rewritten to name `blob` as its output, everything else kept as the
+/// daemon wrote it.
+fn forge(bg: &BuildGrid, action: &re::Digest, blob: &re::Digest) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", bg.addr)).unwrap().connect().await;
+        let mut ac = ActionCacheClient::new(channel.unwrap());
+        let get = re::GetActionResultRequest { action_digest: Some(action.clone()), ..Default::default() };
+        let mut result = ac.get_action_result(get).await.unwrap().into_inner();
+        assert!(!result.output_files.is_empty(), "{result:?}");
+        for f in &mut result.output_files {
+            f.digest = Some(blob.clone());
+        }
+        let update = re::UpdateActionResultRequest {
+            action_digest: Some(action.clone()),
+            action_result: Some(result),
+            ..Default::default()
+        };
+        ac.update_action_result(update).await.unwrap();
+    });
+}
+
+/// An entry of the shared tier names a 64 MiB blob its writer did not have
+/// the fleet key to authenticate: the entry's own MAC (in its ActionResult)
+/// is checked first, so the daemon refuses it without reading the blob, and
+/// links as nvlink does. (A forger could make every lookup download up to
+/// 257 MiB before the envelope's MAC said no.)
+#[test]
+fn a_forged_entry_is_refused_before_its_blob_is_downloaded() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let keys = TempDir::new("rp-forge-keys");
+    let fleet = keys.path().join("fleet.key");
+    std::fs::write(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons").unwrap();
+    let (fleet, url) = (fleet.display().to_string(), bg.url());
+    let member =
+        || Daemon::start_with(&["--remote-cache", &url, "--remote-timeout", "5s", "--remote-cache-key", &fleet]);
+    let out = TempDir::new("rp-forge-out");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let a = member();
+    same(&expected, &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+
+    let huge = huge_blob(&bg, 64 << 20);
+    for action in stored_actions(&bg, "link") {
+        forge(&bg, &action, &huge);
+    }
+    let b = member();
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    let s = b.stats();
+    assert_eq!(s["cache_hits"].as_u64().zip(s["cache_misses"].as_u64()), Some((0, 1)), "{s}");
+    assert!(s["remote_cache_rejected"].as_u64() >= Some(1), "the forged entry was not rejected: {s}");
+    assert_eq!(s["remote_cache_errors"].as_u64(), Some(0), "a forgery counted as the server failing: {s}");
+    let read = s["remote_cache_bytes_read"].as_u64().unwrap();
+    assert!(read < 1 << 20, "{read} bytes read for a forged entry: {s}");
+}
+
+/// No daemon writes an entry larger than its upload queue (256 MiB, plus the
+/// envelope): an entry naming a larger blob is refused before a byte of it
+/// is read, with or without a fleet key.
+#[test]
+fn an_entry_naming_a_blob_past_257_mib_is_refused_before_any_download() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let out = TempDir::new("rp-cap-out");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let a = daemon(&bg.url());
+    same(&expected, &run(&shim(), &inv(LINK, &out), &a.shim_env()));
+    wait_uploads(&a, 1);
+
+    let huge = huge_blob(&bg, (257 << 20) + 1);
+    for action in stored_actions(&bg, "link") {
+        forge(&bg, &action, &huge);
+    }
+    let b = daemon(&bg.url());
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    let s = b.stats();
+    assert_eq!(s["cache_hits"].as_u64().zip(s["cache_misses"].as_u64()), Some((0, 1)), "{s}");
+    assert!(s["remote_cache_rejected"].as_u64() >= Some(1), "the entry was not rejected: {s}");
+    let read = s["remote_cache_bytes_read"].as_u64().unwrap();
+    assert!(read < 1 << 20, "{read} bytes read for an entry past the cap: {s}");
 }

@@ -84,8 +84,8 @@ fn sighup_rotates_the_certificate_and_the_tokens() {
     // The rotation: a new certificate and key, new tokens. On disk only, the
     // daemon goes on with the old ones until told.
     pki.issue(&["localhost"], "cert.pem", "key.pem");
-    pki.replace("tokens", b"# rotated\nrotated:new-token\n");
-    std::fs::write(pki.file("new-token"), "new-token\n").unwrap();
+    pki.replace("tokens", b"# rotated\nrotated:new-token-of-the-rotation\n");
+    std::fs::write(pki.file("new-token"), "new-token-of-the-rotation\n").unwrap();
     let failures = d.stat("auth_failures");
     refused(&run(&shim(), &inv(&out), &shim_env(&pki, &by_ip, "new-token")), "new token before SIGHUP");
     assert_eq!(d.stat("auth_failures"), failures + 1);
@@ -141,6 +141,15 @@ fn sighup_with_a_bad_file_keeps_the_old_ones_and_says_why() {
             why: "holds no token",
         },
         BadFile {
+            what: "a token file other users can read",
+            make: Box::new(|| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(pki.file("tokens"), std::fs::Permissions::from_mode(0o644)).unwrap()
+            }),
+            kept: "token file not reloaded",
+            why: "chmod 600",
+        },
+        BadFile {
             what: "a missing token file",
             make: Box::new(|| std::fs::remove_file(pki.file("tokens")).unwrap()),
             kept: "token file not reloaded",
@@ -184,6 +193,31 @@ fn sighup_with_a_bad_file_keeps_the_old_ones_and_says_why() {
     let expected = run(&real_nvlink(), &inv(&out), &[]);
     let addr = format!("https://127.0.0.1:{port}");
     assert_like_nvlink(&expected, &run(&shim(), &inv(&out), &shim_env(&pki, &addr, "client-token")), "after");
+}
+
+/// A token file rewritten in place (not replaced by a rename) while SIGHUP
+/// reads it: the daemon reads a prefix, its last token cut short. The reload
+/// is refused with one warning naming the file and line, and the old tokens
+/// stay in force.
+#[test]
+fn sighup_reading_a_token_file_cut_short_keeps_the_old_tokens() {
+    let pki = Pki::new();
+    let (mut d, port) = secure_daemon(&pki);
+    let tokens = std::fs::read_to_string(pki.file("tokens")).unwrap();
+    let cut = &tokens[..tokens.trim_end().len() - 8];
+    assert!(!cut.ends_with('\n') && cut.ends_with(&TOKEN[..TOKEN.len() - 8]), "{cut:?}");
+    // In place: the same file, truncated and written (as `>` in a shell does).
+    std::fs::write(pki.file("tokens"), cut).unwrap();
+    d.signal(libc::SIGHUP);
+    let warnings = d.wait_log("SIGHUP: token file", 1);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let w = &warnings[0];
+    assert!(w.contains("not reloaded") && w.contains("WARN"), "{w}");
+    assert!(w.contains(&pki.file("tokens")) && w.contains("line 4") && w.contains("16 bytes"), "{w}");
+    assert!(!w.contains(cut.lines().last().unwrap()), "a secret in the log: {w}");
+    assert!(d.running(), "SIGHUP stopped the daemon");
+    // The old token still serves new connections.
+    stats_over_a_new_connection(&pki, "127.0.0.1", port, TOKEN).unwrap();
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvlinkd_proto::paths;
 use nvlinkd_proto::v1::{
@@ -51,9 +51,11 @@ fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
     r
 }
 
+/// What `nvlinkd serve` with `extra` printed and how it ended; one still
+/// serving after 60 s (it took what it should have refused) is killed.
 fn serve_output(extra: &[&str]) -> std::process::Output {
     let dir = TempDir::new("sec-refuse");
-    Command::new(nvlinkd())
+    let mut child = Command::new(nvlinkd())
         .arg("serve")
         .arg("--socket")
         .arg(dir.path().join("sock"))
@@ -61,8 +63,16 @@ fn serve_output(extra: &[&str]) -> std::process::Output {
         .arg(dir.path().join("cache"))
         .args(extra)
         .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
 }
 
 #[test]
@@ -80,12 +90,50 @@ fn listener_refuses_to_start_without_tls_and_authentication() {
         assert!(!out.status.success(), "nvlinkd served {extra:?}");
         assert!(stderr.contains("refusing to serve --listen"), "{extra:?}: {stderr}");
     }
-    let empty = pki.dir.path().join("empty-tokens");
-    std::fs::write(&empty, "# none\n").unwrap();
-    let empty = empty.display().to_string();
+    pki.replace("empty-tokens", b"# none\n");
+    let empty = pki.file("empty-tokens");
     let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &empty]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no token"));
+}
+
+/// A token shorter than 16 bytes is guessable (or a token cut short): serve
+/// refuses the file, naming it and the line, and exits non-zero.
+#[test]
+fn a_token_shorter_than_16_bytes_is_refused_at_start() {
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key) = (pki.file("cert.pem"), pki.file("key.pem"));
+    pki.replace("tokens", format!("# farm\nci:{TOKEN}\ndev:short-secret\n").as_bytes());
+    let tokens = pki.file("tokens");
+    let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "nvlinkd served a 12-byte token: {stderr}");
+    assert!(stderr.contains(&tokens) && stderr.contains("line 3") && stderr.contains("16 bytes"), "{stderr}");
+    assert!(!stderr.contains("short-secret") && !stderr.contains(TOKEN), "a secret shown: {stderr}");
+}
+
+/// Like ssh with a private key: a token file other users can read or
+/// change is refused at start, saying `chmod 600 FILE`; a symlink to it (as
+/// Kubernetes mounts secrets) is judged by the file it leads to.
+#[test]
+fn a_token_file_others_can_read_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    let link = pki.file("tokens-link");
+    std::os::unix::fs::symlink(&tokens, &link).unwrap();
+    for mode in [0o644, 0o640, 0o620] {
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(mode)).unwrap();
+        for file in [&tokens, &link] {
+            let out =
+                serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", file]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "nvlinkd served a token file of mode {mode:o}: {stderr}");
+            assert!(stderr.contains(&format!("chmod 600 {file}")), "{mode:o}: {stderr}");
+        }
+    }
 }
 
 #[test]

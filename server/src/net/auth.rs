@@ -18,7 +18,12 @@ use super::incoming::LogLimit;
 /// The file: one token per line, `name:secret`, or a bare `secret`, named
 /// `token-N` after its line number; blank lines and `#` comments skipped. A
 /// name is 1 to 64 letters, digits, `.`, `_` or `-` (it labels metrics and
-/// log lines), and names are unique. The secret is never logged or shown.
+/// log lines), and names are unique. A secret is at least [`MIN_SECRET`]
+/// bytes: a shorter one is guessable, or a token cut short (a file being
+/// rewritten while it is read). The secret is never logged or shown.
+///
+/// The file must be private to the daemon ([`read_private`]): no other user
+/// may read or change it, and one that changes while it is read is refused.
 pub struct Auth {
     file: PathBuf,
     tokens: RwLock<Arc<Vec<Token>>>,
@@ -169,6 +174,9 @@ impl Auth {
     }
 }
 
+/// The shortest secret a token file may hold, in bytes.
+pub const MIN_SECRET: usize = 16;
+
 /// Whether `name` may name a token: 1 to 64 of `[A-Za-z0-9._-]`.
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -177,7 +185,7 @@ fn valid_name(name: &str) -> bool {
 /// The tokens of a token file (see [`Auth`]): at least one. An error names
 /// the file and line, never a secret.
 fn read_tokens(f: &Path) -> Result<Vec<Token>, String> {
-    let bytes = std::fs::read(f).map_err(|e| format!("cannot read --token-file {}: {e}", f.display()))?;
+    let bytes = read_private(f, "--token-file")?;
     let text = String::from_utf8(bytes).map_err(|_| format!("--token-file {} is not text", f.display()))?;
     let mut tokens: Vec<Token> = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -196,6 +204,9 @@ fn read_tokens(f: &Path) -> Result<Vec<Token>, String> {
         if secret.is_empty() {
             return Err(at("no token after the name"));
         }
+        if secret.len() < MIN_SECRET {
+            return Err(at(&format!("a token is at least {MIN_SECRET} bytes; this one is shorter")));
+        }
         if tokens.iter().any(|t| *t.name == *name) {
             return Err(at(&format!("the name {name} is given twice")));
         }
@@ -205,6 +216,112 @@ fn read_tokens(f: &Path) -> Result<Vec<Token>, String> {
         return Err(format!("--token-file {} holds no token", f.display()));
     }
     Ok(tokens)
+}
+
+/// Reads of a file that changed while it was read, before it is refused.
+const READ_TRIES: u32 = 3;
+
+/// The bytes of the secrets' file `f` (named by option `what`), if no other
+/// user can read or change it ([`check_private`], on the file a symlink leads
+/// to) and it did not change while it was read: its size and times are the
+/// same before and after, and a second read gives the same bytes. A file
+/// being rewritten in place (SIGHUP arriving mid-write) is read again, up to
+/// [`READ_TRIES`] times, then refused.
+pub fn read_private(f: &Path, what: &str) -> Result<Vec<u8>, String> {
+    read_private_with(f, what, &mut || {})
+}
+
+/// [`read_private`], calling `between` after each first read (tests change
+/// the file there).
+fn read_private_with(f: &Path, what: &str, between: &mut dyn FnMut()) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {what} {}: {e}", f.display());
+    for attempt in 0..READ_TRIES {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut file = std::fs::File::open(f).map_err(cannot)?;
+        let before = file.metadata().map_err(cannot)?;
+        check_private(f, what, &before)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(cannot)?;
+        between();
+        let after = file.metadata().map_err(cannot)?;
+        let again = std::fs::read(f).map_err(cannot)?;
+        if same_version(&before, &after) && after.len() == bytes.len() as u64 && again == bytes {
+            return Ok(bytes);
+        }
+    }
+    Err(format!("{what} {} changed while it was read ({READ_TRIES} tries): not taken", f.display()))
+}
+
+/// Whether two `stat`s of one open file show the same contents.
+fn same_version(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let v = |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+    v(a) == v(b)
+}
+
+/// Whether only the daemon (and root) can read and change the file of `m`,
+/// as ssh asks of a private key: owned by the daemon's user with no access
+/// for group or others (`chmod 600`); or owned by root, changed by root only,
+/// and readable through a group only where the group is root's or one of the
+/// daemon's (Kubernetes mounts a secret as root's, readable through the pod's
+/// `fsGroup`; systemd hands a credential as root's with an ACL for the
+/// daemon's user, which `stat` shows as the group's bits). Another owner
+/// could put tokens of its own in the file: refused.
+fn check_private(f: &Path, what: &str, m: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let f = f.display();
+    match not_private(m.uid(), m.gid(), m.mode(), euid, &in_groups) {
+        None => Ok(()),
+        Some(NotPrivate::Owner(uid)) => Err(format!(
+            "{what} {f} belongs to uid {uid}, not to the daemon's user (uid {euid}) or root: that user could \
+             change its tokens; chown {euid} {f} and chmod 600 {f}"
+        )),
+        Some(NotPrivate::Mode(mode)) => Err(format!(
+            "{what} {f} (mode {mode:03o}) can be read or changed by other users than the daemon's: chmod 600 {f}"
+        )),
+    }
+}
+
+/// Why a secret's file is not private (see [`check_private`]).
+#[derive(Debug, PartialEq)]
+enum NotPrivate {
+    /// Another user's (uid).
+    Owner(u32),
+    /// Its permission bits let others in.
+    Mode(u32),
+}
+
+/// The rule of [`check_private`] on a file's owner, group and mode, for a
+/// daemon of user `euid` and groups `in_groups`.
+fn not_private(uid: u32, gid: u32, mode: u32, euid: u32, in_groups: &dyn Fn(u32) -> bool) -> Option<NotPrivate> {
+    let mode = mode & 0o777;
+    if uid != euid && uid != 0 {
+        return Some(NotPrivate::Owner(uid));
+    }
+    // The daemon's own file: for it alone. Root's: written by root alone,
+    // read by a group only where that group is root's or the daemon's.
+    let others = if uid == euid { mode & 0o077 } else { mode & 0o037 | if in_groups(gid) { 0 } else { mode & 0o040 } };
+    (others != 0).then_some(NotPrivate::Mode(mode))
+}
+
+/// Whether `gid` is root's group or one of the daemon's.
+fn in_groups(gid: u32) -> bool {
+    // SAFETY: getegid cannot fail; getgroups writes at most `n` entries.
+    unsafe {
+        if gid == 0 || libc::getegid() == gid {
+            return true;
+        }
+        let n = libc::getgroups(0, std::ptr::null_mut());
+        let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
+        let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
+        groups.truncate(n.max(0) as usize);
+        groups.contains(&gid)
+    }
 }
 
 fn bearer(value: &str) -> Option<&str> {
@@ -230,7 +347,13 @@ mod tests {
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = std::env::temp_dir().join(format!("nvlinkd-auth-{}-{n}", std::process::id()));
         std::fs::write(&p, text).unwrap();
+        chmod(&p, 0o600);
         Scratch(p)
+    }
+
+    fn chmod(p: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 
     fn metadata(token: &str) -> tonic::metadata::MetadataMap {
@@ -241,13 +364,17 @@ mod tests {
 
     #[test]
     fn token_lines_are_name_colon_secret_or_a_bare_secret_named_by_its_line() {
-        let f = file("# farm\n\nci: s3cret\nbare-one\n  dev-2:other:with:colons \n");
+        let f = file("# farm\n\nci: s3cret-of-the-ci\nbare-one-0123456789\n  dev-2:other:with:colons:0123 \n");
         let auth = Auth::load(&f.0).unwrap();
         let name = |t: &str| auth.identify(&metadata(t)).map(|i| i.name.to_string());
-        assert_eq!(name("s3cret").as_deref(), Some("ci"));
-        assert_eq!(name("bare-one").as_deref(), Some("token-4"), "named by its line number");
-        assert_eq!(name("other:with:colons").as_deref(), Some("dev-2"), "the secret is what follows the first `:`");
-        assert_eq!(name("ci:s3cret"), None, "the name is no part of the secret");
+        assert_eq!(name("s3cret-of-the-ci").as_deref(), Some("ci"));
+        assert_eq!(name("bare-one-0123456789").as_deref(), Some("token-4"), "named by its line number");
+        assert_eq!(
+            name("other:with:colons:0123").as_deref(),
+            Some("dev-2"),
+            "the secret is what follows the first `:`"
+        );
+        assert_eq!(name("ci:s3cret-of-the-ci"), None, "the name is no part of the secret");
         assert_eq!(name("wrong"), None);
         assert_eq!(auth.count(), 3);
         let names: Vec<String> = auth.figures().into_iter().map(|(n, _)| n).collect();
@@ -257,11 +384,14 @@ mod tests {
     #[test]
     fn a_token_file_with_a_bad_or_repeated_name_is_refused_without_its_secret() {
         for (text, says) in [
-            ("bad name:secret-1\n", "line 1"),
-            ("ci:secret-1\nci:secret-2\n", "given twice"),
-            ("x\ny\n# token-2 is the line above\ntoken-2:secret-3\n", "given twice"),
+            ("bad name:secret-1-0123456789\n", "line 1"),
+            ("ci:secret-1-0123456789\nci:secret-2-0123456789\n", "given twice"),
+            (
+                "x-0123456789abcdef\ny-0123456789abcdef\n# token-2 is the line above\ntoken-2:secret-3-0123456789\n",
+                "given twice",
+            ),
             ("ci:\n", "no token after the name"),
-            (&format!("{}:secret-1\n", "n".repeat(65)), "line 1"),
+            (&format!("{}:secret-1-0123456789\n", "n".repeat(65)), "line 1"),
         ] {
             let f = file(text);
             let e = Auth::load(&f.0).err().unwrap_or_else(|| panic!("{text:?} was taken"));
@@ -272,16 +402,123 @@ mod tests {
 
     #[test]
     fn a_tokens_figures_outlive_its_removal() {
-        let f = file("ci:one\n");
+        let f = file("ci:one-0123456789abcdef\n");
         let auth = Auth::load(&f.0).unwrap();
-        let ci = auth.identify(&metadata("one")).unwrap().name;
+        let ci = auth.identify(&metadata("one-0123456789abcdef")).unwrap().name;
         auth.count_link(&ci, 10, 20);
         auth.count_refused(&ci);
-        std::fs::write(&f.0, "dev:two\n").unwrap();
+        std::fs::write(&f.0, "dev:two-0123456789abcdef\n").unwrap();
         assert_eq!(auth.reload().unwrap().iter().map(|n| n.to_string()).collect::<Vec<_>>(), ["dev"]);
-        assert!(auth.identify(&metadata("one")).is_none(), "a removed token still works");
+        assert!(auth.identify(&metadata("one-0123456789abcdef")).is_none(), "a removed token still works");
         let figures = auth.figures();
         let ci = TokenFigures { links: 1, refused: 1, bytes_received: 10, bytes_sent: 20 };
         assert_eq!(figures, [("ci".to_string(), ci), ("dev".to_string(), TokenFigures::default())]);
+    }
+
+    #[test]
+    fn a_token_shorter_than_16_bytes_is_refused() {
+        for text in ["ci:secret-15-bytes\n", "ok:secret-0123456789\nfifteen-bytes-x\n", "ci:  secret-15-bytes  \n"] {
+            let f = file(text);
+            let e = Auth::load(&f.0).err().unwrap_or_else(|| panic!("{text:?} was taken"));
+            let line = if text.starts_with("ok:") { "line 2" } else { "line 1" };
+            assert!(
+                e.contains(&f.0.display().to_string()) && e.contains(line) && e.contains("16 bytes"),
+                "{text:?}: {e}"
+            );
+            assert!(!e.contains("secret-15") && !e.contains("fifteen"), "{text:?}: the error shows a secret: {e}");
+        }
+        let f = file("ci:secret-16-bytes!\n");
+        assert_eq!(Auth::load(&f.0).unwrap().count(), 1, "a 16-byte token is enough");
+    }
+
+    /// A token file rewritten in place while SIGHUP reads it: what was read
+    /// ends mid-token, the last token cut below 16 bytes. The reload is
+    /// refused and the old tokens stay in force.
+    #[test]
+    fn a_token_file_cut_short_mid_token_is_not_reloaded() {
+        let f = file("ci:old-token-0123456789\n");
+        let auth = Auth::load(&f.0).unwrap();
+        std::fs::write(&f.0, "ci:new-token-0123456789\ndev:new-tok").unwrap();
+        let e = auth.reload().expect_err("a token file cut short was reloaded");
+        assert!(e.contains("line 2") && e.contains("16 bytes"), "{e}");
+        assert!(auth.identify(&metadata("old-token-0123456789")).is_some(), "the old token stopped working");
+        assert!(auth.identify(&metadata("new-token-0123456789")).is_none(), "a token of the refused file works");
+    }
+
+    /// Like ssh with a private key: a token file that another user can read
+    /// or change is refused, saying `chmod 600`; a symlink is judged by the
+    /// file it leads to (Kubernetes mounts secrets as symlinks).
+    #[test]
+    fn a_token_file_others_can_read_or_change_is_refused() {
+        use std::os::unix::fs::MetadataExt;
+        let f = file("ci:secret-0123456789\n");
+        let link = PathBuf::from(format!("{}.link", f.0.display()));
+        std::os::unix::fs::symlink(&f.0, &link).unwrap();
+        let _link = Scratch(link.clone());
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602, 0o660, 0o666] {
+            chmod(&f.0, mode);
+            for p in [&f.0, &link] {
+                let e = Auth::load(p).err().unwrap_or_else(|| panic!("{mode:o} was taken"));
+                assert!(e.contains(&format!("chmod 600 {}", p.display())), "{mode:o}: {e}");
+                assert!(!e.contains("secret-"), "{e}");
+            }
+        }
+        for mode in [0o600, 0o400] {
+            chmod(&f.0, mode);
+            assert!(Auth::load(&f.0).is_ok() && Auth::load(&link).is_ok(), "{mode:o} refused");
+        }
+        // The daemon's (here: this process's) own file, then one of another
+        // user (where this process may give it away: as root).
+        assert_eq!(std::fs::metadata(&f.0).unwrap().uid(), unsafe { libc::geteuid() });
+        let nobody = 65534;
+        if unsafe { libc::geteuid() } == 0 && std::os::unix::fs::chown(&f.0, Some(nobody), None).is_ok() {
+            let e = Auth::load(&f.0).err().expect("another user's token file was taken");
+            assert!(e.contains("uid 65534") && e.contains("chmod 600"), "{e}");
+        }
+    }
+
+    /// A daemon not running as root reads a secret mounted as root's through
+    /// its group (Kubernetes' `fsGroup`) or an ACL (systemd's credentials,
+    /// shown as the group's bits): root's file, readable by a group that is
+    /// root's or the daemon's, is taken; another group's, or one a group may
+    /// change, is not.
+    #[test]
+    fn roots_token_file_readable_only_through_the_daemons_group_is_taken() {
+        let (daemon, its_group, other_group) = (10001, 10001, 50);
+        let groups = |g: u32| g == 0 || g == its_group;
+        let judge = |uid, gid, mode| not_private(uid, gid, mode, daemon, &groups);
+        assert_eq!(judge(0, its_group, 0o100440), None, "Kubernetes' fsGroup with defaultMode 0440");
+        assert_eq!(judge(0, 0, 0o100440), None, "systemd's credential: root's, an ACL for the daemon");
+        assert_eq!(judge(0, other_group, 0o100400), None, "root's, for root alone (the daemon cannot read it)");
+        assert_eq!(judge(daemon, its_group, 0o100600), None);
+        assert_eq!(judge(0, other_group, 0o100440), Some(NotPrivate::Mode(0o440)), "another group reads it");
+        assert_eq!(judge(0, its_group, 0o100460), Some(NotPrivate::Mode(0o460)), "a group changes it");
+        assert_eq!(judge(0, its_group, 0o100444), Some(NotPrivate::Mode(0o444)), "anyone reads it");
+        assert_eq!(judge(daemon, its_group, 0o100640), Some(NotPrivate::Mode(0o640)), "the daemon's own: chmod 600");
+        assert_eq!(judge(1000, its_group, 0o100600), Some(NotPrivate::Owner(1000)), "another user's");
+    }
+
+    /// A token file changing while it is read (a writer mid-way, SIGHUP
+    /// arriving) is read again; one that keeps changing is refused.
+    #[test]
+    fn a_token_file_changing_while_it_is_read_is_read_again_or_refused() {
+        let f = file("ci:secret-0123456789\n");
+        let mut writes = 0;
+        let mut append_once = || {
+            if writes == 0 {
+                std::fs::write(&f.0, "ci:secret-0123456789\ndev:secret-abcdefghij\n").unwrap();
+            }
+            writes += 1;
+        };
+        let bytes = read_private_with(&f.0, "--token-file", &mut append_once).unwrap();
+        assert_eq!(bytes, b"ci:secret-0123456789\ndev:secret-abcdefghij\n", "what was read first was kept");
+        assert_eq!(writes, 2, "not read again");
+        let mut n = 0;
+        let mut always = || {
+            n += 1;
+            std::fs::write(&f.0, format!("ci:secret-0123456789\ndev:secret-abcdefghij-{n}\n")).unwrap();
+        };
+        let e = read_private_with(&f.0, "--token-file", &mut always).expect_err("a file that kept changing was taken");
+        assert!(e.contains("changed while it was read") && e.contains(&f.0.display().to_string()), "{e}");
     }
 }

@@ -80,7 +80,11 @@ const HELP: &[(&str, &str)] = &[
     ("remote_cache_uploads_dropped", "Shared-tier writes dropped: the upload queue was full"),
     ("remote_cache_uploads_pending", "Shared-tier writes waiting or running"),
     ("remote_cache_uploaded_bytes", "Bytes written to the shared tier"),
-    ("remote_cache_downloaded_bytes", "Bytes read from the shared tier"),
+    ("remote_cache_downloaded_bytes", "Bytes of the entries served from the shared tier"),
+    (
+        "remote_cache_bytes_read",
+        "Bytes of shared-tier blobs received, kept or refused (downloaded_bytes counts the entries kept)",
+    ),
     ("remote_cache_stream_reads", "Shared-tier blobs read through the ByteStream API"),
     ("remote_cache_stream_writes", "Shared-tier blobs written through the ByteStream API"),
 ];

@@ -62,6 +62,10 @@ class Bridge:
         if e.get("schema") != SCHEMA:
             return
         kind, link = e["event"], e["link"]
+        # A remote caller's link names files of its own machine, not the
+        # editor's: not the editor's problems.
+        if kind == "link_started" and e.get("origin") == "remote":
+            return
         if kind == "link_started":
             outputs = e.get("outputs") or []
             title = "nvlink " + (os.path.basename(outputs[0]) if outputs else " ".join(e["args"]))

@@ -943,8 +943,10 @@ impl Nvlinkd for Service {
         };
         let mut snapshot = figures.snapshot();
         if !self.local {
-            // A remote caller learns the figures, not where the toolkits live.
+            // A remote caller learns the figures, not where the toolkits live
+            // nor what other callers (tokens) did.
             snapshot.toolkits.clear();
+            snapshot.tokens.clear();
         }
         Ok(Response::new(StatsReply { json: snapshot.to_json() }))
     }

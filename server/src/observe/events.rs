@@ -52,6 +52,9 @@ pub const KINDS: &[&str] = &[
     "lagged",
 ];
 
+/// Most bytes of arguments a `link_started` carries (the rest: `args_truncated`).
+const ARGS_MAX: usize = 64 << 10;
+
 /// Events kept for a subscriber that has not read them yet.
 const BACKLOG: usize = 4096;
 
@@ -205,9 +208,22 @@ impl Hub {
         let outputs = named_outputs(s.args, s.cwd);
         let speculative = matches!(s.origin, "speculative" | "watch");
         let meta = LinkMeta { cwd: s.cwd.to_owned(), outputs, speculative, origin: s.origin, cancel: s.cancel };
+        // A command line may be megabytes (options files expanded): the
+        // backlog of a stuck reader keeps every event, so the arguments an
+        // event carries are bounded.
+        let mut kept = 0;
+        let args: Vec<&String> = s
+            .args
+            .iter()
+            .take_while(|a| {
+                kept += a.len();
+                kept <= ARGS_MAX
+            })
+            .collect();
         let fields = json!({
             "cwd": s.cwd.to_string_lossy(),
-            "args": s.args,
+            "args": args,
+            "args_truncated": args.len() < s.args.len(),
             "priority": s.priority,
             "speculative": speculative,
             "origin": s.origin,
@@ -223,8 +239,11 @@ impl Hub {
         let meta = self.meta(link);
         if self.tx.receiver_count() > 0 {
             let cwd = meta.as_ref().map(|m| m.cwd.as_path());
+            // A remote caller's directory is on its machine, not this one:
+            // its objects are not resolved here.
+            let here = meta.as_ref().filter(|m| m.origin != "remote").map(|m| m.cwd.as_path());
             for d in diagnostics::of_output(f.stdout, f.stderr) {
-                self.publish("diagnostic", link, d.fields(cwd));
+                self.publish("diagnostic", link, d.fields(here));
             }
             let outputs = match (&f.written, &meta) {
                 (Some(w), _) => paths(w),
@@ -474,6 +493,7 @@ mod tests {
         assert_eq!(v["args"][1], "x");
         assert_eq!(v["speculative"], true);
         assert_eq!(v["outputs"], json!(["/w/x"]));
+        assert_eq!(v["args_truncated"], false);
         let v = next(&mut rx);
         assert_eq!((v["event"].as_str(), v["reason"].as_str()), (Some("link_cancelled"), Some("superseded")));
         assert_eq!((v["superseded_by"].as_u64(), v["cwd"].as_str()), (Some(9), Some("/w")));
@@ -564,6 +584,36 @@ mod tests {
         assert_eq!(f["outputs"], json!([]));
         assert!(rx.try_recv().is_err());
         assert!(hub.meta(4).is_none(), "the link is forgotten");
+    }
+
+    /// A command line of megabytes is not kept whole by every event of a
+    /// stuck reader's backlog; a remote link's objects are not resolved on
+    /// this machine.
+    #[tokio::test]
+    async fn events_bound_arguments_and_resolve_only_local_files() {
+        let hub = Hub::default();
+        let mut rx = hub.subscribe();
+        let args: Vec<String> = (0..1000).map(|i| format!("{i:0>200}.o")).collect();
+        hub.started(Started {
+            link: 8,
+            cwd: Path::new("/"),
+            args: &args,
+            priority: "foreground",
+            origin: "remote",
+            cancel: None,
+        });
+        let v = next(&mut rx);
+        assert_eq!(v["args_truncated"], true);
+        let kept = v["args"].as_array().unwrap();
+        assert!(!kept.is_empty() && kept.iter().map(|a| a.as_str().unwrap().len()).sum::<usize>() <= ARGS_MAX);
+        // `/etc/hostname`-like: a file of this machine at the path a remote caller named.
+        let stderr = b"nvlink error   : Undefined reference to 'f' in 'etc/passwd'\n";
+        let f =
+            Finished { exit_code: 255, ms: 1.0, engine: "nvlink", fallback: None, stdout: b"", stderr, written: None };
+        hub.finished(8, f);
+        let d = next(&mut rx);
+        assert_eq!(d["object"], "etc/passwd");
+        assert!(d.get("object_path").is_none(), "{d}");
     }
 
     /// Filters: by directory (the link's cwd at or below it), by output, and

@@ -5,7 +5,9 @@
 //! a copy of the shim as `nvlink` makes `PREFIX/bin/nvcc` link through nvlinkd.
 //! Every other top-level entry of the toolkit (`lib`, `include`, `nvvm`, ...) is
 //! linked too, so that paths nvcc derives from its own location still resolve.
-//! `nvlinkd-overlay.env` records the real toolkit for the shim's fallback.
+//! `nvlinkd-overlay.env` records the real toolkit for the shim's fallback, and
+//! the toolkit's root as named, which the shim writes where nvcc passed the
+//! overlay's own paths (`client/src/remap.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +32,8 @@ fn install_binary(src: &Path, dst: &Path) -> Result<(), String> {
 }
 
 pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
+    // As given (absolute, symlinks kept): the path a plain build runs nvcc from.
+    let named = std::path::absolute(cuda_home).map_err(|e| io("no toolkit at", cuda_home, e))?;
     let cuda_home = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
     let real_nvlink = cuda_home.join("bin/nvlink");
     if !real_nvlink.is_file() {
@@ -74,6 +78,8 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
         cuda_home: Some(cuda_home.clone()),
         real_nvlink: Some(real_nvlink.clone()),
         nvlinkd: Some(daemon_dst.clone()),
+        cuda_home_named: Some(named),
+        dpkg_diversion: None,
     }
     .to_text();
     let record_path = prefix.join(OVERLAY_RECORD);
@@ -107,9 +113,8 @@ fn install_nvvm_worker(me: &Path, daemon: &Path) -> Result<(), String> {
 ///
 /// Why: nvcc passes paths derived from its own location to nvlink
 /// (`-L<bin>/../lib`, `-nvvmpath=<bin>/../nvvm`) and nvlink records its options
-/// in every cubin's `.note.nv.tkinfo`, so a build through an overlay prefix
-/// differs from a plain build in every device link. In place, nvcc and nvlink
-/// see the toolkit's own paths and the bytes are the plain build's.
+/// in every cubin's `.note.nv.tkinfo`; in place, nvcc and nvlink see the
+/// toolkit's own paths and every build with the toolkit goes through nvlinkd.
 ///
 /// Refused on a toolkit this process cannot write (read-only filesystem or
 /// permissions) and on a package-managed one (a file owned by dpkg or rpm, or a
@@ -154,6 +159,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
         cuda_home: Some(root.clone()),
         real_nvlink: Some(real.clone()),
         nvlinkd: Some(keep.join("nvlinkd")),
+        ..Default::default()
     }
     .to_text();
     let record_path = keep.join(OVERLAY_RECORD);

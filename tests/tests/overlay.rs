@@ -181,7 +181,32 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
     let st = nvlinkd_cmd(&["install", "--in-place"], &root);
     let msg = String::from_utf8_lossy(&st.stderr);
     assert!(!st.status.success() && msg.contains("managed by pip"), "pip-managed toolkit accepted: {msg}");
+    assert!(msg.contains("overlay") && msg.contains("--prefix"), "the refusal does not name the overlay: {msg}");
     assert!(std::fs::read(root.join("bin/nvlink")).unwrap() == original && !root.join("bin/.nvlinkd").exists());
+
+    // A conda environment's toolkit, and an rpm-owned one (an `rpm` on PATH
+    // that says a package owns bin/nvlink): refused, naming the overlay.
+    let conda = work.path().join("conda-env");
+    std::fs::create_dir_all(conda.join("conda-meta")).unwrap();
+    let fake = work.path().join("fakebin");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake.join("rpm"), "#!/bin/sh\necho cuda-nvlink-13-5-13.5.37-1.x86_64\n").unwrap();
+    std::fs::set_permissions(fake.join("rpm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap_or_default());
+    for (root, said) in
+        [(private_toolkit(&conda), "managed by conda"), (private_toolkit(&work.path().join("rpm")), "rpm package")]
+    {
+        let st = Command::new(nvlinkd())
+            .args(["install", "--in-place", "--cuda-home"])
+            .arg(&root)
+            .env("PATH", &path)
+            .output()
+            .expect("run nvlinkd");
+        let msg = String::from_utf8_lossy(&st.stderr);
+        assert!(!st.status.success() && msg.contains(said), "{said}: accepted: {msg}");
+        assert!(msg.contains("overlay") && msg.contains("--prefix"), "the refusal does not name the overlay: {msg}");
+        assert!(!root.join("bin/.nvlinkd").exists());
+    }
 
     // Read-only: a read-only bind mount of bin/ (root ignores permission bits).
     let root = private_toolkit(&work.path().join("ro"));

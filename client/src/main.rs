@@ -18,6 +18,7 @@
 mod announce;
 mod fallback;
 mod policy;
+mod remap;
 mod session;
 mod toolkit;
 mod warn;
@@ -31,11 +32,17 @@ fn main() -> ExitCode {
         Err(_) => return fallback::run("arguments are not UTF-8"),
     };
     let tk = toolkit::Toolkit::discover();
+    // An overlay's paths as the toolkit's own (remap.rs): the daemon and the
+    // real nvlink both link the plain build's command line.
+    let args = match (remap::Remap::of_current_exe(), std::env::current_dir()) {
+        (Some(remap), Ok(cwd)) => remap.args(&args, &cwd),
+        _ => args,
+    };
     // The caller's own descriptors (`-o /dev/stdout`) are this process's:
     // the real nvlink writes them here, whatever daemon there is.
     if let Ok(cwd) = std::env::current_dir() {
         if policy::names_caller_descriptors(&args, &cwd) {
-            return fallback::exec_real(&tk, "the command line names the caller's own descriptors");
+            return fallback::exec_real(&tk, &args, "the command line names the caller's own descriptors");
         }
     }
     // A host linker script comes from the caller's host tools (`gcc`, `ld`):
@@ -43,13 +50,13 @@ fn main() -> ExitCode {
     if session::remote() {
         if let Ok(cwd) = std::env::current_dir() {
             if policy::host_linker_script(&args, &cwd) {
-                return fallback::exec_real(&tk, "host linker script");
+                return fallback::exec_real(&tk, &args, "host linker script");
             }
         }
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => return fallback::run(&format!("cannot start runtime: {e}")),
+        Err(e) => return fallback::run_with(&tk, &args, &format!("cannot start runtime: {e}")),
     };
     match runtime.block_on(session::run(&args, &tk)) {
         Ok(code) => ExitCode::from(code as u8),
@@ -61,7 +68,7 @@ fn main() -> ExitCode {
             if let Some(fixable) = &failure.fixable {
                 warn::once(fixable, &tk, session::remote());
             }
-            fallback::run_with(&tk, &failure.reason)
+            fallback::run_with(&tk, &args, &failure.reason)
         }
     }
 }

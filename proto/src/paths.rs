@@ -52,6 +52,14 @@ pub struct OverlayRecord {
     pub real_nvlink: Option<PathBuf>,
     /// `NVLINKD`: the installed daemon binary.
     pub nvlinkd: Option<PathBuf>,
+    /// `CUDA_HOME_NAMED`: the toolkit's root as `install` was given it (made
+    /// absolute, symlinks kept: `/usr/local/cuda`, where `CUDA_HOME` is
+    /// `/usr/local/cuda-13.5`), the path a plain build runs nvcc from. An
+    /// overlay's shim writes it where nvcc wrote the overlay's own path.
+    pub cuda_home_named: Option<PathBuf>,
+    /// `DPKG_DIVERSION`: the file an in-place install diverted with
+    /// `dpkg-divert` (`<toolkit>/bin/nvlink`, owned by a Debian package).
+    pub dpkg_diversion: Option<PathBuf>,
 }
 
 impl OverlayRecord {
@@ -63,6 +71,8 @@ impl OverlayRecord {
                 "CUDA_HOME" => r.cuda_home = v,
                 "REAL_NVLINK" => r.real_nvlink = v,
                 "NVLINKD" => r.nvlinkd = v,
+                "CUDA_HOME_NAMED" => r.cuda_home_named = v,
+                "DPKG_DIVERSION" => r.dpkg_diversion = v,
                 _ => {}
             }
         }
@@ -71,10 +81,16 @@ impl OverlayRecord {
 
     /// The file's text (what `parse` reads).
     pub fn to_text(&self) -> String {
-        [("CUDA_HOME", &self.cuda_home), ("REAL_NVLINK", &self.real_nvlink), ("NVLINKD", &self.nvlinkd)]
-            .iter()
-            .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}\n", v.display())))
-            .collect()
+        [
+            ("CUDA_HOME", &self.cuda_home),
+            ("REAL_NVLINK", &self.real_nvlink),
+            ("NVLINKD", &self.nvlinkd),
+            ("CUDA_HOME_NAMED", &self.cuda_home_named),
+            ("DPKG_DIVERSION", &self.dpkg_diversion),
+        ]
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}\n", v.display())))
+        .collect()
     }
 
     /// The record of the installation the executable `exe` belongs to, if any:
@@ -83,12 +99,18 @@ impl OverlayRecord {
     /// (`<toolkit>/bin/.nvlinkd/nvlinkd`), `<prefix>/` for an overlay's
     /// `<prefix>/bin/nvlink` and `<prefix>/bin/nvlinkd`.
     pub fn of_executable(exe: &Path) -> Option<Self> {
+        Self::found_for(exe).map(|(_, r)| r)
+    }
+
+    /// [`of_executable`](Self::of_executable) and the directory the record
+    /// was found in (an overlay's prefix, `<toolkit>/bin/.nvlinkd`, ...).
+    pub fn found_for(exe: &Path) -> Option<(PathBuf, Self)> {
         let bin = exe.parent()?;
         [Some(bin.join(IN_PLACE_DIR)), Some(bin.to_path_buf()), bin.parent().map(Path::to_path_buf)]
             .into_iter()
             .flatten()
-            .find_map(|dir| std::fs::read_to_string(dir.join(OVERLAY_RECORD)).ok())
-            .map(|text| Self::parse(&text))
+            .find_map(|dir| std::fs::read_to_string(dir.join(OVERLAY_RECORD)).ok().map(|text| (dir, text)))
+            .map(|(dir, text)| (dir, Self::parse(&text)))
     }
 
     /// The record of the running executable's installation.
@@ -184,6 +206,8 @@ mod tests {
             cuda_home: Some("/opt/cuda".into()),
             real_nvlink: Some("/opt/cuda/bin/.nvlinkd/nvlink".into()),
             nvlinkd: None,
+            cuda_home_named: Some("/usr/local/cuda".into()),
+            dpkg_diversion: Some("/opt/cuda/bin/nvlink".into()),
         };
         assert_eq!(OverlayRecord::parse(&r.to_text()), r);
         assert_eq!(OverlayRecord::parse("junk\nCUDA_HOME = /x \n").cuda_home, Some("/x".into()));

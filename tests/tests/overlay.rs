@@ -1,5 +1,5 @@
 //! `nvlinkd install`: nvcc from the overlay device-links through the daemon, and
-//! the result equals what the same nvcc produces with the real nvlink.
+//! the result equals what the toolkit's own nvcc produces with the real nvlink.
 
 use std::path::Path;
 use std::process::Command;
@@ -49,14 +49,11 @@ fn nvcc_through_the_overlay_links_via_the_daemon() {
     assert_eq!(d.stat("requests") - before, 2, "the device links did not go through nvlinkd");
     assert!(work.path().join("app").is_file());
 
-    // The same nvcc, same paths, with the real nvlink in the overlay.
-    let link = prefix.path().join("bin/nvlink");
-    std::fs::remove_file(&link).unwrap();
-    std::os::unix::fs::symlink(real_nvlink(), &link).unwrap();
-    nvcc(prefix.path(), &[&dlink[..], &["real.o"]].concat(), work.path(), &[]);
+    // The same device link through the toolkit's own nvcc and nvlink.
+    nvcc(cuda_home(), &[&dlink[..], &["real.o"]].concat(), work.path(), &[]);
     let shim_out = std::fs::read(work.path().join("shim.o")).unwrap();
     let real_out = std::fs::read(work.path().join("real.o")).unwrap();
-    assert!(shim_out == real_out, "device-link objects differ between the shim and the real nvlink");
+    assert!(shim_out == real_out, "device-link objects differ between the overlay and the toolkit");
 }
 
 /// A toolkit of the test's own to install into: symlinks to the shared
@@ -184,7 +181,32 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
     let st = nvlinkd_cmd(&["install", "--in-place"], &root);
     let msg = String::from_utf8_lossy(&st.stderr);
     assert!(!st.status.success() && msg.contains("managed by pip"), "pip-managed toolkit accepted: {msg}");
+    assert!(msg.contains("overlay") && msg.contains("--prefix"), "the refusal does not name the overlay: {msg}");
     assert!(std::fs::read(root.join("bin/nvlink")).unwrap() == original && !root.join("bin/.nvlinkd").exists());
+
+    // A conda environment's toolkit, and an rpm-owned one (an `rpm` on PATH
+    // that says a package owns bin/nvlink): refused, naming the overlay.
+    let conda = work.path().join("conda-env");
+    std::fs::create_dir_all(conda.join("conda-meta")).unwrap();
+    let fake = work.path().join("fakebin");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake.join("rpm"), "#!/bin/sh\necho cuda-nvlink-13-5-13.5.37-1.x86_64\n").unwrap();
+    std::fs::set_permissions(fake.join("rpm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap_or_default());
+    for (root, said) in
+        [(private_toolkit(&conda), "managed by conda"), (private_toolkit(&work.path().join("rpm")), "rpm package")]
+    {
+        let st = Command::new(nvlinkd())
+            .args(["install", "--in-place", "--cuda-home"])
+            .arg(&root)
+            .env("PATH", &path)
+            .output()
+            .expect("run nvlinkd");
+        let msg = String::from_utf8_lossy(&st.stderr);
+        assert!(!st.status.success() && msg.contains(said), "{said}: accepted: {msg}");
+        assert!(msg.contains("overlay") && msg.contains("--prefix"), "the refusal does not name the overlay: {msg}");
+        assert!(!root.join("bin/.nvlinkd").exists());
+    }
 
     // Read-only: a read-only bind mount of bin/ (root ignores permission bits).
     let root = private_toolkit(&work.path().join("ro"));
@@ -321,4 +343,159 @@ fn without_cuda_home_a_daemon_takes_the_toolkit_of_the_nvlink_on_path() {
         let served = status.lines().find_map(|l| l.trim().strip_prefix("toolkits: ")).unwrap_or_default();
         assert_eq!(Path::new(served.trim()).canonicalize().ok(), Some(toolkit.clone()), "PATH={path}: {status}");
     }
+}
+
+/// nvcc's builds of one program, per variant (run from the corpus directory):
+/// the device link of a multi-arch (two `-gencode`) build with a static
+/// library and a host-only object, the same with `-dlto`, with `-G`, and a
+/// full two-arch build (device link and host link: an executable). Compared
+/// whole, byte for byte, except `-G`'s (see [`debug_cubins`]).
+const VARIANTS: [&[&str]; 4] = [
+    &[
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-dlink",
+        "xcall_main_3arch.o",
+        "lib/libxcall.a",
+        "livedead_3arch.o",
+        "host_main.cpp.o",
+    ],
+    &[
+        "-dlto",
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-dlink",
+        "xcall_main_lto3.o",
+        "lib/libxcall_lto.a",
+    ],
+    &["-arch=sm_90", "-G", "-dlink", "accumulate_G.o", "scale_G.o", "cdp_G.o"],
+    &[
+        "-gencode",
+        "arch=compute_80,code=sm_80",
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-rdc=true",
+        "recursion_2arch.o",
+    ],
+];
+
+/// The `-G` variant's device code: its cubins (`cuobjdump -xelf all`, out of
+/// the compressed fatbin), names and bytes. With `-g` nvlink records the names
+/// of its output and registration files, which nvcc makes
+/// `tmpxft_<pid>_<n>-…` in its temporary directory, so two plain `-G` builds
+/// differ there (and in the compressed fatbin holding them) and nowhere else:
+/// those 17 characters are blanked.
+fn debug_cubins(object: &Path) -> Vec<u8> {
+    let dir = object.with_extension("cubins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = Command::new(cuda_home().join("bin/cuobjdump"))
+        .args(["-xelf", "all"])
+        .arg(object)
+        .current_dir(&dir)
+        .output()
+        .expect("run cuobjdump");
+    assert!(st.status.success(), "cuobjdump: {}", String::from_utf8_lossy(&st.stderr));
+    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    names.sort();
+    assert!(!names.is_empty(), "no cubin in {}", object.display());
+    let mut all = Vec::new();
+    for p in names {
+        all.extend_from_slice(p.file_name().unwrap().as_encoded_bytes());
+        let mut bytes = std::fs::read(&p).unwrap();
+        const TMP: &[u8] = b"tmpxft_";
+        let mut i = 0;
+        while let Some(at) = bytes[i..].windows(TMP.len()).position(|w| w == TMP) {
+            let from = i + at + TMP.len();
+            let to = (from + 17).min(bytes.len());
+            bytes[from..to].fill(b'x');
+            i = to;
+        }
+        all.extend_from_slice(&bytes);
+    }
+    all
+}
+
+/// An overlay build is the plain build, byte for byte: nvcc run from the
+/// overlay passes nvlink paths under the overlay (`-L<overlay>/bin/../lib`,
+/// `-nvvmpath=<overlay>/bin/../nvvm`), which nvlink records in every cubin;
+/// the overlay's shim writes them as the toolkit's own, so each variant's
+/// device-link object (and executable) equals the one the toolkit's nvcc
+/// makes, whether the daemon links or the shim falls back to the real nvlink,
+/// and whether nvcc is named by an absolute or a relative path.
+#[test]
+fn an_overlay_build_is_byte_identical_to_the_plain_build() {
+    let d = Daemon::start();
+    let prefix = TempDir::new("ovl-same");
+    install_overlay(prefix.path());
+    let corpus = corpus::dir();
+    let work = TempDir::new("ovl-same-out");
+    // Each build's outputs under the same names in a directory of its own:
+    // nvcc names its temporary files after the output.
+    let build = |nvcc: &Path, tag: &str, env: &[(String, String)]| -> Vec<Vec<u8>> {
+        let dir = work.path().join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        VARIANTS
+            .iter()
+            .enumerate()
+            .map(|(i, args)| {
+                let out = dir.join(format!("v{i}_dlink.o"));
+                let out_s = out.display().to_string();
+                let st = Command::new(nvcc)
+                    .args(args.iter().copied().chain(["-o", &out_s]))
+                    .current_dir(corpus)
+                    .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                    .output()
+                    .expect("run nvcc");
+                assert!(st.status.success(), "{tag} {args:?}: {}", String::from_utf8_lossy(&st.stderr));
+                if args.contains(&"-G") {
+                    debug_cubins(&out)
+                } else {
+                    std::fs::read(&out).unwrap()
+                }
+            })
+            .collect()
+    };
+    let plain = build(&cuda_home().join("bin/nvcc"), "plain", &[]);
+
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "CUDA_HOME");
+    let before = d.stat("requests");
+    let daemon = build(&prefix.path().join("bin/nvcc"), "daemon", &env);
+    assert_eq!(d.stat("requests") - before, 7, "the device links did not go through nvlinkd");
+    // nvcc named relatively (its paths are then relative to the build's directory).
+    let rel = pathdiff(prefix.path(), corpus).join("bin/nvcc");
+    let relative = build(&rel, "relative", &env);
+    // No daemon: the shim runs the real nvlink the overlay records.
+    let no_daemon = [
+        ("NVLINKD_SOCKET".to_string(), work.path().join("none/sock").display().to_string()),
+        ("NVLINKD_BIN".to_string(), "/nonexistent/nvlinkd".to_string()),
+    ];
+    let fallback = build(&prefix.path().join("bin/nvcc"), "fallback", &no_daemon);
+    for (how, got) in
+        [("through the daemon", &daemon), ("nvcc named relatively", &relative), ("by the real nvlink", &fallback)]
+    {
+        for (i, (p, o)) in plain.iter().zip(got).enumerate() {
+            assert!(
+                p == o,
+                "variant {i} ({:?}) {how}: the overlay's output differs from the plain build's",
+                VARIANTS[i]
+            );
+        }
+    }
+}
+
+/// `to` relative to the directory `from` (both absolute): `../../x`.
+fn pathdiff(to: &Path, from: &Path) -> std::path::PathBuf {
+    let (to, from) = (to.canonicalize().unwrap(), from.canonicalize().unwrap());
+    let common = to.components().zip(from.components()).take_while(|(a, b)| a == b).count();
+    let mut rel = std::path::PathBuf::new();
+    for _ in from.components().skip(common) {
+        rel.push("..");
+    }
+    rel.extend(to.components().skip(common));
+    rel
 }

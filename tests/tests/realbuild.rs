@@ -3,16 +3,19 @@
 //! units, host-only C++ units, two programs, CMAKE_CUDA_ARCHITECTURES "80;90"), built with
 //! CMake and Ninja from PyPI (`scripts/setup-cmake.sh`) through an nvlinkd
 //! overlay, with LTO off and on. Every nvlink call the build makes goes through
-//! a recording wrapper that first runs the real nvlink on the same arguments
-//! (outputs redirected), then the shim on the build's own paths: exit status,
-//! messages, the cubin and the registration file must be equal byte for byte.
+//! a recording wrapper that first runs the real nvlink on the arguments the
+//! same build through the toolkit would pass (the overlay's root written as
+//! the toolkit's, as nvcc run from the toolkit derives them; outputs
+//! redirected), then the shim on the build's own: exit status, messages, the
+//! cubin and the registration file must be equal byte for byte, so the overlay
+//! build's device links are the plain build's.
 //! Needs no GPU; skipped with a message where CMake cannot be installed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{install_overlay, real_nvlink, repo_root, TempDir};
+use nvlinkd_tests::env::{cuda_home, install_overlay, real_nvlink, repo_root, TempDir};
 
 /// The wrapper installed as the overlay's `bin/nvlink` (the shim moves to
 /// `bin/nvlink.shim`, where it still finds the overlay's record).
@@ -21,6 +24,7 @@ rec=$(mktemp -d "$NVLINKD_RECORD_DIR/link.XXXXXX")
 printf '%s\n' "$@" > "$rec/args"
 real=() out="" reg="" prev=""
 for a in "$@"; do
+  a=${a//"$NVLINKD_OVERLAY"/"$NVLINKD_TOOLKIT"}
   if [[ $prev == -o ]]; then out=$a; real+=("$rec/real.out"); prev=""; continue; fi
   case $a in
     --register-link-binaries=*) reg=${a#*=}; real+=("--register-link-binaries=$rec/real.reg") ;;
@@ -84,6 +88,8 @@ fn cmake_build_device_links_equal_the_real_nvlink() {
     let mut env = d.shim_env();
     env.push(("NVLINKD_RECORD_DIR".into(), records.display().to_string()));
     env.push(("NVLINKD_REAL".into(), real_nvlink().display().to_string()));
+    env.push(("NVLINKD_OVERLAY".into(), prefix.display().to_string()));
+    env.push(("NVLINKD_TOOLKIT".into(), cuda_home().display().to_string()));
     let before = d.stat("requests");
     for (tag, extra) in [("separable", "OFF"), ("lto", "ON")] {
         let build = work.path().join(tag);

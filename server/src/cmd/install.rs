@@ -5,7 +5,9 @@
 //! a copy of the shim as `nvlink` makes `PREFIX/bin/nvcc` link through nvlinkd.
 //! Every other top-level entry of the toolkit (`lib`, `include`, `nvvm`, ...) is
 //! linked too, so that paths nvcc derives from its own location still resolve.
-//! `nvlinkd-overlay.env` records the real toolkit for the shim's fallback.
+//! `nvlinkd-overlay.env` records the real toolkit for the shim's fallback, and
+//! the toolkit's root as named, which the shim writes where nvcc passed the
+//! overlay's own paths (`client/src/remap.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +32,8 @@ fn install_binary(src: &Path, dst: &Path) -> Result<(), String> {
 }
 
 pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
+    // As given (absolute, symlinks kept): the path a plain build runs nvcc from.
+    let named = std::path::absolute(cuda_home).map_err(|e| io("no toolkit at", cuda_home, e))?;
     let cuda_home = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
     let real_nvlink = cuda_home.join("bin/nvlink");
     if !real_nvlink.is_file() {
@@ -74,6 +78,8 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
         cuda_home: Some(cuda_home.clone()),
         real_nvlink: Some(real_nvlink.clone()),
         nvlinkd: Some(daemon_dst.clone()),
+        cuda_home_named: Some(named),
+        dpkg_diversion: None,
     }
     .to_text();
     let record_path = prefix.join(OVERLAY_RECORD);
@@ -107,16 +113,20 @@ fn install_nvvm_worker(me: &Path, daemon: &Path) -> Result<(), String> {
 ///
 /// Why: nvcc passes paths derived from its own location to nvlink
 /// (`-L<bin>/../lib`, `-nvvmpath=<bin>/../nvvm`) and nvlink records its options
-/// in every cubin's `.note.nv.tkinfo`, so a build through an overlay prefix
-/// differs from a plain build in every device link. In place, nvcc and nvlink
-/// see the toolkit's own paths and the bytes are the plain build's.
+/// in every cubin's `.note.nv.tkinfo`; in place, nvcc and nvlink see the
+/// toolkit's own paths and every build with the toolkit goes through nvlinkd.
 ///
-/// Refused on a toolkit this process cannot write (read-only filesystem or
-/// permissions) and on a package-managed one (a file owned by dpkg or rpm, or a
-/// toolkit inside a Python `site-packages`/`dist-packages`, which pip manages):
-/// the package manager would overwrite the shim or leave the kept nvlink
-/// behind. Use an overlay (`--prefix`) there. Installing again updates the shim
-/// and the daemon and keeps the real nvlink.
+/// On a toolkit whose `bin/nvlink` a Debian package owns, the real nvlink is
+/// moved aside the Debian way: `dpkg-divert --add --package nvlinkd --divert
+/// <bin>/.nvlinkd/nvlink <bin>/nvlink`, so that a package upgrade writes the
+/// new nvlink to the kept name and the shim stays (recorded as
+/// `DPKG_DIVERSION`; `uninstall` removes the diversion). Refused on a toolkit
+/// this process cannot write (read-only filesystem or permissions) and on one
+/// another package manager owns (an rpm-owned file, or a toolkit inside a
+/// Python `site-packages`/`dist-packages`, which pip and conda manage): it
+/// would overwrite the shim or leave the kept nvlink behind. Use an overlay
+/// (`--prefix`) there. Installing again updates the shim and the daemon and
+/// keeps the real nvlink.
 pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
     let root = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
     let bin = root.join("bin");
@@ -131,7 +141,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
     if shim.canonicalize().ok() == nvlink.canonicalize().ok() {
         return Err(format!("{} is this nvlinkd's own shim", nvlink.display()));
     }
-    refuse_managed(&root, &nvlink)?;
+    let dpkg_owner = refuse_managed(&root, &nvlink)?;
     check_writable(&bin)?;
     let fresh = !real.is_file();
     if fresh {
@@ -148,29 +158,48 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
             install_binary(&nvlink, &real)?;
         }
     }
+    let diverted = match &dpkg_owner {
+        Some(_) if diverted_by_nvlinkd(&nvlink) => true,
+        Some(owner) => {
+            // The kept name already holds the real nvlink: dpkg only records
+            // that the package's bin/nvlink now lives there.
+            if let Err(e) = dpkg_divert(&["--add", "--no-rename"], &real, &nvlink) {
+                if fresh {
+                    let _ = std::fs::remove_dir_all(&keep);
+                }
+                return Err(format!("{} belongs to a dpkg package ({owner}) and {e}", nvlink.display()));
+            }
+            true
+        }
+        None => false,
+    };
     install_binary(&me, &keep.join("nvlinkd"))?;
     install_nvvm_worker(&me, &keep.join("nvlinkd"))?;
     let record = OverlayRecord {
         cuda_home: Some(root.clone()),
         real_nvlink: Some(real.clone()),
         nvlinkd: Some(keep.join("nvlinkd")),
+        dpkg_diversion: diverted.then(|| nvlink.clone()),
+        ..Default::default()
     }
     .to_text();
     let record_path = keep.join(OVERLAY_RECORD);
     std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
     install_binary(&shim, &nvlink)?;
     Ok(format!(
-        "{}: {}/bin/nvlink links through nvlinkd (real nvlink kept at {}; `nvlinkd uninstall --cuda-home {}` restores it)",
+        "{}: {}/bin/nvlink links through nvlinkd (real nvlink kept at {}{}; `nvlinkd uninstall --cuda-home {}` restores it)",
         if fresh { "installed in place" } else { "in-place install updated" },
         root.display(),
         real.display(),
+        if diverted { ", diverted there with dpkg-divert" } else { "" },
         root.display()
     ))
 }
 
 /// `nvlinkd uninstall --cuda-home DIR`: undo `install --in-place`: the kept real
-/// nvlink goes back to `bin/nvlink` (the same file, renamed) and `bin/.nvlinkd`
-/// is removed. Nothing to do when the toolkit is not installed in place.
+/// nvlink goes back to `bin/nvlink` (the same file, renamed; a dpkg diversion
+/// is removed after) and `bin/.nvlinkd` is removed. Nothing to do when the
+/// toolkit is not installed in place.
 pub fn uninstall(cuda_home: &Path) -> Result<String, String> {
     let root = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
     let bin = root.join("bin");
@@ -181,9 +210,55 @@ pub fn uninstall(cuda_home: &Path) -> Result<String, String> {
     }
     check_writable(&bin)?;
     let nvlink = bin.join("nvlink");
+    let recorded = std::fs::read_to_string(keep.join(OVERLAY_RECORD))
+        .map(|t| OverlayRecord::parse(&t).dpkg_diversion.is_some())
+        .unwrap_or(false);
+    let diverted = recorded || diverted_by_nvlinkd(&nvlink);
+    // The real file over the shim in one rename: bin/nvlink is never missing.
     std::fs::rename(&real, &nvlink).map_err(|e| io("cannot restore", &nvlink, e))?;
+    if diverted {
+        dpkg_divert(&["--remove", "--no-rename"], &real, &nvlink).map_err(|e| {
+            format!(
+                "{} is the real nvlink again, but {e}; remove it with `dpkg-divert --remove {}`",
+                nvlink.display(),
+                nvlink.display()
+            )
+        })?;
+    }
     std::fs::remove_dir_all(&keep).map_err(|e| io("cannot remove", &keep, e))?;
-    Ok(format!("uninstalled: {} is the real nvlink again", nvlink.display()))
+    Ok(format!(
+        "uninstalled: {} is the real nvlink again{}",
+        nvlink.display(),
+        if diverted { " (dpkg diversion removed)" } else { "" }
+    ))
+}
+
+/// The diversions of nvlinkd (`--package nvlinkd`): the package's `file`
+/// lives at `to`.
+const DIVERSION_PACKAGE: &str = "nvlinkd";
+
+fn dpkg_divert(how: &[&str], to: &Path, file: &Path) -> Result<(), String> {
+    let out = std::process::Command::new("dpkg-divert")
+        .args(how)
+        .args(["--package", DIVERSION_PACKAGE, "--divert"])
+        .arg(to)
+        .arg(file)
+        .output()
+        .map_err(|e| format!("cannot run dpkg-divert: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("dpkg-divert {} failed: {}", how.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Whether dpkg has `file` diverted by nvlinkd.
+fn diverted_by_nvlinkd(file: &Path) -> bool {
+    std::process::Command::new("dpkg-divert")
+        .arg("--listpackage")
+        .arg(file)
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == DIVERSION_PACKAGE)
 }
 
 fn is_real_nvlink(p: &Path) -> bool {
@@ -194,22 +269,29 @@ fn is_real_nvlink(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Refuse a toolkit a package manager owns.
-fn refuse_managed(root: &Path, nvlink: &Path) -> Result<(), String> {
+/// Refuse a toolkit a package manager other than dpkg owns; the dpkg package
+/// owning `nvlink`, if one does (the install diverts it).
+fn refuse_managed(root: &Path, nvlink: &Path) -> Result<Option<String>, String> {
     let overlay = "; use an overlay instead (nvlinkd install --cuda-home DIR --prefix DIR)";
     if root.components().any(|c| matches!(c.as_os_str().to_str(), Some("site-packages" | "dist-packages"))) {
-        return Err(format!("{} is managed by pip (a Python site-packages directory){overlay}", root.display()));
+        return Err(format!(
+            "{} is managed by pip or conda (a Python site-packages directory){overlay}",
+            root.display()
+        ));
     }
-    for (tool, args) in [("dpkg", &["-S"][..]), ("rpm", &["-qf"][..])] {
-        let out = std::process::Command::new(tool).args(args).arg(nvlink).output();
-        if let Ok(o) = out {
-            if o.status.success() {
-                let owner = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-                return Err(format!("{} belongs to a {tool} package ({owner}){overlay}", nvlink.display()));
-            }
-        }
+    if root.ancestors().any(|a| a.join("conda-meta").is_dir()) {
+        return Err(format!("{} is managed by conda (a conda environment){overlay}", root.display()));
     }
-    Ok(())
+    let owner = |tool: &str, args: &[&str]| {
+        let o = std::process::Command::new(tool).args(args).arg(nvlink).output().ok()?;
+        o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    if let Some(owner) = owner("rpm", &["-qf"]) {
+        return Err(format!("{} belongs to an rpm package ({owner}){overlay}", nvlink.display()));
+    }
+    // `dpkg -S` names the owning package (`pkg: path`), after any diversion lines.
+    Ok(owner("dpkg", &["-S"])
+        .map(|o| o.lines().filter(|l| !l.starts_with("diversion by ")).collect::<Vec<_>>().join(", ")))
 }
 
 /// Whether files can be created and renamed in `dir` (a read-only mount or

@@ -64,11 +64,14 @@ pub enum Reason {
     /// Verification found the in-process answer for this link wrong
     /// (`verify.rs`): the real nvlink serves it from then on.
     VerifyMismatch,
+    /// The in-process engine is not proven on this toolkit's release
+    /// (`Release::in_process_proven`): its nvlink links.
+    Release,
 }
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::PartialLto,
         Reason::LtoOptions,
         Reason::PtxJit,
@@ -87,6 +90,7 @@ impl Reason {
         Reason::NotHere,
         Reason::NoToolkit,
         Reason::VerifyMismatch,
+        Reason::Release,
     ];
 
     /// The name used in `stats --json` and the log.
@@ -110,6 +114,7 @@ impl Reason {
             Reason::NotHere => "not_here",
             Reason::NoToolkit => "no_toolkit",
             Reason::VerifyMismatch => "verify_mismatch",
+            Reason::Release => "release",
         }
     }
 

@@ -572,6 +572,11 @@ impl Linker {
         }
         let mode = match spec.mode() {
             Ok(m) => m,
+            // Another release's option checks are its own (13.0 knows no
+            // `--nvvm-latest`): its nvlink answers.
+            Err(_) if !tk.release.in_process_proven() => {
+                return self.route(&tk, req, fs, &spec, ctl, unproven(&tk));
+            }
             Err(d) => return self.fatal(report_arch(&spec, d)).after(warnings),
         };
         debug!(?mode, "dispatch");
@@ -882,10 +887,18 @@ impl Linker {
             return None;
         }
         let device_only_registered = device_only_registered(req, spec, fs);
+        // An entry holds the link's messages without the parse warnings
+        // (options given twice), which every answer gets from the front end,
+        // a hit included; the real nvlink printed them first itself.
+        let mut stderr = o.stderr.clone();
+        if o.engine == EngineKind::NvlinkProcess && !spec.parsed.warnings.is_empty() {
+            let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
+            stderr = stderr.strip_prefix(warnings.as_slice())?.to_vec();
+        }
         Some(LinkEntry {
             exit_code: o.exit_code,
             stdout: o.stdout.clone(),
-            stderr: o.stderr.clone(),
+            stderr,
             files,
             name_sensitive: linkcache::name_sensitive(spec, &o.stdout, &o.stderr, device_only_registered),
         })
@@ -901,6 +914,10 @@ impl Linker {
         mode: Mode,
         ctl: Ctl<'_>,
     ) -> Outcome {
+        // A release the in-process engine is not proven on: its own nvlink.
+        if !tk.release.in_process_proven() {
+            return self.route(tk, req, fs, spec, ctl, unproven(tk));
+        }
         if let Some(u) = spec.uidx_file.as_deref() {
             return match uidx_fatal(req, fs, spec, u) {
                 Ok(d) => self.fatal(report_arch(spec, d)),
@@ -1371,6 +1388,12 @@ pub fn args_summary(args: &[String]) -> String {
         s.push_str("...");
     }
     s
+}
+
+/// Why a toolkit's links go to its own nvlink (`Release::in_process_proven`).
+fn unproven(tk: &Toolkit) -> Declined {
+    let (major, minor) = (tk.release.major, tk.release.minor);
+    Declined::new(Reason::Release, format!("the in-process engine is not proven on CUDA {major}.{minor}"))
 }
 
 /// nvlink's link-stage warnings (`Plan::link_warnings`), already as it

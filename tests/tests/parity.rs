@@ -720,9 +720,13 @@ fn mask_times(r: &mut nvlinkd_tests::run::Run) {
 }
 
 /// The finalizer's layout model must reproduce every cubin nvlink wrote:
-/// parse and serialize again, byte for byte.
+/// parse and serialize again, byte for byte (on the releases it is made for:
+/// another release's links never reach the finalizer).
 fn layout_roundtrip_problems(files: &std::collections::BTreeMap<String, Vec<u8>>) -> Vec<String> {
     use nvlinkd_core::finalize::image::CubinImage;
+    if !proven_release() {
+        return Vec::new();
+    }
     files
         .iter()
         .filter(|(_, b)| nvlinkd_core::elf::Elf::parse(b).map(|e| e.is_cubin()).unwrap_or(false))
@@ -831,15 +835,23 @@ fn parity_with_nvlink() {
     for r in &differing {
         println!("\n== {} ==\n{}", r.name, r.cmp.problems.join("\n"));
     }
+    // A release the in-process engine is not proven on: every link is its
+    // own nvlink's (reason `release`), and must be byte-identical still.
+    let proven = proven_release();
+    if !proven {
+        let inside: Vec<&str> = rows.iter().filter(|r| r.engine == "in-process").map(|r| &*r.name).collect();
+        assert!(inside.is_empty(), "linked in process on a release not proven: {inside:?}");
+    }
     let routed: Vec<&str> = IN_PROCESS
         .iter()
         .copied()
+        .filter(|_| proven)
         .filter(|name| cases.iter().any(|c| c.0 == *name))
         .filter(|name| rows.iter().find(|r| r.name == *name).map(|r| r.engine.as_str()) != Some("in-process"))
         .collect();
     assert!(routed.is_empty(), "cases no longer linked in process: {routed:?}");
     let mut misrouted = Vec::new();
-    for r in &rows {
+    for r in rows.iter().filter(|_| proven) {
         let listed = ROUTED.iter().find(|(n, _)| *n == r.name).map(|(_, why)| *why);
         let engine = r.engine.as_str();
         match (listed, engine == "nvlink engine") {
@@ -856,16 +868,31 @@ fn parity_with_nvlink() {
     assert!(misrouted.is_empty(), "routing differs from ROUTED: {misrouted:#?}");
     assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");
     println!("daemon: {requests} requests, {hits} served from the cache");
-    assert!(hits > 0, "the second pass never hit the cache");
+    assert!(hits > 0 || !proven, "the second pass never hit the cache");
     let verified: u64 = daemons.iter().map(|d| d.stat("verified")).sum();
     let mismatches: u64 = daemons.iter().map(|d| d.stat("verify_mismatches")).sum();
     let skipped: u64 = daemons.iter().map(|d| d.stat("verify_skipped")).sum();
     println!(
         "verified against nvlink (--verify=sync): {verified} links, {mismatches} mismatches, {skipped} not verifiable"
     );
-    assert!(verified > 0, "no link was verified");
+    assert!(verified > 0 || !proven, "no link was verified");
     assert_eq!(mismatches, 0, "verification found in-process answers wrong (see the daemons' verify/ bundles)");
     assert!(differing.is_empty(), "{} cases differ from nvlink", differing.len());
+}
+
+/// Whether the toolkit under test is of a release the in-process engine is
+/// proven on (`nvlinkd_core::toolkit::IN_PROCESS_PROVEN`), from its nvlink's
+/// banner (`release 13.5,`).
+fn proven_release() -> bool {
+    static PROVEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROVEN.get_or_init(|| {
+        let out = std::process::Command::new(real_nvlink()).arg("--version").output().unwrap();
+        let banner = String::from_utf8_lossy(&out.stdout).into_owned();
+        let release = banner.split("release ").nth(1).and_then(|r| r.split(',').next()).unwrap_or_default();
+        let (major, minor) = release.split_once('.').unwrap_or_default();
+        let release = (major.parse().unwrap_or(0), minor.parse().unwrap_or(0));
+        nvlinkd_core::toolkit::IN_PROCESS_PROVEN.contains(&release)
+    })
 }
 
 /// The corpus through the remote path: TLS and a token over 127.0.0.1, the

@@ -41,15 +41,14 @@ pub struct Release {
 /// The releases whose nvlink the in-process engine reproduces byte for byte,
 /// proven by the parity corpus and the generated programs. CUDA 13.0.88 is
 /// not: its nvlink lays out cubins and prints messages otherwise (76 of the
-/// 345 parity cases differed when tried), so its links, front end included,
-/// go to its own nvlink.
+/// 345 parity cases differed when tried), so its links go to its own nvlink.
 pub const IN_PROCESS_PROVEN: &[(u32, u32)] = &[(13, 5)];
 
 impl Release {
     /// Whether the in-process engine may answer for this release
-    /// ([`IN_PROCESS_PROVEN`]); otherwise the release's own nvlink answers
-    /// every request (routed, reason `release`; not cached: the key is made
-    /// by this release's front end).
+    /// ([`IN_PROCESS_PROVEN`]); otherwise the release's own nvlink links
+    /// (routed, reason `release`, cached as any nvlink answer) and answers
+    /// option errors.
     pub fn in_process_proven(&self) -> bool {
         IN_PROCESS_PROVEN.contains(&(self.major, self.minor))
     }

@@ -839,7 +839,7 @@ fn parity_with_nvlink() {
     // own nvlink's (reason `release`), and must be byte-identical still.
     let proven = proven_release();
     if !proven {
-        let inside: Vec<&str> = rows.iter().filter(|r| r.engine == "in-process").map(|r| &*r.name).collect();
+        let inside: Vec<&str> = rows.iter().filter(|r| r.engine == "in-process").map(|r| r.name).collect();
         assert!(inside.is_empty(), "linked in process on a release not proven: {inside:?}");
     }
     let routed: Vec<&str> = IN_PROCESS

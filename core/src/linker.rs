@@ -558,7 +558,7 @@ impl Linker {
         if let Some(why) = libsearch::past_bounds(&spec.library_paths, req.env.get("LIBRARY_PATH"), &spec.libraries) {
             return self.fall_back(Declined::new(Reason::InputDeclined, why));
         }
-        let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
+        let warnings = spec.warnings_text();
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
             return self.route(
@@ -892,8 +892,7 @@ impl Linker {
         // a hit included; the real nvlink printed them first itself.
         let mut stderr = o.stderr.clone();
         if o.engine == EngineKind::NvlinkProcess && !spec.parsed.warnings.is_empty() {
-            let warnings: Vec<u8> = spec.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect();
-            stderr = stderr.strip_prefix(warnings.as_slice())?.to_vec();
+            stderr = stderr.strip_prefix(spec.warnings_text().as_slice())?.to_vec();
         }
         Some(LinkEntry {
             exit_code: o.exit_code,

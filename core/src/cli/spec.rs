@@ -178,6 +178,12 @@ impl Spec {
         Ok(s)
     }
 
+    /// The parse warnings (options given twice) as nvlink prints them, one
+    /// line each.
+    pub fn warnings_text(&self) -> Vec<u8> {
+        self.parsed.warnings.iter().flat_map(|w| format!("{w}\n").into_bytes()).collect()
+    }
+
     /// The mode, after nvlink's option-level checks.
     pub fn mode(&self) -> Result<Mode, Diagnostic> {
         if self.help {

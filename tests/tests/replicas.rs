@@ -113,15 +113,20 @@ fn three_replicas_survive_one_killed_during_a_burst() {
     let Some(bg) = BuildGrid::start() else { return };
     let pki = Pki::new();
     let url = bg.url();
-    // The victim computes one link at a time: its share of the burst is still
-    // in flight when the last shim arrives.
+    // The victim holds every admitted link in its slot (`NVLINKD_TEST_HOLD_SLOT`)
+    // until it dies: its share of the burst is in flight when the last shim
+    // arrives, however slowly the shims start (timing it failed on a loaded
+    // 2-core CI machine).
     let victim = 0;
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|k| Replica::start(&pki, Some(&url), if k == victim { &["--jobs", "1"] } else { &[] }, &[]))
-        .collect();
+    let hold = TempDir::new("rep-hold");
+    let hold_file = hold.path().join("hold");
+    std::fs::write(&hold_file, b"").unwrap();
+    let hold_env = [("NVLINKD_TEST_HOLD_SLOT", hold_file.to_str().unwrap())];
+    let mut replicas: Vec<Replica> =
+        (0..3).map(|k| Replica::start(&pki, Some(&url), &[], if k == victim { &hold_env[..] } else { &[] })).collect();
 
-    // Distinct cold LTO links (NVVM and ptxas each time), slow enough to be
-    // in flight when the replica dies; each twice in the burst.
+    // Distinct cold LTO links (NVVM and ptxas each time); each twice in the
+    // burst.
     let links: Vec<String> = [32, 40, 48, 56, 64, 72]
         .iter()
         .map(|r| {

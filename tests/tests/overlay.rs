@@ -499,3 +499,66 @@ fn pathdiff(to: &Path, from: &Path) -> std::path::PathBuf {
     rel.extend(to.components().skip(common));
     rel
 }
+
+/// `install --prefix` into a directory another user could change is refused
+/// before anything is written (they could swap the overlay's `nvcc` or plant
+/// symlinks that redirect the install's writes), and what the install writes
+/// goes through fresh files: a symlink left at a temporary file's name is
+/// replaced, never written through. Under `umask 002` the directories it
+/// makes are still for this user alone.
+#[test]
+fn install_refuses_a_prefix_others_can_change_and_never_writes_through_symlinks() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let work = TempDir::new("ovl-own");
+    let install = |prefix: &Path, umask: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {umask}; exec \"$0\" install --cuda-home \"$1\" --prefix \"$2\""))
+            .arg(nvlinkd())
+            .arg(cuda_home())
+            .arg(prefix)
+            .output()
+            .unwrap()
+    };
+    let refused = |prefix: &Path, says: &str| {
+        let st = install(prefix, "022");
+        let msg = String::from_utf8_lossy(&st.stderr);
+        assert!(!st.status.success() && msg.contains(says), "{}: {msg}", prefix.display());
+        assert!(!prefix.join("bin").exists(), "{}: written before the refusal", prefix.display());
+    };
+    let open = work.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(&open, "chmod go-w");
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = work.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        refused(&theirs, "belongs to uid 65534");
+    }
+
+    // Our own prefix, with symlinks at the install's temporary names.
+    let victim = work.path().join("victim");
+    std::fs::write(&victim, b"notes").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let prefix = work.path().join("mine");
+    std::fs::create_dir_all(prefix.join("bin")).unwrap();
+    symlink(&victim, prefix.join("bin/nvlink.nvlinkd-tmp")).unwrap();
+    symlink(&victim, prefix.join("nvlinkd-overlay.nvlinkd-tmp")).unwrap();
+    let st = install(&prefix, "022");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"notes", "written through a symlink");
+    assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(std::fs::symlink_metadata(prefix.join("bin/nvlink")).unwrap().is_file());
+    assert_eq!(std::fs::read(prefix.join("bin/nvlink")).unwrap(), std::fs::read(shim()).unwrap());
+
+    // umask 002: a fresh prefix and its bin/ are not group-writable.
+    let fresh = work.path().join("fresh/overlay");
+    let st = install(&fresh, "002");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    for d in [fresh.parent().unwrap(), &fresh, &fresh.join("bin")] {
+        let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o022, 0, "{} is {mode:03o}", d.display());
+    }
+}

@@ -9,6 +9,7 @@
 //! the toolkit's root as named, which the shim writes where nvcc passed the
 //! overlay's own paths (`client/src/remap.rs`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use nvlinkd_proto::paths::{OverlayRecord, IN_PLACE_DIR, OVERLAY_RECORD};
@@ -24,11 +25,101 @@ fn replace_symlink(target: &Path, link: &Path) -> Result<(), String> {
     std::os::unix::fs::symlink(target, link).map_err(|e| io("cannot link", link, e))
 }
 
-/// Copy `src` to `dst` through a temporary file, keeping it executable.
+/// Copy `src` to `dst` through a temporary file, executable.
 fn install_binary(src: &Path, dst: &Path) -> Result<(), String> {
+    let mut from = std::fs::File::open(src).map_err(|e| io("cannot copy", src, e))?;
+    replace_file(dst, 0o755, &mut |to| std::io::copy(&mut from, to).map(drop))
+}
+
+/// Write `dst` whole or not at all: a fresh temporary file beside it (created
+/// by this process, `O_EXCL|O_NOFOLLOW`: a symlink or file someone left at
+/// that name is removed, never written through), filled, given `mode`, then
+/// renamed over `dst`.
+fn replace_file(
+    dst: &Path,
+    mode: u32,
+    fill: &mut dyn FnMut(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<(), String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = dst.with_extension("nvlinkd-tmp");
-    std::fs::copy(src, &tmp).map_err(|e| io("cannot copy", src, e))?;
-    std::fs::rename(&tmp, dst).map_err(|e| io("cannot install", dst, e))
+    let open = || {
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&tmp)
+    };
+    let mut file = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp).map_err(|e| io("cannot replace", &tmp, e))?;
+            open()
+        }
+        r => r,
+    }
+    .map_err(|e| io("cannot create", &tmp, e))?;
+    let written = fill(&mut file)
+        .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(mode)))
+        .and_then(|()| file.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, dst)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io("cannot install", dst, e));
+    }
+    Ok(())
+}
+
+/// Refuse a directory of the overlay that another user could change: it holds
+/// the `nvcc` and `nvlink` the build runs, so whoever can write it (or its
+/// parent, or owns a symlink to it) could put their own there, and a file
+/// planted in it could redirect what the install writes. It must be this
+/// user's, not writable by group or others, in a directory of this user or root.
+fn check_own_dir(dir: &Path, what: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let shown = dir.display();
+    let own = "give --prefix a directory of your own";
+    let link = dir.symlink_metadata().map_err(|e| io("cannot read", dir, e))?;
+    if link.file_type().is_symlink() && link.uid() != me && link.uid() != 0 {
+        return Err(format!("{what} {shown} is a symlink of uid {}: refusing; {own}", link.uid()));
+    }
+    let m = std::fs::metadata(dir).map_err(|e| io("cannot read", dir, e))?;
+    if m.uid() != me {
+        return Err(format!(
+            "{what} {shown} belongs to uid {}, not to this user ({me}): that user could replace the overlay's \
+             tools; {own}",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{what} {shown} (mode {:03o}) can be changed by other users, who could replace the overlay's \
+             tools: chmod go-w {shown}",
+            m.mode() & 0o777
+        ));
+    }
+    let real = std::fs::canonicalize(dir).map_err(|e| io("cannot read", dir, e))?;
+    if let Some(parent) = real.parent() {
+        let p = std::fs::metadata(parent).map_err(|e| io("cannot read", parent, e))?;
+        // A sticky directory (`/tmp`) lets no one else rename what is ours.
+        if p.uid() != me && p.uid() != 0 && p.mode() & 0o1000 == 0 {
+            return Err(format!(
+                "{what} {shown} is in a directory of uid {} (who could replace it): refusing; {own}",
+                p.uid()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `create_dir_all(dir)`; what it creates gets no write access for group or
+/// others whatever the umask (a `umask 002` would give 0775).
+fn create_private_dirs(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let missing: Vec<PathBuf> =
+        dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).map(Path::to_owned).collect();
+    std::fs::create_dir_all(dir).map_err(|e| io("cannot create", dir, e))?;
+    for d in missing {
+        let mode = std::fs::metadata(&d).map_err(|e| io("cannot read", &d, e))?.permissions().mode();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode & 0o755))
+            .map_err(|e| io("cannot set the mode of", &d, e))?;
+    }
+    Ok(())
 }
 
 pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
@@ -45,7 +136,13 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let shim = sibling(&me, "nvlink").ok_or("the nvlink shim is not installed next to nvlinkd")?;
     let bin = prefix.join("bin");
-    std::fs::create_dir_all(&bin).map_err(|e| io("cannot create", &bin, e))?;
+    // Before anything is made in it, and again after.
+    if prefix.exists() {
+        check_own_dir(prefix, "the overlay prefix")?;
+    }
+    create_private_dirs(&bin)?;
+    check_own_dir(prefix, "the overlay prefix")?;
+    check_own_dir(&bin, "the overlay's bin directory")?;
 
     let top = std::fs::read_dir(&cuda_home).map_err(|e| io("cannot read", &cuda_home, e))?;
     for entry in top.flatten() {
@@ -82,8 +179,7 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
         dpkg_diversion: None,
     }
     .to_text();
-    let record_path = prefix.join(OVERLAY_RECORD);
-    std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
+    replace_file(&prefix.join(OVERLAY_RECORD), 0o644, &mut |f| f.write_all(record.as_bytes()))?;
     Ok(format!(
         "overlay ready: {}/bin/nvcc links through nvlinkd (real nvlink: {})",
         prefix.display(),
@@ -151,7 +247,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
                 nvlink.display()
             ));
         }
-        std::fs::create_dir_all(&keep).map_err(|e| io("cannot create", &keep, e))?;
+        create_private_dirs(&keep)?;
         // A second name for the real nvlink first: bin/nvlink is never missing.
         if let Err(e) = std::fs::hard_link(&nvlink, &real) {
             tracing::debug!("hard link failed ({e}), copying");
@@ -183,8 +279,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
         ..Default::default()
     }
     .to_text();
-    let record_path = keep.join(OVERLAY_RECORD);
-    std::fs::write(&record_path, record).map_err(|e| io("cannot write", &record_path, e))?;
+    replace_file(&keep.join(OVERLAY_RECORD), 0o644, &mut |f| f.write_all(record.as_bytes()))?;
     install_binary(&shim, &nvlink)?;
     Ok(format!(
         "{}: {}/bin/nvlink links through nvlinkd (real nvlink kept at {}{}; `nvlinkd uninstall --cuda-home {}` restores it)",

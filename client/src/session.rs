@@ -620,16 +620,28 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
         Ok(m) => m.is_file(),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     };
-    if replaceable && nvlinkd_fs::commit(staged, &target, nvlinkd_fs::output_mode(&target)).is_ok() {
+    // Renamed where it was staged, if the output's directory is still that
+    // one (a directory symlink may have been swapped since).
+    if replaceable
+        && nvlinkd_fs::staged_beside(staged, &target)
+        && nvlinkd_fs::commit(staged, &target, nvlinkd_fs::output_mode(&target)).is_ok()
+    {
         return Ok(());
     }
-    // Copied through a small buffer, as nvlink writes: truncate and write.
-    let copied = match std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&target) {
-        Ok(mut f) => nvlinkd_fs::copy_staged(staged, &mut f).and_then(|_| f.flush()).map_err(|_| WriteFailed::Write),
-        Err(_) => Err(WriteFailed::Open),
-    };
+    // Copied through a small buffer, as nvlink writes: truncate and write
+    // (the target is opened only once the staged file is known good).
+    let mut open_failed = false;
+    let copied = nvlinkd_fs::copy_staged(staged, || {
+        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&target);
+        open_failed = f.is_err();
+        f
+    });
     nvlinkd_fs::discard(staged);
-    copied
+    match copied {
+        Ok(_) => Ok(()),
+        Err(_) if open_failed => Err(WriteFailed::Open),
+        Err(_) => Err(WriteFailed::Write),
+    }
 }
 
 /// HTTP/2 keepalive: a daemon whose connection died is noticed within

@@ -141,6 +141,19 @@ pub fn write_pieces_atomically<P: AsRef<[u8]>>(path: &Path, pieces: &[P]) -> std
     commit(&staged, path, mode).inspect_err(|_| discard(&staged))
 }
 
+/// `target` with its directory resolved (every symlink in it followed,
+/// absolute), as the kernel resolves it now: staging, committing and
+/// discarding all happen in this one directory, so a directory symlink
+/// swapped meanwhile cannot split them (nvlink's single `fopen` resolves it
+/// once). A directory that cannot be resolved is kept as named.
+pub fn resolved_dir(target: &Path) -> std::path::PathBuf {
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match (std::fs::canonicalize(dir), target.file_name()) {
+        (Ok(real), Some(name)) => real.join(name),
+        _ => target.to_owned(),
+    }
+}
+
 /// Where nvlink's `fopen(path, "w")` writes: the end of the chain of symlinks
 /// at `path` (a relative link is read from its own directory; a dangling one
 /// names the file created), at most 40 links deep, as the kernel resolves them.
@@ -201,7 +214,8 @@ pub struct Staged {
     pub size: u64,
 }
 
-/// Write the concatenation of `pieces` to a new file beside `target`, named
+/// Write the concatenation of `pieces` to a new file beside `target` (in its
+/// [`resolved_dir`]), named
 /// `.<name>.nvlinkd-<pid>-<n>.tmp`, mode 0600 until [`commit`] gives it its
 /// final mode. The file is created exclusively (`O_CREAT|O_EXCL`, which never
 /// follows a symlink): a name someone planted is skipped, never written
@@ -226,6 +240,7 @@ impl Stager {
     pub fn new(target: &Path) -> std::io::Result<Stager> {
         use std::os::unix::fs::OpenOptionsExt;
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let target = resolved_dir(target);
         let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut attempt = 0u32;
@@ -279,31 +294,46 @@ impl Drop for Stager {
     }
 }
 
-/// Copy a staged file's bytes to `to`, if it is still the one staged
-/// (checked as [`commit`] checks it), through a small buffer.
-pub fn copy_staged(staged: &Staged, to: &mut impl std::io::Write) -> std::io::Result<u64> {
-    use std::io::Read;
-    std::io::copy(&mut open_staged(staged)?.take(staged.size), to)
+/// Copy a staged file's bytes to the file `open` gives, if it is still the
+/// one staged (checked as [`commit`] checks it, before `open` is called: a
+/// staged file gone leaves the destination untouched), through a small buffer.
+pub fn copy_staged(staged: &Staged, open: impl FnOnce() -> std::io::Result<std::fs::File>) -> std::io::Result<u64> {
+    use std::io::{Read, Write};
+    let mut from = open_staged(staged)?.take(staged.size);
+    let mut to = open()?;
+    let n = std::io::copy(&mut from, &mut to)?;
+    to.flush()?;
+    Ok(n)
 }
 
-/// Whether `staged` is a name [`stage`] gives a file beside `target`.
+/// Whether `staged` is a name [`stage`] gives a file beside `target`: an
+/// absolute path (its [`resolved_dir`]) or one in `target`'s own directory.
 pub fn is_staged_name(staged: &Path, target: &Path) -> bool {
     let (Some(name), Some(own)) = (staged.file_name(), target.file_name()) else { return false };
     let (name, own) = (name.to_string_lossy(), own.to_string_lossy());
-    staged.parent() == target.parent()
+    (staged.is_absolute() || staged.parent() == target.parent())
         && name
             .strip_prefix(&format!(".{own}.nvlinkd-"))
             .is_some_and(|rest| rest.ends_with(".tmp") && !rest.contains('/'))
 }
 
-/// Give the staged file `mode` and rename it to `target` — only if it is still
-/// the file staged (a regular file, same device, inode and size, owned by this
-/// user; opened without following a symlink). Fails with `InvalidData` when it
-/// is not, leaving whatever is there alone.
+/// Whether `staged` lies in the directory `target` names now, resolved
+/// ([`resolved_dir`]): where [`commit`] puts it.
+pub fn staged_beside(staged: &Staged, target: &Path) -> bool {
+    staged.path.parent() == resolved_dir(target).parent()
+}
+
+/// Give the staged file `mode` and rename it to `target`'s name in the
+/// staged file's own directory (the directory resolved once, when it was
+/// staged) — only if it is still the file staged (a regular file, same device,
+/// inode and size, owned by this user; opened without following a symlink).
+/// Fails with `InvalidData` when it is not, leaving whatever is there alone.
 pub fn commit(staged: &Staged, target: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     open_staged(staged)?.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    std::fs::rename(&staged.path, target)
+    let name = target.file_name().ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let dir = staged.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::rename(&staged.path, dir.join(name))
 }
 
 /// The bytes of a staged file, if it is still the one staged (checked as

@@ -799,6 +799,76 @@ fn outputs_are_written_where_nvlink_writes_them() {
     }
 }
 
+/// An output directory that is a symlink swapped between two directories
+/// while staged links write through it (as a deploy script's `current`
+/// link is): the daemon stages in the directory the link named then, and the
+/// shim renames there or, if the link moved meanwhile, copies the staged bytes
+/// to where the output path leads now. Every link succeeds with nvlink's
+/// bytes; no temporary file and no empty output is left behind.
+#[test]
+fn a_directory_symlink_swapped_during_staged_links_costs_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let src = TempDir::new("swap-src");
+    corpus::big_array_object(src.path(), 256 * 1024, false);
+    let d = Daemon::start();
+    let dirs = TempDir::new("swap-dirs");
+    let (a, b, lnk) = (dirs.path().join("rA"), dirs.path().join("rB"), dirs.path().join("lnk"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    std::os::unix::fs::symlink("rA", &lnk).unwrap();
+    let link = |program: &Path, env: &[(String, String)], out: &Path| {
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(["--arch=sm_90", "big.o", "-o"]).arg(out).current_dir(src.path()).env_clear();
+        cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+        cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))).output().expect("run a link")
+    };
+    let o = link(&real_nvlink(), &[], &dirs.path().join("expected"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let expected = std::fs::read(dirs.path().join("expected")).unwrap();
+    let staged_before = d.stat("outputs_staged");
+    let links = 30;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let tmp = dirs.path().join("lnk.new");
+            for k in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(if k % 2 == 0 { "rB" } else { "rA" }, &tmp).unwrap();
+                std::fs::rename(&tmp, &lnk).unwrap();
+            }
+        });
+        // Stopped however the loop ends (a failed link must not hang the test).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        for i in 0..links {
+            let o = link(&shim(), &d.shim_env(), &lnk.join(format!("out{i}")));
+            assert!(o.status.success(), "link {i}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+    });
+    let mut found = 0;
+    for dir in [&a, &b] {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(name.starts_with("out"), "left behind: {}", e.path().display());
+            let bytes = std::fs::read(e.path()).unwrap();
+            let verdict = compare::file(&expected, &bytes);
+            assert!(!matches!(verdict, compare::Verdict::Differ(_)), "{name}: {verdict:?}");
+            found += 1;
+        }
+    }
+    assert_eq!(found, links, "every link's output, once");
+    assert_eq!(d.stat("outputs_staged"), staged_before + links as u64, "the outputs were not staged");
+}
+
 /// A local link's large output is written by the daemon beside the output and
 /// renamed into place by the shim (`server/src/link/staging.rs`), and must end as
 /// nvlink's file: its bytes, under umask 027 its mode for a new file (0640),

@@ -722,11 +722,33 @@ fn remote_targets(list: &str) -> Vec<Target> {
         .collect()
 }
 
-/// The bearer token of `NVLINKD_TOKEN_FILE` (its first line that is not a comment).
+/// The bearer token of `NVLINKD_TOKEN_FILE` (its first line that is not a
+/// comment), from a file no other user can read or change: owned by this user
+/// or root, nothing for others (group reading is allowed: CI runners and
+/// Kubernetes share a secret with a group). Another user who could read it
+/// would link on the farm as this user.
 fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
     let Some(file) = std::env::var_os(paths::ENV_TOKEN_FILE).filter(|v| !v.is_empty()) else { return Ok(None) };
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("cannot read {} {}: {e}", paths::ENV_TOKEN_FILE, Path::new(&file).display()))?;
+    let shown = Path::new(&file).display();
+    let cannot = |e: std::io::Error| format!("cannot read {} {shown}: {e}", paths::ENV_TOKEN_FILE);
+    let mut f = std::fs::File::open(&file).map_err(cannot)?;
+    let m = f.metadata().map_err(cannot)?;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me && m.uid() != 0 {
+        return Err(format!("{} {shown} belongs to uid {}, not to this user ({me})", paths::ENV_TOKEN_FILE, m.uid()));
+    }
+    if m.mode() & 0o007 != 0 {
+        return Err(format!(
+            "{} {shown} (mode {:03o}) can be read by other users: chmod 600 {shown}",
+            paths::ENV_TOKEN_FILE,
+            m.mode() & 0o777
+        ));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(cannot)?;
     let token = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap_or_default();
     let mut value = format!("Bearer {token}")
         .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()

@@ -261,9 +261,11 @@ impl ServeArgs {
     fn remote_options(&self) -> Result<Option<reapi::RemoteOptions>, String> {
         let Some(url) = &self.remote_cache else { return Ok(None) };
         let read = |f: &PathBuf, what: &str| std::fs::read(f).map_err(|e| format!("{what} {}: {e}", f.display()));
+        // The tier's token and the fleet key are secrets: another user who
+        // could read them could write entries every daemon of the farm serves.
         let token = match &self.remote_token_file {
             Some(f) => {
-                let t = String::from_utf8_lossy(&read(f, "--remote-token-file")?)
+                let t = String::from_utf8_lossy(&net::auth::read_private(f, "--remote-token-file")?)
                     .lines()
                     .next()
                     .unwrap_or("")
@@ -279,7 +281,7 @@ impl ServeArgs {
         let ca_pem = self.remote_ca.as_ref().map(|f| read(f, "--remote-ca")).transpose()?;
         let fleet_key = match &self.remote_cache_key {
             Some(f) => {
-                let bytes = read(f, "--remote-cache-key")?;
+                let bytes = net::auth::read_private(f, "--remote-cache-key")?;
                 if bytes.iter().all(u8::is_ascii_whitespace) {
                     return Err(format!("--remote-cache-key {}: the file is empty", f.display()));
                 }

@@ -212,7 +212,7 @@ fn secure_files(bgd: &Path, dir: &Path) -> (Secured, String) {
             "import jwt, time; print(jwt.encode({{'exp': int(time.time()) + 3600, 'sub': 'nvlinkd'}}, '{secret}', algorithm='HS256'))"
         ),
     ]));
-    std::fs::write(p("token"), &token).unwrap();
+    crate::env::write_private(&p("token"), &token);
     // BuildGrid reads the secret from a file.
     std::fs::write(p("jwt.secret"), secret).unwrap();
     let extra = format!(

@@ -56,6 +56,14 @@ pub fn nvlinkd() -> PathBuf {
 /// A fresh directory under the target dir, removed when dropped.
 pub struct TempDir(pub PathBuf);
 
+/// Write a secret's file as an operator would: for this user alone (mode
+/// 0600); the daemon refuses token and key files others can read.
+pub fn write_private(path: &Path, contents: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

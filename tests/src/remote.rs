@@ -50,8 +50,8 @@ impl Pki {
         std::fs::write(pki.dir.path().join("client.pem"), cert.pem()).unwrap();
         std::fs::write(pki.dir.path().join("client-key.pem"), key.serialize_pem()).unwrap();
         pki.replace("tokens", format!("# farm tokens\n\n{OTHER_TOKEN}\n{TOKEN}\n").as_bytes());
-        std::fs::write(pki.dir.path().join("client-token"), format!("{TOKEN}\n")).unwrap();
-        std::fs::write(pki.dir.path().join("other-client-token"), format!("{OTHER_TOKEN}\n")).unwrap();
+        crate::env::write_private(&pki.dir.path().join("client-token"), format!("{TOKEN}\n").as_bytes());
+        crate::env::write_private(&pki.dir.path().join("other-client-token"), format!("{OTHER_TOKEN}\n").as_bytes());
         pki
     }
 

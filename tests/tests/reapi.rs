@@ -15,7 +15,7 @@ use nvlinkd_tests::buildgrid::BuildGrid;
 use nvlinkd_tests::compare;
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
+use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, write_private, TempDir};
 use nvlinkd_tests::run::{run, Invocation, Run};
 
 const LINK: &str =
@@ -228,8 +228,8 @@ fn entries_not_authenticated_by_the_fleet_key_are_never_served() {
     let Some(bg) = BuildGrid::start() else { return };
     let keys = TempDir::new("rp-keys");
     let (fleet, other) = (keys.path().join("fleet.key"), keys.path().join("other.key"));
-    std::fs::write(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons").unwrap();
-    std::fs::write(&other, b"someone else's key").unwrap();
+    write_private(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons");
+    write_private(&other, b"someone else's key");
     let (fleet, other) = (fleet.display().to_string(), other.display().to_string());
     let out = TempDir::new("rp-key-out");
     let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
@@ -334,7 +334,7 @@ fn a_forged_entry_is_refused_before_its_blob_is_downloaded() {
     let Some(bg) = BuildGrid::start() else { return };
     let keys = TempDir::new("rp-forge-keys");
     let fleet = keys.path().join("fleet.key");
-    std::fs::write(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons").unwrap();
+    write_private(&fleet, b"the fleet's secret, 32 bytes or more, shared by its daemons");
     let (fleet, url) = (fleet.display().to_string(), bg.url());
     let member =
         || Daemon::start_with(&["--remote-cache", &url, "--remote-timeout", "5s", "--remote-cache-key", &fleet]);
@@ -381,4 +381,38 @@ fn an_entry_naming_a_blob_past_257_mib_is_refused_before_any_download() {
     assert!(s["remote_cache_rejected"].as_u64() >= Some(1), "the entry was not rejected: {s}");
     let read = s["remote_cache_bytes_read"].as_u64().unwrap();
     assert!(read < 1 << 20, "{read} bytes read for an entry past the cap: {s}");
+}
+
+/// The shared tier's token and the fleet key are secrets: a daemon refuses to
+/// start on a file another user can read (they could write entries every
+/// daemon of the farm serves), naming the file and the fix, as it does for
+/// its own token file; the same file made private is taken.
+#[test]
+fn a_fleet_key_or_tier_token_others_can_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("rp-open-key");
+    let secret = dir.path().join("secret");
+    // Nothing listens there: the files are read before any connection.
+    // A daemon that took the file would serve on: `timeout` ends it (124).
+    let serve = |option: &str| {
+        std::process::Command::new("timeout")
+            .arg("20")
+            .arg(nvlinkd())
+            .args(["serve", "--socket"])
+            .arg(dir.path().join("s.sock"))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .args(["--remote-cache", "grpc://127.0.0.1:9", "--remote-timeout", "1s", option])
+            .arg(&secret)
+            .output()
+            .unwrap()
+    };
+    for option in ["--remote-cache-key", "--remote-token-file"] {
+        std::fs::write(&secret, b"a secret of 32 bytes or more, for the fleet").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let out = serve(option);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{option}: {out:?}");
+        assert!(stderr.contains(option) && stderr.contains("chmod 600"), "{option}: {stderr}");
+    }
 }

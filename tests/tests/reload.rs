@@ -85,7 +85,7 @@ fn sighup_rotates_the_certificate_and_the_tokens() {
     // daemon goes on with the old ones until told.
     pki.issue(&["localhost"], "cert.pem", "key.pem");
     pki.replace("tokens", b"# rotated\nrotated:new-token-of-the-rotation\n");
-    std::fs::write(pki.file("new-token"), "new-token-of-the-rotation\n").unwrap();
+    pki.replace("new-token", b"new-token-of-the-rotation\n");
     let failures = d.stat("auth_failures");
     refused(&run(&shim(), &inv(&out), &shim_env(&pki, &by_ip, "new-token")), "new token before SIGHUP");
     assert_eq!(d.stat("auth_failures"), failures + 1);

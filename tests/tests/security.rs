@@ -221,6 +221,93 @@ fn remote_link_over_tls_with_a_token_matches_nvlink() {
     assert_eq!(d.stat("auth_failures"), 1);
 }
 
+/// The local socket serves the daemon's own user and root, whatever its mode:
+/// opened up to everyone (as an operator might, by mistake or on purpose),
+/// another user's `stats`, `events`, `stop` and links are refused, counted,
+/// and the daemon goes on serving its own user.
+#[test]
+fn another_user_on_an_opened_local_socket_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to act as another user");
+        return;
+    }
+    let d = Daemon::start();
+    let sock = d.socket();
+    std::fs::set_permissions(sock.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |args: &[&str], env: &[(String, String)]| {
+        // `timeout`: an events stream the daemon accepted would never end.
+        Command::new("timeout")
+            .args(["20", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(corpus::dir())
+            .output()
+    };
+    let nvlinkd = nvlinkd().display().to_string();
+    let socket = sock.display().to_string();
+    match as_nobody(&[&nvlinkd, "--version"], &[]) {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("skipped: nobody cannot run nvlinkd here ({other:?})");
+            return;
+        }
+    }
+    for what in ["stats", "events", "stop"] {
+        let o = as_nobody(&[&nvlinkd, what, "--socket", &socket], &[]).unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{what} as nobody: {o:?}");
+        assert!(stderr.contains("this daemon serves uid 0"), "{what} as nobody: {stderr}");
+    }
+    let out = TempDir::new("sec-nobody-out");
+    std::fs::set_permissions(out.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut env = d.shim_env();
+    env.push((paths::ENV_FALLBACK.into(), "never".into()));
+    let args = inv(LINK, corpus::dir(), &out).args;
+    let shim_path = shim().display().to_string();
+    let mut cmd: Vec<&str> = vec![&shim_path];
+    cmd.extend(args.iter().map(String::as_str));
+    let link = as_nobody(&cmd, &env).unwrap();
+    assert!(!link.status.success(), "a link as nobody: {link:?}");
+    assert_eq!(d.stat("requests"), 0, "{}", d.stats());
+    assert!(d.stat("auth_failures") >= 4, "{}", d.stats());
+    // Still the daemon of its own user.
+    let mine = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    let theirs = run(&shim(), &inv(LINK, corpus::dir(), &out), &d.shim_env());
+    assert!(compare::runs(&mine, &theirs).identical);
+}
+
+/// The shim reads its token only from a file no other user can read (another
+/// user could link on the farm as this one): an open file is refused before
+/// any connection, with the fix named; with `NVLINKD_FALLBACK=auto` the link is
+/// nvlink's own, and the daemon never saw the token.
+#[test]
+fn a_token_file_other_users_can_read_is_refused_by_the_shim() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let out = TempDir::new("sec-open-token");
+    let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
+    let open = pki.file("open-token");
+    pki.replace("open-token", format!("{}\n", nvlinkd_tests::remote::TOKEN).as_bytes());
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let env = |fallback: &str| {
+        let mut env = pki.shim_env(&format!("https://127.0.0.1:{port}"), fallback);
+        env.iter_mut().filter(|(k, _)| k == paths::ENV_TOKEN_FILE).for_each(|(_, v)| *v = open.clone());
+        env
+    };
+    let refused = run(&shim(), &inv(LINK, corpus::dir(), &out), &env("never"));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_ne!(refused.code, 0);
+    assert!(stderr.contains("can be read by other users") && stderr.contains("chmod 600"), "{stderr}");
+    assert!(refused.files.is_empty(), "output written without an answer");
+    let fell_back = run(&shim(), &inv(LINK, corpus::dir(), &out), &env("auto"));
+    assert_eq!(fell_back.files, expected.files, "not nvlink's output");
+    assert_eq!((d.stat("requests"), d.stat("auth_failures")), (0, 0), "{}", d.stats());
+}
+
 /// A hostile daemon (tests/src/bin/nvlinkd-hostile.rs) in `mode`, killed on drop.
 struct HostileDaemon {
     child: std::process::Child,

@@ -739,6 +739,9 @@ impl Service {
     /// socket, a remote one with a valid token (where tokens are required).
     /// A remote call that is lets its connection stay (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if self.local {
+            return self.check_local_peer(request);
+        }
         let checked = self.check_token(request);
         if checked.is_ok() {
             if let Some(c) = self.connection(request) {
@@ -755,6 +758,28 @@ impl Service {
                 Err(auth.refused(request.remote_addr()))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// The unix socket serves the daemon's own user (and root), whatever its
+    /// mode: a local link reads the caller's files as the daemon's user, and
+    /// the administrative calls (events, cancel, shutdown) are that user's.
+    /// The socket is 0600 in a private directory; this holds where an operator
+    /// opened it up. Another user runs a daemon of their own.
+    fn check_local_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        match peer.map(|c| c.uid()) {
+            Some(uid) if uid == me || uid == 0 => Ok(()),
+            uid => {
+                self.auth_failures.fetch_add(1, Ordering::Relaxed);
+                let who = uid.map_or_else(|| "an unknown user".to_owned(), |u| format!("uid {u}"));
+                warn!(peer = %who, "a caller of another user on the local socket refused");
+                Err(Status::permission_denied(format!(
+                    "this daemon serves uid {me}, not {who}: start your own (nvlinkd start)"
+                )))
+            }
         }
     }
 

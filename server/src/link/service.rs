@@ -656,22 +656,8 @@ fn cancelled_by_request(args: &[String]) -> LinkResult {
 
 /// The output file as the command line names it (`-o X`, `-oX`, `--output-file X`, `…=X`).
 fn output_named(args: &[String]) -> Option<&str> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-o" | "--output-file" | "-output-file" => return it.next().map(String::as_str),
-            _ => {}
-        }
-        for prefix in ["--output-file=", "-output-file=", "-o="] {
-            if let Some(v) = a.strip_prefix(prefix) {
-                return Some(v);
-            }
-        }
-        if let Some(v) = a.strip_prefix("-o").filter(|v| !v.is_empty() && !a.starts_with("-op")) {
-            return Some(v);
-        }
-    }
-    None
+    use nvlinkd_core::cli::{written_files, Written};
+    written_files(args).into_iter().find(|(kind, _)| *kind == Written::Output).map(|(_, v)| v)
 }
 
 /// `Start.progress`: the link's phase events go to its own stream as

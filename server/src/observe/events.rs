@@ -362,23 +362,11 @@ fn paths(p: &[PathBuf]) -> Vec<String> {
 /// The files a command line names as outputs (`-o`, `--register-link-binaries`),
 /// resolved against `cwd`.
 pub fn named_outputs(args: &[String], cwd: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let value = match a.as_str() {
-            "-o" | "--output-file" | "-output-file" | "--register-link-binaries" | "-register-link-binaries" => {
-                it.next().map(String::as_str)
-            }
-            _ => ["--output-file=", "-output-file=", "-o=", "--register-link-binaries=", "-register-link-binaries="]
-                .iter()
-                .find_map(|p| a.strip_prefix(p))
-                .or_else(|| a.strip_prefix("-o").filter(|v| !v.is_empty() && !a.starts_with("-op"))),
-        };
-        if let Some(v) = value.filter(|v| !v.is_empty()) {
-            out.push(cwd.join(v));
-        }
-    }
-    out
+    nvlinkd_core::cli::written_files(args)
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(_, v)| cwd.join(v))
+        .collect()
 }
 
 fn round(ms: f64) -> f64 {

@@ -1,6 +1,6 @@
 //! The deployment files in `deploy/` checked by real validators, installed from
 //! their registries by `scripts/setup-validators.sh` (cached in `.tools/`):
-//! hadolint for the Dockerfile, kubernetes-validate (the API's schemas,
+//! hadolint for the Dockerfiles, kubernetes-validate (the API's schemas,
 //! strict) for the Kubernetes manifests, `systemd-analyze verify` for the
 //! systemd units. Each test also hands its validator a copy broken in one
 //! place and expects it refused, so a validator that stopped checking (or a
@@ -47,19 +47,36 @@ fn broken(dir: &Path, file: &Path, edit: impl Fn(&str) -> String) -> PathBuf {
     copy
 }
 
+/// hadolint, with deploy/'s settings (warnings fail), on `file`.
+fn hadolint(bin: &Path, file: &Path) -> Output {
+    Command::new(bin.join("hadolint")).arg("--config").arg(deploy(".hadolint.yaml")).arg(file).output().unwrap()
+}
+
 #[test]
 fn the_dockerfile_passes_hadolint() {
     let Some(bin) = validators() else { return };
-    let hadolint = |file: &Path| {
-        Command::new(bin.join("hadolint")).arg("--config").arg(deploy(".hadolint.yaml")).arg(file).output().unwrap()
-    };
-    let out = hadolint(&deploy("Dockerfile"));
+    let out = hadolint(bin, &deploy("Dockerfile"));
     assert!(out.status.success() && out.stdout.is_empty(), "hadolint on deploy/Dockerfile:\n{}", text(&out));
     // A root image is refused (DL3002): the rules, warnings included, are applied.
     let dir = TempDir::new("deploy-docker");
     let root = broken(dir.path(), &deploy("Dockerfile"), |s| format!("{s}USER root\n"));
-    let out = hadolint(&root);
+    let out = hadolint(bin, &root);
     assert!(!out.status.success() && text(&out).contains("DL3002"), "a root image passed:\n{}", text(&out));
+}
+
+/// The fragment that adds nvlinkd to an image of NVIDIA's CUDA packages
+/// passes hadolint; the same fragment on an untagged base image is refused
+/// (DL3006).
+#[test]
+fn the_cuda_image_fragment_passes_hadolint() {
+    let Some(bin) = validators() else { return };
+    let fragment = deploy("docker/Dockerfile.cuda-nvlinkd");
+    let out = hadolint(bin, &fragment);
+    assert!(out.status.success() && out.stdout.is_empty(), "hadolint on {}:\n{}", fragment.display(), text(&out));
+    let dir = TempDir::new("deploy-cuda-image");
+    let untagged = broken(dir.path(), &fragment, |s| s.replace("FROM ${CUDA_IMAGE}", "FROM nvidia/cuda"));
+    let out = hadolint(bin, &untagged);
+    assert!(!out.status.success() && text(&out).contains("DL3006"), "an untagged base image passed:\n{}", text(&out));
 }
 
 #[test]

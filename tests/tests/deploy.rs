@@ -2,11 +2,12 @@
 //! their registries by `scripts/setup-validators.sh` (cached in `.tools/`):
 //! hadolint for the Dockerfiles, kubernetes-validate (the API's schemas,
 //! strict) for the Kubernetes manifests, `systemd-analyze verify` for the
-//! systemd units. Each test also hands its validator a copy broken in one
-//! place and expects it refused, so a validator that stopped checking (or a
-//! check that stopped reaching it) fails the test instead of passing it.
-//! Where a validator cannot be installed (offline, no root for apt-get) the
-//! test says so and skips.
+//! systemd units, check-jsonschema (its bundled GitHub workflow and GitLab CI
+//! schemas) for the CI examples. Each test also hands its validator a copy
+//! broken in one place and expects it refused, so a validator that stopped
+//! checking (or a check that stopped reaching it) fails the test instead of
+//! passing it. Where a validator cannot be installed (offline, no root for
+//! apt-get) the test says so and skips.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,8 +15,8 @@ use std::sync::OnceLock;
 
 use nvlinkd_tests::env::{repo_root, TempDir};
 
-/// The directory of `hadolint` and `kubernetes-validate`, installed once per
-/// test process; `None` (after saying why) when they cannot be.
+/// The directory of `hadolint`, `kubernetes-validate` and `check-jsonschema`,
+/// installed once per test process; `None` (after saying why) when they cannot be.
 fn validators() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -278,4 +279,26 @@ fn the_farm_config_names_every_serve_option() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("unknown key") && !stderr.contains("error: invalid value"), "{stderr}");
     assert!(!out.status.success(), "serve started from deploy/farm.toml on this machine: {stderr}");
+}
+
+/// The CI examples validate against check-jsonschema's bundled schemas
+/// (GitHub's workflow syntax, GitLab's CI syntax); each with a misspelt key
+/// is refused.
+#[test]
+fn the_ci_examples_validate_against_their_schemas() {
+    let Some(bin) = validators() else { return };
+    let check = |schema: &str, file: &Path| {
+        Command::new(bin.join("check-jsonschema")).args(["--builtin-schema", schema]).arg(file).output().unwrap()
+    };
+    let dir = TempDir::new("deploy-ci");
+    for (file, schema, (key, typo)) in [
+        ("ci/github-actions.yml", "vendor.github-workflows", ("runs-on:", "runs_on:")),
+        ("ci/gitlab-ci.yml", "vendor.gitlab-ci", ("  script:", "  scripts:")),
+    ] {
+        let out = check(schema, &deploy(file));
+        assert!(out.status.success(), "check-jsonschema --builtin-schema {schema} deploy/{file}:\n{}", text(&out));
+        let bad = broken(dir.path(), &deploy(file), |s| s.replacen(key, typo, 1));
+        let out = check(schema, &bad);
+        assert!(!out.status.success(), "deploy/{file} with {typo} passed:\n{}", text(&out));
+    }
 }

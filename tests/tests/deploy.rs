@@ -1,12 +1,14 @@
 //! The deployment files in `deploy/` checked by real validators, installed from
 //! their registries by `scripts/setup-validators.sh` (cached in `.tools/`):
-//! hadolint for the Dockerfile, kubernetes-validate (the API's schemas,
+//! hadolint for the Dockerfiles, kubernetes-validate (the API's schemas,
 //! strict) for the Kubernetes manifests, `systemd-analyze verify` for the
-//! systemd units. Each test also hands its validator a copy broken in one
-//! place and expects it refused, so a validator that stopped checking (or a
-//! check that stopped reaching it) fails the test instead of passing it.
-//! Where a validator cannot be installed (offline, no root for apt-get) the
-//! test says so and skips.
+//! systemd units, check-jsonschema (its bundled GitHub workflow and GitLab CI
+//! schemas) for the CI examples, Python's parser for the Bazel example
+//! (Starlark's syntax is Python's; Bazel itself cannot be installed here).
+//! Each test also hands its validator a copy broken in one place and expects
+//! it refused, so a validator that stopped checking (or a check that stopped
+//! reaching it) fails the test instead of passing it. Where a validator cannot
+//! be installed (offline, no root for apt-get) the test says so and skips.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,8 +16,8 @@ use std::sync::OnceLock;
 
 use nvlinkd_tests::env::{repo_root, TempDir};
 
-/// The directory of `hadolint` and `kubernetes-validate`, installed once per
-/// test process; `None` (after saying why) when they cannot be.
+/// The directory of `hadolint`, `kubernetes-validate` and `check-jsonschema`,
+/// installed once per test process; `None` (after saying why) when they cannot be.
 fn validators() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -47,19 +49,36 @@ fn broken(dir: &Path, file: &Path, edit: impl Fn(&str) -> String) -> PathBuf {
     copy
 }
 
+/// hadolint, with deploy/'s settings (warnings fail), on `file`.
+fn hadolint(bin: &Path, file: &Path) -> Output {
+    Command::new(bin.join("hadolint")).arg("--config").arg(deploy(".hadolint.yaml")).arg(file).output().unwrap()
+}
+
 #[test]
 fn the_dockerfile_passes_hadolint() {
     let Some(bin) = validators() else { return };
-    let hadolint = |file: &Path| {
-        Command::new(bin.join("hadolint")).arg("--config").arg(deploy(".hadolint.yaml")).arg(file).output().unwrap()
-    };
-    let out = hadolint(&deploy("Dockerfile"));
+    let out = hadolint(bin, &deploy("Dockerfile"));
     assert!(out.status.success() && out.stdout.is_empty(), "hadolint on deploy/Dockerfile:\n{}", text(&out));
     // A root image is refused (DL3002): the rules, warnings included, are applied.
     let dir = TempDir::new("deploy-docker");
     let root = broken(dir.path(), &deploy("Dockerfile"), |s| format!("{s}USER root\n"));
-    let out = hadolint(&root);
+    let out = hadolint(bin, &root);
     assert!(!out.status.success() && text(&out).contains("DL3002"), "a root image passed:\n{}", text(&out));
+}
+
+/// The fragment that adds nvlinkd to an image of NVIDIA's CUDA packages
+/// passes hadolint; the same fragment on an untagged base image is refused
+/// (DL3006).
+#[test]
+fn the_cuda_image_fragment_passes_hadolint() {
+    let Some(bin) = validators() else { return };
+    let fragment = deploy("docker/Dockerfile.cuda-nvlinkd");
+    let out = hadolint(bin, &fragment);
+    assert!(out.status.success() && out.stdout.is_empty(), "hadolint on {}:\n{}", fragment.display(), text(&out));
+    let dir = TempDir::new("deploy-cuda-image");
+    let untagged = broken(dir.path(), &fragment, |s| s.replace("FROM ${CUDA_IMAGE}", "FROM nvidia/cuda"));
+    let out = hadolint(bin, &untagged);
+    assert!(!out.status.success() && text(&out).contains("DL3006"), "an untagged base image passed:\n{}", text(&out));
 }
 
 #[test]
@@ -261,4 +280,172 @@ fn the_farm_config_names_every_serve_option() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("unknown key") && !stderr.contains("error: invalid value"), "{stderr}");
     assert!(!out.status.success(), "serve started from deploy/farm.toml on this machine: {stderr}");
+}
+
+/// The CI examples validate against check-jsonschema's bundled schemas
+/// (GitHub's workflow syntax, GitLab's CI syntax); each with a misspelt key
+/// is refused.
+#[test]
+fn the_ci_examples_validate_against_their_schemas() {
+    let Some(bin) = validators() else { return };
+    let check = |schema: &str, file: &Path| {
+        Command::new(bin.join("check-jsonschema")).args(["--builtin-schema", schema]).arg(file).output().unwrap()
+    };
+    let dir = TempDir::new("deploy-ci");
+    for (file, schema, (key, typo)) in [
+        ("ci/github-actions.yml", "vendor.github-workflows", ("runs-on:", "runs_on:")),
+        ("ci/gitlab-ci.yml", "vendor.gitlab-ci", ("  script:", "  scripts:")),
+    ] {
+        let out = check(schema, &deploy(file));
+        assert!(out.status.success(), "check-jsonschema --builtin-schema {schema} deploy/{file}:\n{}", text(&out));
+        let bad = broken(dir.path(), &deploy(file), |s| s.replacen(key, typo, 1));
+        let out = check(schema, &bad);
+        assert!(!out.status.success(), "deploy/{file} with {typo} passed:\n{}", text(&out));
+    }
+}
+
+/// Each top-level call of a Starlark file (`f(...)`, `x.f(...)`, `x = f(...)`)
+/// with its arguments (literals as values, anything else as source text), as
+/// JSON, read by Python's parser: Starlark's syntax is Python's. A syntax
+/// error exits 2, naming it.
+const STARLARK_CALLS: &str = r#"
+import ast, json, sys
+try:
+    tree = ast.parse(open(sys.argv[1]).read(), sys.argv[1])
+except SyntaxError as e:
+    print(f"{e.filename}:{e.lineno}: {e.msg}", file=sys.stderr)
+    sys.exit(2)
+def value(node):
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
+calls = []
+for stmt in tree.body:
+    node = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+    if isinstance(node, ast.Call):
+        target = ast.unparse(stmt.targets[0]) if isinstance(stmt, ast.Assign) else None
+        calls.append({"target": target, "func": ast.unparse(node.func), "args": [value(a) for a in node.args],
+                      "kwargs": {k.arg: value(k.value) for k in node.keywords}})
+print(json.dumps(calls))
+"#;
+
+/// The attributes of rules_cuda's `toolkit` tag (`cuda_toolkit_tag` in
+/// rules_cuda 0.3.0's `cuda/extensions.bzl`).
+const RULES_CUDA_TOOLKIT_ATTRS: [&str; 5] = ["name", "toolkit_path", "components_mapping", "version", "nvcc_version"];
+
+/// The mnemonics of rules_cuda 0.3.0's device-link actions
+/// (`cuda/private/actions/dlink.bzl`): nvcc -dlink, and nvlink run directly.
+const RULES_CUDA_DLINK_MNEMONICS: [&str; 2] = ["CudaDeviceLink", "nvlink"];
+
+/// What is wrong with the Bazel example in `dir` (`MODULE.bazel`,
+/// `BUILD.bazel`, `bazelrc`), given the overlay prefix the doc installs:
+/// rules_cuda's toolkit at that overlay, by rules_cuda's real extension,
+/// tag and attributes; a `cuda_library` with relocatable device code; the
+/// device-link actions run where the shim finds the daemon.
+fn bazel_example_problems(dir: &Path, overlay: &str) -> Vec<String> {
+    let calls = |file: &str| -> Result<Vec<serde_json::Value>, String> {
+        let out = Command::new("python3").arg("-c").arg(STARLARK_CALLS).arg(dir.join(file)).output().unwrap();
+        if !out.status.success() {
+            return Err(format!("{file} does not parse: {}", text(&out)));
+        }
+        Ok(serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap())
+    };
+    let mut problems = Vec::new();
+    let named = |calls: &[serde_json::Value], func: &str| -> Vec<serde_json::Value> {
+        calls.iter().filter(|c| c["func"] == func).cloned().collect()
+    };
+    match calls("MODULE.bazel") {
+        Err(e) => problems.push(e),
+        Ok(module) => {
+            if !named(&module, "bazel_dep").iter().any(|c| c["kwargs"]["name"] == "rules_cuda") {
+                problems.push("MODULE.bazel: no bazel_dep on rules_cuda".into());
+            }
+            let extension = named(&module, "use_extension");
+            if !extension.iter().any(|c| {
+                c["target"] == "cuda"
+                    && c["args"] == serde_json::json!(["@rules_cuda//cuda:extensions.bzl", "toolchain"])
+            }) {
+                problems.push("MODULE.bazel: `cuda` is not rules_cuda's toolchain extension".into());
+            }
+            let toolkits = named(&module, "cuda.toolkit");
+            if toolkits.len() != 1 {
+                problems.push(format!("MODULE.bazel: {} cuda.toolkit tags, not one", toolkits.len()));
+            }
+            for t in &toolkits {
+                let kwargs = t["kwargs"].as_object().unwrap();
+                for k in kwargs.keys().filter(|k| !RULES_CUDA_TOOLKIT_ATTRS.contains(&k.as_str())) {
+                    problems.push(format!("MODULE.bazel: cuda.toolkit has no attribute {k}"));
+                }
+                if t["kwargs"]["name"] != "cuda" || t["kwargs"]["toolkit_path"] != overlay {
+                    problems.push(format!("MODULE.bazel: cuda.toolkit is not `cuda` at {overlay}: {t}"));
+                }
+            }
+            if !named(&module, "use_repo").iter().any(|c| c["args"] == serde_json::json!(["cuda", "cuda"])) {
+                problems.push("MODULE.bazel: the `cuda` repository is not used".into());
+            }
+        }
+    }
+    match calls("BUILD.bazel") {
+        Err(e) => problems.push(e),
+        Ok(build) => {
+            let loads_library = named(&build, "load").iter().any(|c| {
+                c["args"][0] == "@rules_cuda//cuda:defs.bzl"
+                    && c["args"].as_array().unwrap().contains(&"cuda_library".into())
+            });
+            if !loads_library {
+                problems.push("BUILD.bazel: cuda_library is not loaded from rules_cuda".into());
+            }
+            if !named(&build, "cuda_library").iter().any(|c| c["kwargs"]["rdc"] == true) {
+                problems.push("BUILD.bazel: no cuda_library with rdc = True (nothing to device-link)".into());
+            }
+        }
+    }
+    let rc = std::fs::read_to_string(dir.join("bazelrc")).unwrap_or_default();
+    for m in RULES_CUDA_DLINK_MNEMONICS {
+        if !rc.lines().any(|l| l.trim() == format!("build --strategy={m}=local")) {
+            problems.push(format!("bazelrc: the {m} actions are not run outside the sandbox"));
+        }
+    }
+    problems
+}
+
+/// The Bazel example (rules_cuda on an nvlinkd overlay) parses and names
+/// rules_cuda's real extension, tag and attributes, the overlay prefix that
+/// docs/build-ways.md installs, and the device-link actions; copies with a
+/// syntax error, a misspelt attribute, another toolkit path or a sandboxed
+/// device link are each refused. Not run with Bazel: Bazel cannot be
+/// installed here (see the doc).
+#[test]
+fn the_bazel_example_points_rules_cuda_at_the_overlay() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("SKIP: no python3 to parse the Bazel example with");
+        return;
+    }
+    let doc = std::fs::read_to_string(repo_root().join("docs/build-ways.md")).unwrap();
+    let bazel = &doc[doc.find("## Bazel").expect("docs/build-ways.md has no Bazel section")..];
+    let overlay = bazel
+        .split_whitespace()
+        .skip_while(|w| *w != "--prefix")
+        .nth(1)
+        .expect("the Bazel section installs no overlay (--prefix)");
+    let problems = bazel_example_problems(&deploy("bazel"), overlay);
+    assert!(problems.is_empty(), "deploy/bazel/:\n{}", problems.join("\n"));
+    type Edit = fn(&str) -> String;
+    let edits: [(&str, Edit); 4] = [
+        ("MODULE.bazel", |s| s.replace("use_repo(cuda, \"cuda\")", "use_repo(cuda, \"cuda\"")),
+        ("MODULE.bazel", |s| s.replace("toolkit_path =", "toolkit_pth =")),
+        ("MODULE.bazel", |s| s.replace("/opt/cuda-nvlinkd", "/usr/local/cuda")),
+        ("bazelrc", |s| s.replace("--strategy=nvlink=local", "--strategy=nvlink=sandboxed")),
+    ];
+    for (i, (file, edit)) in edits.into_iter().enumerate() {
+        let dir = TempDir::new("deploy-bazel");
+        for f in ["MODULE.bazel", "BUILD.bazel", "bazelrc"] {
+            std::fs::copy(deploy("bazel").join(f), dir.path().join(f)).unwrap();
+        }
+        broken(dir.path(), &deploy("bazel").join(file), edit);
+        let problems = bazel_example_problems(dir.path(), overlay);
+        assert!(!problems.is_empty(), "{file} broken by edit {i} passed");
+        println!("broken {file} (edit {i}) refused: {}", problems.join("; "));
+    }
 }

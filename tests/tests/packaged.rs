@@ -6,14 +6,17 @@
 //! With a real package: a small `.deb` holding a copy of the test toolkit's
 //! nvlink under `/opt/nvlinkd-test-cuda`, installed with `dpkg -i` (needs root
 //! and dpkg; skipped with a message otherwise). The package, its diversion and
-//! its directory are removed however the test ends.
+//! its directory are removed however the test ends. The first install is the
+//! `RUN` line of `deploy/docker/Dockerfile.cuda-nvlinkd`, through a symlink to
+//! the toolkit as NVIDIA's images have `/usr/local/cuda`: what that image
+//! fragment does to their Debian-packaged toolkits.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nvlinkd_tests::corpus;
 use nvlinkd_tests::daemon::Daemon;
-use nvlinkd_tests::env::{nvlinkd, real_nvlink, shim, TempDir};
+use nvlinkd_tests::env::{nvlinkd, real_nvlink, repo_root, shim, TempDir};
 use nvlinkd_tests::run::{run, Invocation};
 
 const PACKAGE: &str = "nvlinkd-test-cuda-nvlink";
@@ -99,6 +102,19 @@ fn nvlinkd_cmd(args: &[&str]) -> std::process::Output {
     sh(Command::new(nvlinkd()).args(args).args(["--cuda-home", ROOT]))
 }
 
+/// The `RUN` line of the CUDA image fragment that installs nvlinkd in place,
+/// for `sh -c`: this build's nvlinkd for the image's, and `cuda` for
+/// `/usr/local/cuda`.
+fn image_install_command(cuda: &Path) -> String {
+    let fragment = repo_root().join("deploy/docker/Dockerfile.cuda-nvlinkd");
+    let text = std::fs::read_to_string(&fragment).unwrap();
+    let run = text.lines().filter_map(|l| l.strip_prefix("RUN ")).find(|l| l.contains(" install --in-place "));
+    let run = run.unwrap_or_else(|| panic!("{} installs nothing in place", fragment.display()));
+    let (binary, args) = run.split_once(' ').unwrap();
+    assert!(binary.ends_with("/nvlinkd") && args.contains("--cuda-home /usr/local/cuda"), "{run}");
+    format!("{} {}", nvlinkd().display(), args.replace("/usr/local/cuda", &cuda.display().to_string()))
+}
+
 #[test]
 fn in_place_on_a_dpkg_owned_toolkit_diverts_nvlink_and_survives_a_package_upgrade() {
     if !(have("dpkg") && have("dpkg-deb") && have("dpkg-divert")) {
@@ -124,8 +140,10 @@ fn in_place_on_a_dpkg_owned_toolkit_diverts_nvlink_and_survives_a_package_upgrad
     let v1 = std::fs::read(real_nvlink()).unwrap();
     ok(Command::new("dpkg").arg("-i").arg(deb(work.path(), "1", &v1)));
 
-    let st = nvlinkd_cmd(&["install", "--in-place"]);
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    // As the CUDA image fragment installs it, through a symlinked root.
+    let cuda = work.path().join("cuda");
+    std::os::unix::fs::symlink(ROOT, &cuda).unwrap();
+    ok(Command::new("sh").arg("-c").arg(image_install_command(&cuda)));
     assert!(std::fs::read(&nvlink).unwrap() == std::fs::read(shim()).unwrap(), "bin/nvlink is not the shim");
     assert!(std::fs::read(&kept).unwrap() == v1, "the real nvlink was not kept");
     assert_eq!(ok(Command::new("dpkg-divert").args(["--listpackage", &nvlink])).trim(), "nvlinkd");

@@ -141,3 +141,72 @@ fn cmake_build_device_links_equal_the_real_nvlink() {
     assert!(links >= 8 && lto >= 4, "expected the device links of both builds, got {links} ({lto} LTO)");
     assert!(d.stat("requests") - before >= links as u64, "the device links did not go through nvlinkd");
 }
+
+/// The device-link objects CMake made in `build` (`cmake_device_link.o`,
+/// one per program: every architecture's cubin and the registration code),
+/// by path below `build`, in order.
+fn device_link_objects(build: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut dirs = vec![build.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "cmake_device_link.o") {
+                found.push((p.strip_prefix(build).unwrap().to_path_buf(), read(&p)));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// A CMake project configured with `CMAKE_CUDA_COMPILER=<overlay>/bin/nvcc`,
+/// the overlay as `nvlinkd install` made it, builds the device code that the
+/// same project configured with the toolkit's nvcc builds: with LTO on (app's
+/// device link partial LTO, tool's whole-program LTO, both for two
+/// architectures, `-nvvmpath` and `-L` under the overlay), each program's
+/// `cmake_device_link.o` equals the plain build's byte for byte, and the
+/// overlay build's links went through the daemon.
+#[test]
+fn a_cmake_build_with_the_overlays_nvcc_is_byte_identical_to_the_plain_build() {
+    let Some(tools) = cmake_bin() else { return };
+    let d = Daemon::start();
+    let work = TempDir::new("cmake-same");
+    let prefix = work.path().join("overlay");
+    install_overlay(&prefix);
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "CUDA_HOME");
+    let build = |tag: &str, nvcc: &Path, env: &[(String, String)]| {
+        let build = work.path().join(tag);
+        let cmake = || {
+            let mut c = Command::new(tools.join("cmake"));
+            c.env_remove("CUDA_HOME").envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            c
+        };
+        run_ok(
+            cmake()
+                .args(["-G", "Ninja", "-S"])
+                .arg(repo_root().join("tests/realbuild"))
+                .arg("-B")
+                .arg(&build)
+                .arg(format!("-DCMAKE_MAKE_PROGRAM={}", tools.join("ninja").display()))
+                .arg(format!("-DCMAKE_CUDA_COMPILER={}", nvcc.display()))
+                .arg("-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=ON"),
+        );
+        run_ok(cmake().arg("--build").arg(&build));
+        device_link_objects(&build)
+    };
+    let plain = build("plain", &cuda_home().join("bin/nvcc"), &[]);
+    let before = d.stat("requests");
+    let overlay = build("overlay", &prefix.join("bin/nvcc"), &env);
+    let names = |objects: &[(PathBuf, Vec<u8>)]| objects.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&plain).len(), 2, "expected app's and tool's device links: {:?}", names(&plain));
+    assert_eq!(names(&plain), names(&overlay));
+    for ((name, p), (_, o)) in plain.iter().zip(&overlay) {
+        assert!(p == o, "{}: the overlay build's device code differs from the plain build's", name.display());
+    }
+    // One nvlink per program and architecture.
+    assert!(d.stat("requests") - before >= 4, "the overlay build's device links did not go through nvlinkd");
+}

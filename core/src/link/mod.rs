@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tracing::{debug, debug_span, info_span, warn, Span};
+use tracing::{debug, info_span, warn, Span};
 
 use crate::cache::flight::Flights;
 use crate::cache::{LinkEntry, Store};
@@ -31,7 +31,7 @@ use crate::input::libsearch;
 use crate::input::load::{LoadContext, LoadError};
 use crate::input::memo::DecodeMemo;
 use crate::linkcache::{self, MemoFs};
-use crate::observe::{Ignore, LinkObs, Observer, Phase};
+use crate::observe::{Ignore, LinkObs, Observer, Phase, Step};
 use crate::plan;
 use crate::regbin;
 use crate::request::{EngineKind, Outcome, OutputFile, Request};
@@ -650,8 +650,7 @@ impl Linker {
             };
             return self.compute_link(tk, req, memo, spec, mode, ctl);
         };
-        let keys =
-            debug_span!("keys").in_scope(|| linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
+        let keys = ctl.obs.in_step(Step::Keys, || linkcache::keys(&tk.identity(), req, spec, mode, memo, &self.hashes));
         let Some(keys) = keys else {
             let _planning = match self.admit_plan(ctl) {
                 Ok(p) => p,
@@ -740,7 +739,7 @@ impl Linker {
                 s.retain(|k| *k != keys.content);
             }
             if let Some(e) = &entry {
-                let _store = debug_span!("store").entered();
+                let _store = ctl.obs.step(Step::Store);
                 let bytes = e.encode();
                 // The named entry is read only when the content entry says the
                 // result depends on names.

@@ -14,8 +14,8 @@
 //!
 //! - [`LinkEvent::PhaseStarted`] and [`LinkEvent::PhaseFinished`]: when a
 //!   phase begins and ends ([`LinkObs::phase`]:
-//!   `plan` in `Linker::plan_link`, `jit`, `jitlink`, `nvvm`, `ptxas` and
-//!   `finalize` in `engine/inprocess.rs`, `nvlink` in `Linker::run_nvlink`),
+//!   `plan` in `Link::plan` (`link/pass.rs`), `jit`, `jitlink`, `nvvm`, `ptxas` and
+//!   `finalize` in `engine/inprocess.rs`, `nvlink` in `Link::run_nvlink` (`link/engine.rs`)),
 //!   `cached` when the step was an artifact served from the cache
 //!   ([`InPhase::cached`], from `engine/artifacts.rs`), `aborted` when the
 //!   link was stopped while it ran;

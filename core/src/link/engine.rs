@@ -13,7 +13,7 @@ use super::pass::Link;
 use crate::cli::spec::Mode;
 use crate::declined::{Declined, Reason};
 use crate::engine::artifacts::Artifacts;
-use crate::engine::inprocess;
+use crate::engine::inprocess::{self, Linked, NotLinked};
 use crate::engine::process;
 use crate::engine::sandbox::{Sandbox, SandboxError};
 use crate::observe::Phase;
@@ -22,36 +22,26 @@ use crate::request::{EngineKind, Outcome};
 use crate::sched::Priority;
 use crate::stats::bump;
 
-/// Why the in-process engine gave no output.
-enum NotLinked {
-    /// A fault of the daemon's side (a worker died, was killed or cancelled):
-    /// no answer at all, the shim runs nvlink.
-    Fault(Declined),
-    /// Not reproduced in process: the real nvlink serves the link.
-    Declined(Declined),
-    /// nvlink's link errors, reproduced: the answer is those messages.
-    Errors(inprocess::LinkErrors),
-}
-
 impl Link<'_> {
-    /// Passes 6 and 7 of a planned, admitted link: the in-process engine,
-    /// and its result as the link's answer (the real nvlink for what it
-    /// declines, a fallback for a fault).
+    /// Passes 6 and 7 of a planned, admitted link: the in-process engine on
+    /// the `--jobs` pool, and its result as the link's answer (the real
+    /// nvlink for what it declines, a fallback for a fault).
     pub(super) fn in_process(&self, mode: Mode, plan: &mut plan::Plan, time_file_is_new: bool) -> Outcome {
         let (linker, req, spec) = (self.linker, self.req, &self.spec);
-        let timings = std::sync::Mutex::new(Vec::new());
-        let linked = self.link_in_process(mode, plan, &timings);
-        let timings = timings.into_inner().unwrap_or_else(|p| p.into_inner());
-        let outcome = match linked {
-            Ok(mut output) => {
+        let (outcome, timings) = match self.link_in_process(mode, plan) {
+            Ok(Linked { mut output, timings }) => {
                 bump(&linker.stats.in_process);
                 debug!("linked in process");
                 linker.hooks.corrupt(&mut output);
-                in_process_outcome(req, self.fs, spec, mode, plan, output)
+                (in_process_outcome(req, self.fs, spec, mode, plan, output), timings)
             }
-            Err(NotLinked::Fault(why)) => return linker.fall_back(why),
+            Err(NotLinked::Fault(why)) => {
+                // Not an nvlink answer: the shim runs nvlink; nothing is cached.
+                warn!(why = %why.detail, "link failed in its worker");
+                return linker.fall_back(why);
+            }
             Err(NotLinked::Declined(why)) => return self.route(why),
-            Err(NotLinked::Errors(e))
+            Err(NotLinked::Errors(e, _))
                 if spec.register_link_binaries.is_some() && e.written.is_none() && !e.registers =>
             {
                 // Whether nvlink writes its registration file before failing
@@ -59,22 +49,18 @@ impl Link<'_> {
                 let why = Declined::new(Reason::Diagnostics, "link errors with --register-link-binaries");
                 return self.route(why);
             }
-            Err(NotLinked::Errors(errors)) => {
+            Err(NotLinked::Errors(errors, timings)) => {
                 bump(&linker.stats.in_process);
                 debug!("link errors answered in process");
-                link_errors_outcome(req, self.fs, spec, mode, plan, errors)
+                (link_errors_outcome(req, self.fs, spec, mode, plan, errors), timings)
             }
         };
         with_time_table(outcome, req, spec, time_file_is_new, &timings)
     }
 
-    /// The in-process engine on the `--jobs` pool: the output file's bytes.
-    fn link_in_process(
-        &self,
-        mode: Mode,
-        plan: &mut plan::Plan,
-        timings: &std::sync::Mutex<Vec<inprocess::TimeRow>>,
-    ) -> Result<Vec<u8>, NotLinked> {
+    /// The in-process engine (`engine::inprocess`) on the `--jobs` pool (at
+    /// idle CPU priority for a background link), inside the link's span.
+    fn link_in_process(&self, mode: Mode, plan: &mut plan::Plan) -> Result<Linked, NotLinked> {
         let (linker, tk, ctl) = (self.linker, &*self.tk, self.ctl);
         let artifacts = Artifacts {
             store: linker.cache.as_ref().map(|c| &*c.store),
@@ -83,8 +69,6 @@ impl Link<'_> {
             stats: &linker.stats,
         };
         let scratch = linker.scratch_dir();
-        let fault = std::sync::Mutex::new(None);
-        let errors = std::sync::Mutex::new(None);
         let cx = inprocess::Context {
             tk,
             artifacts: &artifacts,
@@ -94,9 +78,7 @@ impl Link<'_> {
             obs: ctl.obs,
             limit: linker.worker_limit(),
             confine: &linker.config.confine,
-            fault: &fault,
-            errors: &errors,
-            timings,
+            notes: Default::default(),
         };
         // The pool's threads work inside this link's span.
         let span = Span::current();
@@ -104,17 +86,7 @@ impl Link<'_> {
             Priority::Foreground => &linker.pool,
             Priority::Background => &linker.bg_pool,
         };
-        let linked = pool.install(|| span.in_scope(|| inprocess::link(&cx, &self.spec, mode, plan)));
-        let cancelled = ctl.cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
-        if let Some(why) = fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
-            // Not an nvlink answer: the shim runs nvlink; nothing is cached.
-            warn!(%why, "link failed in its worker");
-            return Err(NotLinked::Fault(Declined::new(Reason::Worker, why)));
-        }
-        linked.map_err(|why| match errors.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => NotLinked::Errors(e),
-            None => NotLinked::Declined(why),
-        })
+        pool.install(|| span.in_scope(|| inprocess::link(cx, &self.spec, mode, plan)))
     }
 
     /// The real nvlink as the engine: on the caller's files where the daemon

@@ -29,8 +29,8 @@ pub mod heap;
 mod hooks;
 pub mod input;
 pub mod jitlink;
+pub mod link;
 pub mod linkcache;
-pub mod linker;
 mod lru;
 pub mod observe;
 pub mod plan;
@@ -43,4 +43,4 @@ pub mod toolkit;
 pub mod verify;
 pub mod worker;
 
-pub use linker::{Linker, LinkerConfig};
+pub use link::{Linker, LinkerConfig};

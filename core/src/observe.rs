@@ -14,8 +14,8 @@
 //!
 //! - [`LinkEvent::PhaseStarted`] and [`LinkEvent::PhaseFinished`]: when a
 //!   phase begins and ends ([`LinkObs::phase`]:
-//!   `plan` in `Linker::plan_link`, `jit`, `jitlink`, `nvvm`, `ptxas` and
-//!   `finalize` in `engine/inprocess.rs`, `nvlink` in `Linker::run_nvlink`),
+//!   `plan` in `Link::plan` (`link/pass.rs`), `jit`, `jitlink`, `nvvm`, `ptxas` and
+//!   `finalize` in `engine/inprocess.rs`, `nvlink` in `Link::run_nvlink` (`link/engine.rs`)),
 //!   `cached` when the step was an artifact served from the cache
 //!   ([`InPhase::cached`], from `engine/artifacts.rs`), `aborted` when the
 //!   link was stopped while it ran;
@@ -28,7 +28,9 @@
 //! Phases are timed by one mechanism, [`InPhase`]: the guard enters the
 //! phase's `debug` span for the log (whose end, at debug level, is logged with
 //! its duration; target `nvlinkd_core::observe`) and measures the event's
-//! milliseconds over the same interval. The span's name is the phase's
+//! milliseconds over the same interval. The linker's passes that events do
+//! not report ([`Step`]: `keys`, `store`) are timed by the same guard
+//! ([`LinkObs::step`]), which then emits nothing. The span's name is the phase's
 //! [`Phase::name`], but the event schema depends on the enum, never on span
 //! names or log fields, nor on what `NVLINKD_LOG` lets the log show. An
 //! observer is called on the link's threads, sometimes under the scheduler's
@@ -98,6 +100,27 @@ impl Phase {
             Phase::Ptxas => tracing::debug_span!(parent: parent, "ptxas", ptx_bytes = Empty, cached = Empty),
             Phase::Finalize => tracing::debug_span!(parent: parent, "finalize"),
             Phase::Nvlink => tracing::debug_span!(parent: parent, "nvlink"),
+        }
+    }
+}
+
+/// A pass of the linker that the log times and events do not report
+/// ([`LinkObs::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// The whole-link keys computed (`linkcache::keys`).
+    Keys,
+    /// The link's entry written to the store.
+    Store,
+}
+
+impl Step {
+    /// The step's span, a child of `parent` (the link's span), of target
+    /// `nvlinkd_core::observe` like the phases'.
+    fn span(self, parent: &Span) -> Span {
+        match self {
+            Step::Keys => tracing::debug_span!(parent: parent, "keys"),
+            Step::Store => tracing::debug_span!(parent: parent, "store"),
         }
     }
 }
@@ -195,12 +218,25 @@ impl LinkObs {
     pub fn phase(&self, phase: Phase) -> InPhase<'_> {
         let span = phase.span(&self.span).entered();
         self.emit(&LinkEvent::PhaseStarted { link: self.link, phase });
-        InPhase { obs: self, phase, start: Instant::now(), cached: Cell::new(false), span }
+        InPhase { obs: self, phase: Some(phase), start: Instant::now(), cached: Cell::new(false), span }
+    }
+
+    /// Enter `step` until the guard drops: its span (a child of the link's)
+    /// is entered and timed like a phase's, and no event is emitted.
+    pub fn step(&self, step: Step) -> InPhase<'_> {
+        let span = step.span(&self.span).entered();
+        InPhase { obs: self, phase: None, start: Instant::now(), cached: Cell::new(false), span }
     }
 
     /// Run `f` inside `phase` ([`LinkObs::phase`]).
     pub fn in_phase<T>(&self, phase: Phase, f: impl FnOnce() -> T) -> T {
         let _phase = self.phase(phase);
+        f()
+    }
+
+    /// Run `f` inside `step` ([`LinkObs::step`]).
+    pub fn in_step<T>(&self, step: Step, f: impl FnOnce() -> T) -> T {
+        let _step = self.step(step);
         f()
     }
 
@@ -224,11 +260,12 @@ impl LinkObs {
     }
 }
 
-/// A phase in progress ([`LinkObs::phase`]): its span entered, its clock
-/// running; dropping it ends the phase.
+/// A phase in progress ([`LinkObs::phase`]), or a step ([`LinkObs::step`]):
+/// its span entered, its clock running; dropping it ends the phase.
 pub struct InPhase<'a> {
     obs: &'a LinkObs,
-    phase: Phase,
+    /// None for a step (no event).
+    phase: Option<Phase>,
     start: Instant,
     cached: Cell<bool>,
     span: tracing::span::EnteredSpan,
@@ -250,8 +287,9 @@ impl InPhase<'_> {
 
 impl Drop for InPhase<'_> {
     fn drop(&mut self) {
+        let Some(phase) = self.phase else { return };
         let ms = self.start.elapsed().as_secs_f64() * 1e3;
-        let (link, phase, cached) = (self.obs.link, self.phase, self.cached.get());
+        let (link, cached) = (self.obs.link, self.cached.get());
         let aborted = std::thread::panicking() || self.obs.cancel.as_ref().is_some_and(Cancel::is_cancelled);
         // (A field the phase's span does not declare is not recorded.)
         self.span.record("cached", cached);
@@ -313,6 +351,16 @@ mod tests {
         assert_eq!(got[2], LinkEvent::PhaseStarted { link: 7, phase: Phase::Jit });
         assert!(matches!(got[4], LinkEvent::Queued { priority: Priority::Background, .. }));
         assert!(matches!(got[5], LinkEvent::Admitted { waited_ms, .. } if (waited_ms - 2.0).abs() < 1e-9));
+    }
+
+    /// A step (a pass events do not report) emits nothing.
+    #[test]
+    fn a_step_is_timed_without_events() {
+        let rec = Arc::new(Recorder::default());
+        let obs = LinkObs::new(3, rec.clone(), Span::none());
+        assert_eq!(obs.in_step(Step::Keys, || 5), 5);
+        drop(obs.step(Step::Store));
+        assert!(rec.0.lock().unwrap().is_empty());
     }
 
     /// A phase that ends after its link was stopped was cut off: `aborted`.

@@ -19,10 +19,12 @@
 //! ptxas `-c`, then an ordinary link with that cubin first.
 //!
 //! nvJitLink runs in a worker process ([`crate::worker`]) when the linker has
-//! a worker executable. A worker that dies while linking is recorded in
-//! [`Context::fault`]: the link then has no result at all (the linker answers
-//! "fall back" and caches nothing), since a crash is not an nvlink answer the
-//! daemon could reproduce.
+//! a worker executable. A worker that dies while linking makes [`link`]'s
+//! result [`NotLinked::Fault`]: the link then has no result at all (the
+//! linker answers "fall back" and caches nothing), since a crash is not an
+//! nvlink answer the daemon could reproduce. [`link`] returns everything the
+//! linker uses ([`Linked`], [`NotLinked`]); what steps running in parallel
+//! note on the way ([`Notes`]) stays the engine's.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -68,15 +70,44 @@ pub struct Context<'a> {
     pub limit: std::time::Duration,
     /// How ptxas runs confined (`confine.rs`).
     pub confine: &'a crate::confine::Policy,
+    /// What the link's steps noted on the way, on whichever thread they ran;
+    /// [`link`] turns it into its result. (Start with `Notes::default()`.)
+    pub notes: Notes,
+}
+
+/// What an in-process link's steps note while they run (some in parallel),
+/// read once by [`link`] when the link ends.
+#[derive(Default)]
+pub struct Notes {
     /// Set when the link failed because of its environment (a worker died or
-    /// was killed): the linker then gives no result.
-    pub fault: &'a std::sync::Mutex<Option<String>>,
+    /// was killed): the link then has no result at all, whatever else a
+    /// step returned.
+    fault: std::sync::Mutex<Option<String>>,
     /// Set when the link failed with nvlink's own link errors (undefined or
-    /// multiply defined symbols): the linker answers them, exit status and
-    /// all, as nvlink does.
-    pub errors: &'a std::sync::Mutex<Option<LinkErrors>>,
+    /// multiply defined symbols): the answer is those, exit status and all,
+    /// as nvlink's.
+    errors: std::sync::Mutex<Option<LinkErrors>>,
     /// The rows of nvlink's `-time` table for the steps this link ran.
-    pub timings: &'a std::sync::Mutex<Vec<TimeRow>>,
+    timings: std::sync::Mutex<Vec<TimeRow>>,
+}
+
+/// An in-process link's result: the output file, and the rows of nvlink's
+/// `-time` table for the steps it ran.
+pub struct Linked {
+    pub output: Vec<u8>,
+    pub timings: Vec<TimeRow>,
+}
+
+/// Why the in-process engine gave no output.
+pub enum NotLinked {
+    /// A fault of the daemon's side (a worker died, was killed or cancelled):
+    /// no answer at all, the shim runs nvlink.
+    Fault(Declined),
+    /// Not reproduced in process: the real nvlink serves the link.
+    Declined(Declined),
+    /// nvlink's link errors, reproduced: the answer is those messages (and
+    /// the `-time` rows of the steps that ran first).
+    Errors(LinkErrors, Vec<TimeRow>),
 }
 
 /// One row of nvlink's `-time` table: a step nvlink's own tools run (its
@@ -121,7 +152,7 @@ impl Context<'_> {
         if spec.time.is_some() {
             let mut r = row();
             r.ms = started.elapsed().as_secs_f64() * 1000.0;
-            self.timings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+            self.notes.timings.lock().unwrap_or_else(|p| p.into_inner()).push(r);
         }
         out
     }
@@ -243,7 +274,7 @@ impl Context<'_> {
         };
         pool.link(&self.tk.jitlink_spec(), options, inputs, want_ptx, self.cancel).map_err(|e| {
             if e.is_fault() {
-                let mut f = self.fault.lock().unwrap_or_else(|p| p.into_inner());
+                let mut f = self.notes.fault.lock().unwrap_or_else(|p| p.into_inner());
                 f.get_or_insert_with(|| e.to_string());
                 return Declined::new(Reason::Worker, format!("nvJitLink: {e}"));
             }
@@ -259,7 +290,7 @@ impl Context<'_> {
     fn link_failed(&self, e: &crate::jitlink::JitLinkError) -> Declined {
         if let crate::jitlink::JitLinkError::Call { call: "complete", log, .. } = e {
             if let Some(messages) = undefined_references(log) {
-                let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+                let mut errors = self.notes.errors.lock().unwrap_or_else(|p| p.into_inner());
                 *errors = Some(LinkErrors {
                     messages,
                     exit_code: crate::diag::EXIT_LINK_ERROR,
@@ -302,8 +333,29 @@ fn check_options_but(spec: &Spec, suppress_ok: bool) -> Result<(), Declined> {
     }
 }
 
-/// Link `plan` in process; returns the output file.
-pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
+/// Link `plan` in process: the output file, or why there is none. A fault
+/// anywhere (a worker that died, the link cancelled) wins over what the steps
+/// returned; then nvlink's link errors, when a step found them; else the
+/// step's decline.
+pub fn link(cx: Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Linked, NotLinked> {
+    let linked = link_plan(&cx, spec, mode, plan);
+    let notes = cx.notes;
+    let cancelled = cx.cancel.is_cancelled().then(|| "the link was cancelled".to_owned());
+    if let Some(why) = notes.fault.into_inner().unwrap_or_else(|p| p.into_inner()).or(cancelled) {
+        return Err(NotLinked::Fault(Declined::new(Reason::Worker, why)));
+    }
+    let timings = notes.timings.into_inner().unwrap_or_else(|p| p.into_inner());
+    match linked {
+        Ok(output) => Ok(Linked { output, timings }),
+        Err(why) => match notes.errors.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(NotLinked::Errors(e, timings)),
+            None => Err(NotLinked::Declined(why)),
+        },
+    }
+}
+
+/// [`link`]'s steps; a fault and nvlink's link errors are noted in `cx.notes`.
+fn link_plan(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Result<Vec<u8>, Declined> {
     match mode {
         Mode::Executable | Mode::Relocatable => {}
         Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx => {}
@@ -397,7 +449,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
         opts.extend_from_slice(extra);
         let out = cx.obs.in_phase(Phase::JitLink, || cx.jit_link(&opts, &inputs, false)).inspect_err(|_| {
             // Link errors: the stack-size warnings before them as nvlink prints them.
-            if let Some(e) = cx.errors.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            if let Some(e) = cx.notes.errors.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
                 e.messages = stack_size_messages(spec, compiled, std::mem::take(&mut e.messages));
             }
         })?;
@@ -459,7 +511,7 @@ pub fn link(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     let warnings = stack_size_messages(spec, compiled, info_log_warnings(&info_log)?);
     if warnings.iter().any(|d| d.severity == crate::diag::Severity::Error) {
         // -Werror: nvlink fails after its link stage, with its registration file.
-        let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = cx.notes.errors.lock().unwrap_or_else(|p| p.into_inner());
         *errors = Some(LinkErrors {
             messages: warnings,
             exit_code: crate::diag::EXIT_LINK_ERROR,
@@ -816,7 +868,7 @@ fn check_duplicates(cx: &Context<'_>, plan: &Plan) -> Result<(), Declined> {
                 Diagnostic::error(format!("Multiple definition of '{name}' in '{unit}', first defined in '{first}'")),
                 Diagnostic::fatal("merge_elf failed"),
             ];
-            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            let mut errors = cx.notes.errors.lock().unwrap_or_else(|p| p.into_inner());
             *errors =
                 Some(LinkErrors { messages, exit_code: crate::diag::EXIT_FATAL, written: None, registers: false });
             no(Reason::Diagnostics, format!("{name} is defined more than once"))
@@ -845,7 +897,7 @@ fn tools_patch_check(cx: &Context<'_>, plan: &Plan) -> Result<Vec<u8>, Declined>
                 "Function '{}' in '{}' is missing EIATTR_TOOLS_PATCH_FUNC attribute required by -astoolspatch option",
                 f.name, unit.name
             );
-            let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+            let mut errors = cx.notes.errors.lock().unwrap_or_else(|p| p.into_inner());
             *errors = Some(LinkErrors {
                 messages: vec![Diagnostic::fatal(message)],
                 exit_code: crate::diag::EXIT_FATAL,
@@ -952,7 +1004,7 @@ fn link_lto(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resul
     if !plan.system_library_found {
         // nvlink writes the whole program, then misses the device runtime it
         // looks for afterwards (no registration file is written).
-        let mut errors = cx.errors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = cx.notes.errors.lock().unwrap_or_else(|p| p.into_inner());
         *errors = Some(LinkErrors {
             messages: vec![Diagnostic::fatal("expected libcudadevrt object")],
             exit_code: crate::diag::EXIT_FATAL,

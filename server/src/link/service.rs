@@ -165,7 +165,7 @@ struct RemoteCaller {
 /// The subject of a DER certificate (`CN=…, O=…`), as a log may show it.
 fn subject(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    Some(nvlinkd_core::linker::args_summary(&[cert.subject().to_string()]))
+    Some(nvlinkd_core::link::args_summary(&[cert.subject().to_string()]))
 }
 
 type LinkStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -342,7 +342,7 @@ impl Service {
             if slow > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(slow));
             }
-            let args = nvlinkd_core::linker::args_summary(&req.args);
+            let args = nvlinkd_core::link::args_summary(&req.args);
             let t_link = std::time::Instant::now();
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 linker.link_cancellable(link_id, &req, &fs, &cancel)

@@ -144,12 +144,17 @@ impl Prepared {
         let room = (nvlinkd_proto::MAX_MESSAGE_BYTES / 2).saturating_sub(args.iter().map(|a| a.len() + 8).sum());
         let files = if remote { crate::announce::files(&policy, &cwd, room) } else { Vec::new() };
         mark("files announced");
+        let [mnt_ns_dev, mnt_ns_ino, root_dev, root_ino] = nvlinkd_fs::fs_view();
         let start = Start {
             args: args.to_vec(),
             cwd: cwd.to_string_lossy().into_owned(),
             env,
             cwd_dev: dev,
             cwd_ino: ino,
+            mnt_ns_dev,
+            mnt_ns_ino,
+            root_dev,
+            root_ino,
             // Forwarded as set; the daemon treats an unknown class as foreground.
             priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
             progress: progress_wanted(),

@@ -799,6 +799,52 @@ fn outputs_are_written_where_nvlink_writes_them() {
     }
 }
 
+/// A shim whose /tmp is private (another mount namespace, as systemd's
+/// PrivateTmp and Bazel's sandbox give; nvcc's inputs live there) links
+/// through the local daemon with nvlink's answer: under the same cwd the
+/// daemon sees other files, so the shim serves them. (The daemon read its
+/// own /tmp and answered "Could not open input file".)
+#[test]
+fn a_shim_with_a_private_tmp_gets_nvlinks_answer() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a mount namespace needs root");
+        return;
+    }
+    let d = Daemon::start();
+    let work = TempDir::new("ptmp");
+    let private = work.path().join("private");
+    let (real_out, shim_out) = (work.path().join("r"), work.path().join("n"));
+    for dir in [&private, &real_out, &shim_out] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    // In a namespace of its own, a tmpfs over `private` with the inputs in
+    // it; nvlink and the shim link them from there.
+    let script = r#"mount -t tmpfs none "$1" && cp "$2/accumulate.o" "$2/scale.o" "$1/" || exit 99
+        "$3" --arch=sm_90 "$1/accumulate.o" "$1/scale.o" -o "$5/out.cubin" || exit 98
+        exec "$4" --arch=sm_90 "$1/accumulate.o" "$1/scale.o" -o "$6/out.cubin""#;
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_FALLBACK".into(), "never".into()));
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+        .args([&private, corpus::dir(), &real_nvlink(), &shim(), &real_out, &shim_out])
+        .current_dir(work.path())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(99) || stderr.starts_with("unshare:") {
+        eprintln!("skipped: no private mount namespace here: {stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{out:?}");
+    let expected = std::fs::read(real_out.join("out.cubin")).unwrap();
+    let actual = std::fs::read(shim_out.join("out.cubin")).unwrap();
+    let verdict = compare::file(&expected, &actual);
+    assert!(!matches!(verdict, compare::Verdict::Differ(_)), "{verdict:?}");
+    assert_eq!((d.stat("requests"), d.stat("fallbacks")), (1, 0), "{}", d.stats());
+}
+
 /// An output directory that is a symlink swapped between two directories
 /// while staged links write through it (as a deploy script's `current`
 /// link is): the daemon stages in the directory the link named then, and the

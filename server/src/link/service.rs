@@ -174,10 +174,16 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>
 
 impl Service {
     /// The link a `Start` asks for. It shares this daemon's filesystem only
-    /// over the local socket, when the shim's cwd is the same directory here.
+    /// over the local socket, when the shim's cwd is the same directory here
+    /// and its mount namespace and root are this daemon's (a shim with a
+    /// private /tmp sees other files under the same paths: it serves them).
     fn link_request(&self, start: &Start) -> LinkRequest {
+        static OWN_VIEW: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
         let cwd = PathBuf::from(&start.cwd);
+        let view = [start.mnt_ns_dev, start.mnt_ns_ino, start.root_dev, start.root_ino];
+        let same_view = view == [0; 4] || view == *OWN_VIEW.get_or_init(nvlinkd_fs::fs_view);
         let shared_fs = self.local
+            && same_view
             && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
         LinkRequest {
             args: start.args.clone(),

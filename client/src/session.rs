@@ -745,9 +745,9 @@ fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Asci
     if m.uid() != me && m.uid() != 0 {
         return Err(format!("{} {shown} belongs to uid {}, not to this user ({me})", paths::ENV_TOKEN_FILE, m.uid()));
     }
-    if m.mode() & 0o007 != 0 {
+    if m.mode() & 0o027 != 0 {
         return Err(format!(
-            "{} {shown} (mode {:03o}) can be read by other users: chmod 600 {shown}",
+            "{} {shown} (mode {:03o}) can be read or changed by other users: chmod 600 {shown}",
             paths::ENV_TOKEN_FILE,
             m.mode() & 0o777
         ));
@@ -829,7 +829,15 @@ fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
     if sibling.is_file() {
         return Some(sibling);
     }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("nvlinkd")).find(|p| p.is_file())
+    // Absolute PATH entries only: an empty or relative one names the build's
+    // working directory, whose files are not this user's to run.
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(Path::new)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join("nvlinkd"))
+        .find(|p| p.is_file())
 }
 
 #[cfg(test)]

@@ -66,7 +66,9 @@ impl OverlayRecord {
     pub fn parse(text: &str) -> Self {
         let mut r = OverlayRecord::default();
         for (k, v) in text.lines().filter_map(|l| l.split_once('=')) {
-            let v = Some(PathBuf::from(v.trim()));
+            // Absolute paths only: a relative one would name a file of
+            // whatever directory a build runs in (a binary the shim runs).
+            let v = Some(PathBuf::from(v.trim())).filter(|p| p.is_absolute());
             match k.trim() {
                 "CUDA_HOME" => r.cuda_home = v,
                 "REAL_NVLINK" => r.real_nvlink = v,

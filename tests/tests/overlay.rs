@@ -184,6 +184,21 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
     assert!(msg.contains("overlay") && msg.contains("--prefix"), "the refusal does not name the overlay: {msg}");
     assert!(std::fs::read(root.join("bin/nvlink")).unwrap() == original && !root.join("bin/.nvlinkd").exists());
 
+    // A symlink planted at bin/.nvlinkd (where the real nvlink is kept):
+    // refused, and nothing written where it points.
+    let planted = private_toolkit(&work.path().join("planted"));
+    let elsewhere = work.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, planted.join("bin/.nvlinkd")).unwrap();
+    for cmd in [&["install", "--in-place"][..], &["uninstall"][..]] {
+        let st = nvlinkd_cmd(cmd, &planted);
+        let msg = String::from_utf8_lossy(&st.stderr);
+        if cmd[0] == "install" {
+            assert!(!st.status.success() && msg.contains("not a directory"), "planted bin/.nvlinkd accepted: {msg}");
+        }
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "{cmd:?} wrote through bin/.nvlinkd");
+    }
+
     // A conda environment's toolkit, and an rpm-owned one (an `rpm` on PATH
     // that says a package owns bin/nvlink): refused, naming the overlay.
     let conda = work.path().join("conda-env");
@@ -552,6 +567,30 @@ fn install_refuses_a_prefix_others_can_change_and_never_writes_through_symlinks(
     assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o600);
     assert!(std::fs::symlink_metadata(prefix.join("bin/nvlink")).unwrap().is_file());
     assert_eq!(std::fs::read(prefix.join("bin/nvlink")).unwrap(), std::fs::read(shim()).unwrap());
+
+    // Under a directory others can write (group-writable, not sticky, as a
+    // shared tools directory of a team): another member could move the
+    // overlay away and put theirs in its place. Refused.
+    let team = work.path().join("team");
+    std::fs::create_dir(&team).unwrap();
+    std::fs::set_permissions(&team, std::fs::Permissions::from_mode(0o775)).unwrap();
+    refused(&team.join("ovl"), "which other users can write");
+
+    // A relative prefix: the record names the overlay's files absolutely
+    // (the shim runs them from whatever directory a build is in).
+    let st = Command::new(nvlinkd())
+        .args(["install", "--cuda-home"])
+        .arg(cuda_home())
+        .args(["--prefix", "rel"])
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let record = std::fs::read_to_string(work.path().join("rel/nvlinkd-overlay.env")).unwrap();
+    for line in record.lines() {
+        let (key, path) = line.split_once('=').unwrap();
+        assert!(Path::new(path).is_absolute(), "{key} is relative in the record: {record}");
+    }
 
     // umask 002: a fresh prefix and its bin/ are not group-writable.
     let fresh = work.path().join("fresh/overlay");

@@ -301,7 +301,7 @@ fn a_token_file_other_users_can_read_is_refused_by_the_shim() {
     let refused = run(&shim(), &inv(LINK, corpus::dir(), &out), &env("never"));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_ne!(refused.code, 0);
-    assert!(stderr.contains("can be read by other users") && stderr.contains("chmod 600"), "{stderr}");
+    assert!(stderr.contains("can be read or changed by other users") && stderr.contains("chmod 600"), "{stderr}");
     assert!(refused.files.is_empty(), "output written without an answer");
     let fell_back = run(&shim(), &inv(LINK, corpus::dir(), &out), &env("auto"));
     assert_eq!(fell_back.files, expected.files, "not nvlink's output");

@@ -94,13 +94,37 @@ fn check_own_dir(dir: &Path, what: &str) -> Result<(), String> {
         ));
     }
     let real = std::fs::canonicalize(dir).map_err(|e| io("cannot read", dir, e))?;
-    if let Some(parent) = real.parent() {
-        let p = std::fs::metadata(parent).map_err(|e| io("cannot read", parent, e))?;
-        // A sticky directory (`/tmp`) lets no one else rename what is ours.
-        if p.uid() != me && p.uid() != 0 && p.mode() & 0o1000 == 0 {
+    match real.parent() {
+        Some(parent) => check_above(parent, what, dir),
+        None => Ok(()),
+    }
+}
+
+/// Every directory from `from` up: whoever can write one of them (without the
+/// sticky bit, which keeps others from renaming what is ours, as in /tmp) or
+/// owns it could move `dir` (the overlay's) away and put another in its place.
+fn check_above(from: &Path, what: &str, dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let shown = dir.display();
+    let own = "give --prefix a directory of your own";
+    for above in from.ancestors() {
+        let p = std::fs::metadata(above).map_err(|e| io("cannot read", above, e))?;
+        let sticky = p.mode() & 0o1000 != 0;
+        if p.uid() != me && p.uid() != 0 {
             return Err(format!(
-                "{what} {shown} is in a directory of uid {} (who could replace it): refusing; {own}",
+                "{what} {shown} is under {}, a directory of uid {} (who could replace it): refusing; {own}",
+                above.display(),
                 p.uid()
+            ));
+        }
+        if p.mode() & 0o022 != 0 && !sticky {
+            return Err(format!(
+                "{what} {shown} is under {} (mode {:03o}), which other users can write (and so replace the \
+                 overlay): refusing; {own}",
+                above.display(),
+                p.mode() & 0o7777
             ));
         }
     }
@@ -123,6 +147,9 @@ fn create_private_dirs(dir: &Path) -> Result<(), String> {
 }
 
 pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
+    // Absolute: the record names the overlay's files, which the shim runs
+    // from whatever directory a build is in.
+    let prefix = &std::path::absolute(prefix).map_err(|e| io("no directory", prefix, e))?;
     // As given (absolute, symlinks kept): the path a plain build runs nvcc from.
     let named = std::path::absolute(cuda_home).map_err(|e| io("no toolkit at", cuda_home, e))?;
     let cuda_home = cuda_home.canonicalize().map_err(|e| io("no toolkit at", cuda_home, e))?;
@@ -136,9 +163,12 @@ pub fn install(cuda_home: &Path, prefix: &Path) -> Result<String, String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let shim = sibling(&me, "nvlink").ok_or("the nvlink shim is not installed next to nvlinkd")?;
     let bin = prefix.join("bin");
-    // Before anything is made in it, and again after.
+    // Before anything is made in it (or above it), and again after.
     if prefix.exists() {
         check_own_dir(prefix, "the overlay prefix")?;
+    } else if let Some(existing) = prefix.ancestors().find(|a| a.exists()) {
+        let real = std::fs::canonicalize(existing).map_err(|e| io("cannot read", existing, e))?;
+        check_above(&real, "the overlay prefix", prefix)?;
     }
     create_private_dirs(&bin)?;
     check_own_dir(prefix, "the overlay prefix")?;
@@ -239,6 +269,7 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
     }
     let dpkg_owner = refuse_managed(&root, &nvlink)?;
     check_writable(&bin)?;
+    check_keep_dir(&keep)?;
     let fresh = !real.is_file();
     if fresh {
         if !is_real_nvlink(&nvlink) {
@@ -291,6 +322,29 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
     ))
 }
 
+/// Refuse a `bin/.nvlinkd` that is not a directory of this user's alone: a
+/// symlink planted there would send the real nvlink, the daemon and the
+/// record wherever it points (and `uninstall` would leave them there).
+fn check_keep_dir(keep: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = keep.symlink_metadata() else { return Ok(()) };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let shown = keep.display();
+    if m.file_type().is_symlink() || !m.is_dir() {
+        return Err(format!("{shown} is not a directory (a symlink or a file): refusing; remove it first"));
+    }
+    if m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{shown} belongs to uid {} (mode {:03o}): another user could change what the install keeps there; \
+             refusing",
+            m.uid(),
+            m.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
 /// `nvlinkd uninstall --cuda-home DIR`: undo `install --in-place`: the kept real
 /// nvlink goes back to `bin/nvlink` (the same file, renamed; a dpkg diversion
 /// is removed after) and `bin/.nvlinkd` is removed. Nothing to do when the
@@ -304,6 +358,7 @@ pub fn uninstall(cuda_home: &Path) -> Result<String, String> {
         return Ok(format!("{} is not installed in place; nothing to do", root.display()));
     }
     check_writable(&bin)?;
+    check_keep_dir(&keep)?;
     let nvlink = bin.join("nvlink");
     let recorded = std::fs::read_to_string(keep.join(OVERLAY_RECORD))
         .map(|t| OverlayRecord::parse(&t).dpkg_diversion.is_some())

@@ -639,6 +639,81 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
     assert_same(&expected, &actual, "the genuine link without the library was poisoned");
 }
 
+/// A link whose files come over its caller's stream (a remote shim, or any
+/// client not sharing the daemon's view) never makes a local link wait on it:
+/// such a caller answers file requests at its own pace (up to the reply
+/// timeout each), so identical local links do not join its flight. Here the
+/// streamed link is held as it stores its entry (`NVLINKD_TEST_HOLD_STORE`,
+/// standing for a caller that stalls); the local shim's identical link is
+/// answered meanwhile, with nvlink's bytes. (It waited for the leader: 37 s
+/// and 87 s in an adversarial run.)
+#[test]
+fn a_local_link_never_waits_on_a_streamed_link_of_the_same_key() {
+    use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
+    let hold_dir = TempDir::new("sec-flight-hold");
+    let hold = hold_dir.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let d = Daemon::start_env(&[], &[("NVLINKD_TEST_HOLD_STORE", hold.to_str().unwrap())]);
+    let out = TempDir::new("sec-flight-out");
+    let invocation = inv(LINK, corpus::dir(), &out);
+    let (args, socket) = (invocation.args.clone(), d.socket());
+    let streamed = std::thread::spawn(move || {
+        runtime().block_on(async {
+            let channel =
+                nvlinkd_proto::shared::connect_unix(nvlinkd_proto::shared::unix_endpoint(), socket).await.unwrap();
+            let mut client = NvlinkdClient::new(channel);
+            // cwd_dev/ino 0: not the daemon's view; every file comes over the stream.
+            let start = Start { args, cwd: corpus::dir().display().to_string(), ..Default::default() };
+            let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
+            tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+            let mut inbound = client.link(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+            let mut exit = None;
+            while let Ok(Some(ServerMessage { msg: Some(m) })) = inbound.message().await {
+                let req = match m {
+                    server_message::Msg::File(req) => req,
+                    server_message::Msg::Result(r) => {
+                        exit = Some(r.exit_code);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let path = corpus::dir().join(&req.path);
+                let result = match req.op() {
+                    file_request::Op::Stat => match std::fs::metadata(&path) {
+                        Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
+                        Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                    },
+                    file_request::Op::Read => match std::fs::read(&path) {
+                        Ok(data) => file_reply::Result::Data(data.into()),
+                        Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                    },
+                };
+                let reply = FileReply { id: req.id, result: Some(result), more: false };
+                if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
+                    break;
+                }
+            }
+            exit
+        })
+    });
+    // The streamed link leads the flight and is held storing its entry.
+    let storing = hold.with_file_name("hold.storing");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !storing.exists() {
+        assert!(Instant::now() < deadline, "the streamed link never stored: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let expected = run(&real_nvlink(), &invocation, &[]);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (local, env) = (invocation.clone(), d.shim_env());
+    std::thread::spawn(move || done_tx.send(run(&shim(), &local, &env)));
+    let local = done_rx.recv_timeout(Duration::from_secs(60));
+    std::fs::remove_file(&hold).unwrap();
+    let local = local.expect("the local link waited on the streamed link's flight");
+    assert_same(&expected, &local, "the local link");
+    assert_eq!(streamed.join().unwrap(), Some(0), "the streamed link failed");
+}
+
 // Content-addressed inputs (issue 10, item 4): a remote shim announces its
 // files by BLAKE3 digest; the daemon reads them from its blob store and asks
 // only for the blobs it lacks, each checked against its digest.

@@ -268,7 +268,16 @@ impl<'a> Link<'a> {
         // first: a speculative (background) leader waiting for a compute slot
         // is admitted only while no foreground link holds a permit.
         let give_back = || drop(planning.borrow_mut().take());
-        let entry = cache.flights.run_or_wait(keys.content, give_back, || {
+        // A link whose files come over its caller's stream (a remote shim)
+        // leads or joins flights of such links only: its caller answers
+        // file requests at its own pace, up to the reply timeout, and a local
+        // link must never wait on that.
+        let flight = if req.shared_fs {
+            keys.content
+        } else {
+            crate::cache::KeyBuilder::new("flight-of-streamed-links").key(&keys.content).finish()
+        };
+        let entry = cache.flights.run_or_wait(flight, give_back, || {
             let outcome = if linker.verifier.mismatched(&keys.content) {
                 self.route(verify_mismatch())
             } else {

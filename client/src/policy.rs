@@ -57,7 +57,13 @@ pub struct Policy {
     /// order (what the shim announces; reads are allowed by the sets above).
     lib_dirs: Vec<String>,
     lib_names: Vec<String>,
+    /// The libNVVM nvlink loads from `-nvvmpath`: stat only (the daemon
+    /// learns whether there is one, never its bytes).
+    nvvm: HashSet<PathBuf>,
 }
+
+/// Where nvlink looks for libNVVM under `-nvvmpath`.
+pub const NVVM_LIBRARIES: [&str; 2] = ["lib64/libnvvm.so", "lib/libnvvm.so"];
 
 /// The option name of `token` (`--name`, `-name`, `--name=value`), if it is one.
 fn option_name(token: &str) -> Option<&str> {
@@ -110,6 +116,9 @@ impl Policy {
             if matches!(name, "arch" | "arch-name") {
                 arch = Some(value.clone());
             }
+            if name == "nvvmpath" {
+                p.nvvm.extend(NVVM_LIBRARIES.iter().map(|l| resolve(&value).join(l)));
+            }
             if OUTPUTS.contains(&name) {
                 p.writes.insert(resolve(&value));
                 if matches!(name, "o" | "output-file") {
@@ -152,6 +161,12 @@ impl Policy {
             (Some(name), Some(dir)) => self.names.contains(name) && self.dirs.contains(dir),
             _ => false,
         }
+    }
+
+    /// May the daemon have the shim stat `path` (what it may read, and the
+    /// libNVVM under `-nvvmpath`)?
+    pub fn may_stat(&self, path: &Path) -> bool {
+        self.may_read(path) || self.nvvm.contains(path)
     }
 
     /// May the daemon have the shim write `path` (appending or replacing)?

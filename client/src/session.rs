@@ -155,6 +155,7 @@ impl Prepared {
             mnt_ns_ino,
             root_dev,
             root_ino,
+            answers_nvvm_stat: true,
             // Forwarded as set; the daemon treats an unknown class as foreground.
             priority: std::env::var(paths::ENV_PRIORITY).unwrap_or_default(),
             progress: progress_wanted(),
@@ -224,7 +225,11 @@ async fn link(channel: Channel, token: Token, args: &[String], request: &Prepare
             server_message::Msg::File(req) => {
                 mark(&format!("file request {}", req.path));
                 let path = Path::new(&req.path);
-                if !policy.may_read(path) {
+                let allowed = match req.op() {
+                    file_request::Op::Stat => policy.may_stat(path),
+                    file_request::Op::Read => policy.may_read(path),
+                };
+                if !allowed {
                     return Err(violation(format!("the daemon asked for {}, which nvlink would not read", req.path)));
                 }
                 for reply in serve_file(req.id, path, req.op()) {

@@ -296,6 +296,12 @@ pub(crate) fn absolute(cwd: &Path, path: &str) -> PathBuf {
     }
 }
 
+/// Whether the caller's nvlink would find a libNVVM under `-nvvmpath` `dir`
+/// (where it looks: `lib64/libnvvm.so`, then `lib/libnvvm.so`), as `fs` sees it.
+pub(crate) fn has_libnvvm(fs: &dyn InputFs, dir: &Path) -> bool {
+    ["lib64/libnvvm.so", "lib/libnvvm.so"].iter().any(|l| fs.stat(&dir.join(l)).is_ok_and(|s| !s.is_dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

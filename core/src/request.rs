@@ -33,6 +33,9 @@ pub struct Request {
     /// Whether this process sees the caller's filesystem at the same paths (a
     /// local daemon). Only then can the real nvlink run here as an engine.
     pub shared_fs: bool,
+    /// Whether the caller answers stats of the libNVVM under `-nvvmpath`
+    /// (a shim that does not share this filesystem may refuse them).
+    pub nvvm_stat: bool,
     /// A link nobody asked for yet, computed ahead of a predicted call
     /// (another arch of a multi-arch build, a relink after an input changed;
     /// see `nvlinkd_core::speculate`). Its result goes only into the cache, it

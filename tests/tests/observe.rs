@@ -40,6 +40,7 @@ fn link(linker: &Linker, rec: &Recorder, args: &str, out: &TempDir) -> (u64, Eng
         env: Default::default(),
         toolkit: None,
         shared_fs: true,
+        nvvm_stat: true,
         speculative: false,
     };
     let (id, span) = linker.link_span_with_id(&req);

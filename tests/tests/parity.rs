@@ -47,6 +47,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("relocatable", "--arch=sm_90 -r accumulate.o scale.o -o {OUT}/out.o", ""),
     ("relocatable-cdp", "--arch=sm_90 -r cdp.o -o {OUT}/out.o", ""),
     ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    // An -nvvmpath without a libNVVM: nvlink cannot load one and fails.
+    ("lto-nvvmpath-without-nvvm", "--arch=sm_90 -dlto -nvvmpath=/nonexistent/nvvm -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // Partial LTO for libcudadevrt alone without host information: NVVM gets --device-c alone.
     // Partial LTO for libcudadevrt alone in other styles: templated children,
@@ -668,6 +670,8 @@ const ROUTED: &[(&str, &str)] = &[
     // Whole-program LTO of recursive code: nvlink's embedded ptxas warns
     // (`ptxas warning : Stack size ...`); ptxas's messages route a link.
     ("recursion-lto", "tool"),
+    // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
+    ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

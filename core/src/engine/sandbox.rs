@@ -252,7 +252,14 @@ impl Sandbox {
             if std::fs::symlink_metadata(l).is_ok() {
                 return Err(unsupported("-nvvmpath names a mirrored file"));
             }
-            std::os::unix::fs::symlink(nvvm, l).map_err(env_fault)?;
+            // The caller's nvlink would find no libNVVM there: neither does
+            // this one (an empty directory), and it fails as the caller's would.
+            let caller = spec.nvvmpath.as_deref().map(|v| absolute(&req.cwd, v));
+            if req.nvvm_stat && caller.is_some_and(|c| !crate::fs::has_libnvvm(fs, &c)) {
+                make_dirs(&root, l)?;
+            } else {
+                std::os::unix::fs::symlink(nvvm, l).map_err(env_fault)?;
+            }
         }
         // Absolute names on the command line move under the root.
         let written = [spec.output.as_deref(), spec.register_link_binaries.as_deref()];

@@ -341,6 +341,30 @@ impl<'a> Link<'a> {
         }
     }
 
+    /// An LTO link whose `-nvvmpath` is not this toolkit's `nvvm`: nvlink
+    /// loads the libNVVM found there (another release's, or none: "elfLink
+    /// linker library load error"), which the in-process engine, holding its
+    /// toolkit's, would not; the real nvlink answers. Where the daemon sees
+    /// the caller's files, the directory must be this toolkit's own; else
+    /// (a remote caller, whose `-nvvmpath` names its toolkit of the same
+    /// release) it must hold a libNVVM on the caller's side, which the
+    /// routed link's sandbox then reproduces (`engine/sandbox.rs`).
+    fn foreign_nvvm(&self, mode: Mode) -> Option<Declined> {
+        if !matches!(mode, Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx) {
+            return None;
+        }
+        let given = self.spec.nvvmpath.as_deref()?;
+        let caller = absolute(&self.req.cwd, given);
+        let foreign = if self.req.shared_fs {
+            let real = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+            let own = real(&self.tk.root.join("nvvm"));
+            own.is_none() || real(&caller) != own
+        } else {
+            self.req.nvvm_stat && !crate::fs::has_libnvvm(self.fs, &caller)
+        };
+        foreign.then(|| Declined::new(Reason::LtoOptions, format!("-nvvmpath {given} is not this toolkit's nvvm")))
+    }
+
     /// Passes 4 to 7, modes A to E: plan, a compute slot, then the in-process
     /// engine or the real nvlink, and the answer.
     fn compute(&self, mode: Mode) -> Outcome {
@@ -348,6 +372,9 @@ impl<'a> Link<'a> {
         // A release the in-process engine is not proven on: its own nvlink.
         if !tk.release.in_process_proven() {
             return self.route(unproven(tk));
+        }
+        if let Some(why) = self.foreign_nvvm(mode) {
+            return self.route(why);
         }
         if let Some(u) = spec.uidx_file.as_deref() {
             return match uidx_fatal(self.req, fs, spec, u) {

@@ -192,6 +192,7 @@ impl Service {
             env: nvlinkd_core::request::Request::link_env(start.env.clone()),
             toolkit: Some(start.toolkit_release.clone()).filter(|t| !t.is_empty()),
             shared_fs,
+            nvvm_stat: shared_fs || start.answers_nvvm_stat,
             speculative: false,
         }
     }

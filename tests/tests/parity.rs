@@ -305,6 +305,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("undefined-symbol", "--arch=sm_90 missing.o -o {OUT}/out.cubin", ""),
     ("multiple-definition", "--arch=sm_90 accumulate.o scale.o dup/scale.o -o {OUT}/out.cubin", ""),
     ("missing-file", "--arch=sm_90 accumulate.o no_such_file.o -o {OUT}/out.cubin", ""),
+    // Under -g nvlink compiles the PTX object first: its ptxas warns, then the fatal.
+    ("missing-file-after-ptx-debug", "--arch=sm_90 -g saxpy_ptx.o no_such_file.o -o {OUT}/out.cubin", ""),
     ("unknown-option", "--arch=sm_90 -no-such-option accumulate.o -o {OUT}/out.cubin", ""),
     ("non-object-o", "--arch=sm_90 accumulate.o scale.o notes.o -o {OUT}/out.cubin", ""),
     ("non-object-txt", "--arch=sm_90 accumulate.o scale.o notes.txt -o {OUT}/out.cubin", ""),
@@ -664,6 +666,8 @@ const ROUTED: &[(&str, &str)] = &[
     ("static-lib-LIBRARY_PATH-routed", "options"),
     // Device code after a libcudadevrt of which nothing is linked.
     ("archive-after-cudadevrt", "diagnostics"),
+    // -g with an input fatal: nvlink's JIT warnings come first.
+    ("missing-file-after-ptx-debug", "diagnostics"),
     // A virtual target: nvlink links no device code, it registers the objects.
     ("ptx-only-nvcc-dlink", "arch"),
     ("ptx-only-with-output", "arch"),

@@ -434,6 +434,13 @@ impl<'a> Link<'a> {
                 let why = Declined::new(Reason::Options, "-time with an input fatal (the rows nvlink writes first)");
                 return Err(Box::new(self.route(why)));
             }
+            // Under -g nvlink compiles a PTX input as it reads it, and its
+            // ptxas warns (`.debug_info section not found` for PTX without
+            // debug information) before a later input's fatal is printed.
+            Err(LoadError::Fatal(_)) if spec.debug => {
+                let why = Declined::new(Reason::Diagnostics, "-g with an input fatal (warnings of nvlink's JIT first)");
+                return Err(Box::new(self.route(why)));
+            }
             Err(LoadError::Fatal(ds)) => {
                 return Err(Box::new(self.linker.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }

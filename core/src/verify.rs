@@ -10,8 +10,9 @@
 //! - `sync`: the comparison runs before the link is answered; on a mismatch
 //!   the caller gets nvlink's answer.
 //! - `background` (the default): after the answer, one link at a time on a
-//!   thread of its own, nvlink at idle CPU priority (`SCHED_IDLE`), so a
-//!   foreground link never waits for it. The queue is bounded
+//!   thread of its own, once no link has been answered for 100 ms, nvlink at
+//!   idle CPU priority (`SCHED_IDLE`), so a foreground link never waits for
+//!   it and a burst never shares the machine with it. The queue is bounded
 //!   ([`QUEUE`]); what does not fit is dropped and counted (`verify_skipped`).
 //! - `off`.
 //!
@@ -142,6 +143,26 @@ pub(crate) struct Job {
     pub obs: crate::observe::LinkObs,
 }
 
+/// Wait until no link is being answered, and none was for [`QUIET`]: a
+/// background comparison (the real nvlink, on a copy of the inputs) never
+/// runs beside foreground links, even at idle CPU priority (its process
+/// start, file copies and memory traffic slowed a burst of eight small
+/// links 1.6x on two cores).
+fn wait_until_idle(in_flight: &AtomicU64) {
+    let mut quiet_since: Option<std::time::Instant> = None;
+    loop {
+        if in_flight.load(Ordering::Relaxed) > 0 {
+            quiet_since = None;
+        } else if quiet_since.get_or_insert_with(std::time::Instant::now).elapsed() >= QUIET {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How long no link is answered before a background comparison starts.
+const QUIET: Duration = Duration::from_millis(100);
+
 pub(crate) struct Verifier {
     pub mode: VerifyMode,
     state: Arc<State>,
@@ -149,7 +170,9 @@ pub(crate) struct Verifier {
 }
 
 impl Verifier {
-    pub fn new(mode: VerifyMode, cache_dir: &Path) -> Verifier {
+    /// `in_flight`: the links being answered; a background comparison starts
+    /// only once there are none (a burst is never shared with nvlink runs).
+    pub fn new(mode: VerifyMode, cache_dir: &Path, in_flight: Arc<AtomicU64>) -> Verifier {
         let state = Arc::new(State {
             counters: Counters::default(),
             seen: Mutex::default(),
@@ -163,6 +186,7 @@ impl Verifier {
             let spawned = std::thread::Builder::new().name("nvlinkd-verify".into()).spawn(move || {
                 crate::sched::idle_priority();
                 for job in rx {
+                    wait_until_idle(&in_flight);
                     let cancel = Cancel::with_priority(Priority::Background);
                     let _ = run(&st, job, &cancel, true);
                     st.counters.pending.fetch_sub(1, Ordering::Relaxed);

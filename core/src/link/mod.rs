@@ -84,7 +84,9 @@ pub struct Linker {
     routed: ReasonCounts,
     /// Links answered "fall back", per reason.
     fallback_reasons: ReasonCounts,
-    in_flight: std::sync::atomic::AtomicU64,
+    /// Links the daemon is answering now (shared with the verifier, which
+    /// waits for none before each background comparison).
+    in_flight: Arc<std::sync::atomic::AtomicU64>,
     /// The last link id given out (see [`Linker::link_span`]).
     last_link_id: std::sync::atomic::AtomicU64,
     cache: Option<LinkCache>,
@@ -207,6 +209,7 @@ impl Linker {
     /// verification's mismatches, as typed events (`observe.rs`).
     pub fn observed(config: LinkerConfig, observer: Arc<dyn Observer>) -> Self {
         let _ = std::fs::create_dir_all(config.cache_dir.join("tmp"));
+        let in_flight = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let cache = (config.cache_mem > 0 || config.cache_size > 0).then(|| LinkCache {
             store: Arc::new(Store::open(
                 (config.cache_size > 0).then_some(config.cache_dir.as_path()),
@@ -249,7 +252,7 @@ impl Linker {
             stats: Stats::default(),
             routed: ReasonCounts::default(),
             fallback_reasons: ReasonCounts::default(),
-            in_flight: Default::default(),
+            in_flight: in_flight.clone(),
             last_link_id: Default::default(),
             cache,
             pool,
@@ -263,7 +266,7 @@ impl Linker {
             hashes: HashMemo::default(),
             workers,
             speculated: Default::default(),
-            verifier: crate::verify::Verifier::new(config.verify, &config.cache_dir),
+            verifier: crate::verify::Verifier::new(config.verify, &config.cache_dir, in_flight),
             started: std::time::Instant::now(),
             config,
             observer,

@@ -20,6 +20,15 @@ if [[ -f $stamp ]]; then
   exit 0
 fi
 log() { echo "setup-cmake: $*" >&2; }
+# One install at a time (tests run in parallel ask at once): the others wait
+# here, then find the stamp.
+mkdir -p "$(dirname "$prefix")"
+exec 9>"$prefix.lock"
+flock 9
+if [[ -f $stamp ]]; then
+  echo "$prefix/bin"
+  exit 0
+fi
 python=${PYTHON:-python3}
 staging=$prefix.staging
 rm -rf "$staging"

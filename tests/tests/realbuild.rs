@@ -47,13 +47,19 @@ cat "$rec/shim.stderr" >&2
 exit $rc
 "#;
 
+/// CMake and Ninja, installed once per test process (the tests here run in
+/// parallel; the script also takes a lock, for other processes).
 fn cmake_bin() -> Option<PathBuf> {
-    let out = Command::new(repo_root().join("scripts/setup-cmake.sh")).output().ok()?;
-    if !out.status.success() {
-        println!("skipped: cannot install CMake and Ninja: {}", String::from_utf8_lossy(&out.stderr));
-        return None;
-    }
-    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    static BIN: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let out = Command::new(repo_root().join("scripts/setup-cmake.sh")).output().ok()?;
+        if !out.status.success() {
+            println!("skipped: cannot install CMake and Ninja: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    })
+    .clone()
 }
 
 fn run_ok(cmd: &mut Command) {

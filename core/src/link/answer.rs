@@ -26,16 +26,7 @@ pub(super) fn link_errors_outcome(
     plan: &plan::Plan,
     errors: inprocess::LinkErrors,
 ) -> Outcome {
-    let mut report = Report::new(Filters {
-        no_warnings: spec.disable_warnings,
-        warnings_as_errors: spec.warning_as_error,
-        no_infos: spec.disable_infos,
-    });
-    for d in plan.warnings.iter().chain(&plan.notes) {
-        report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
-    }
-    emit_link_warnings(&mut report, spec, plan);
-    emit_tool_warnings(&mut report, spec, plan);
+    let mut report = plan_report(spec, plan);
     for d in &errors.messages {
         report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
     }
@@ -50,16 +41,10 @@ pub(super) fn link_errors_outcome(
     Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, outputs)
 }
 
-/// The answer of a link made in process: the plan's messages as nvlink
-/// prints them, the output file and the `--register-link-binaries` file.
-pub(super) fn in_process_outcome(
-    req: &Request,
-    fs: &dyn InputFs,
-    spec: &Spec,
-    mode: Mode,
-    plan: &plan::Plan,
-    output: Vec<u8>,
-) -> Outcome {
+/// The plan's messages as nvlink prints them before a link's own (its input
+/// warnings and notes, the link's and the tools' warnings), under the
+/// command line's filters; what either answer of an in-process link starts with.
+fn plan_report(spec: &Spec, plan: &plan::Plan) -> Report {
     let mut report = Report::new(Filters {
         no_warnings: spec.disable_warnings,
         warnings_as_errors: spec.warning_as_error,
@@ -70,6 +55,20 @@ pub(super) fn in_process_outcome(
     }
     emit_link_warnings(&mut report, spec, plan);
     emit_tool_warnings(&mut report, spec, plan);
+    report
+}
+
+/// The answer of a link made in process: the plan's messages as nvlink
+/// prints them, the output file and the `--register-link-binaries` file.
+pub(super) fn in_process_outcome(
+    req: &Request,
+    fs: &dyn InputFs,
+    spec: &Spec,
+    mode: Mode,
+    plan: &plan::Plan,
+    output: Vec<u8>,
+) -> Outcome {
+    let report = plan_report(spec, plan);
     let mut outputs = Vec::new();
     if let Some(o) = &spec.output {
         outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output.into(), append: false });

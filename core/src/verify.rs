@@ -4,8 +4,11 @@
 //! verified before, is also run by the real nvlink of the same toolkit on the
 //! same inputs, and the two answers — exit status, stdout, stderr, every
 //! output file — are compared byte for byte. nvlink runs on a copy of the
-//! link's inputs (the sandbox of `engine/sandbox.rs`) made while the link is
-//! answered, so a caller that rewrites its files afterwards changes nothing.
+//! link's inputs (the sandbox of `engine/sandbox.rs`): the contents the link
+//! read are captured while it is answered (shared, not copied: the link's
+//! view holds them), and written to disk only when the comparison runs, so a
+//! caller that rewrites its files afterwards changes nothing and the answer
+//! never waits for the copy.
 //!
 //! - `sync`: the comparison runs before the link is answered; on a mismatch
 //!   the caller gets nvlink's answer.
@@ -46,7 +49,7 @@ use crate::cache::store::Store;
 use crate::cache::{Key, LinkEntry};
 use crate::cli::spec::Spec;
 use crate::engine::process;
-use crate::engine::sandbox::Sandbox;
+use crate::engine::sandbox::{Mirror, Sandbox};
 use crate::fs::{absolute, InputFs};
 use crate::request::{OutputFile, Request};
 use crate::sched::Priority;
@@ -131,7 +134,9 @@ pub(crate) struct Job {
     pub nvlink: PathBuf,
     pub toolkit_root: PathBuf,
     pub confine: crate::confine::Policy,
-    pub sandbox: Sandbox,
+    /// The link's files, captured; taken and written to disk when the
+    /// comparison runs.
+    pub mirror: Option<Mirror>,
     pub spec: Spec,
     pub req: Request,
     pub ours: Answer,
@@ -310,12 +315,20 @@ enum Verdict {
 /// Run nvlink in the job's sandbox and compare; on a mismatch route, report
 /// and, with `heal` (the in-process answer is stored already), put nvlink's
 /// answer in its place.
-fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
-    let confined =
-        process::Confined { policy: &job.confine, toolkit_root: &job.toolkit_root, sandbox: job.sandbox.dir() };
+fn run(st: &State, mut job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
+    let sandbox = match job.mirror.take().map(Mirror::write) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            debug!("not verified: the link's files cannot be mirrored: {e:?}");
+            st.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Verdict::NotRun;
+        }
+        None => return Verdict::NotRun,
+    };
+    let confined = process::Confined { policy: &job.confine, toolkit_root: &job.toolkit_root, sandbox: sandbox.dir() };
     let run = process::run(
         &job.nvlink,
-        &job.sandbox.request,
+        &sandbox.request,
         &job.spec,
         &job.scratch_parents,
         cancel,
@@ -323,7 +336,7 @@ fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
         Some(&confined),
     );
     let theirs = match run {
-        Ok(r) => match job.sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
+        Ok(r) => match sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
             Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
             Err(e) => {
                 debug!("not verified: {e:?}");
@@ -347,7 +360,7 @@ fn run(st: &State, job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
     if heal_entry {
         heal(&job, &theirs);
     }
-    let bundle = write_bundle(st, &job, &theirs, &diffs);
+    let bundle = write_bundle(st, &job, &sandbox, &theirs, &diffs);
     let _in_link = job.obs.span().enter();
     warn!(
         verify = "mismatch",
@@ -411,7 +424,7 @@ fn heal(job: &Job, theirs: &Answer) {
 }
 
 /// The repro bundle of a mismatch; its directory, if it could be written.
-fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Option<PathBuf> {
+fn write_bundle(st: &State, job: &Job, sandbox: &Sandbox, theirs: &Answer, diffs: &[String]) -> Option<PathBuf> {
     let hex: String = job.heal.content[..8].iter().map(|b| format!("{b:02x}")).collect();
     let n = st.bundle_seq.fetch_add(1, Ordering::Relaxed);
     let dir = st.bundles.join(format!("{hex}-{}-{n}", std::process::id()));
@@ -435,7 +448,7 @@ fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Opt
             }
         }
         // The inputs as nvlink saw them: copied when small, else their digests.
-        let root = job.sandbox.dir().join("root");
+        let root = sandbox.dir().join("root");
         let mut listing = String::new();
         let mut total = 0u64;
         let mut files = Vec::new();
@@ -462,7 +475,7 @@ fn write_bundle(st: &State, job: &Job, theirs: &Answer, diffs: &[String]) -> Opt
                 std::fs::copy(f, &to)?;
             }
         }
-        write_rerun(&dir, job, &root.to_string_lossy())
+        write_rerun(&dir, job, sandbox, &root.to_string_lossy())
     })();
     match written {
         Ok(()) => Some(dir),
@@ -498,7 +511,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 /// `rerun.sh`: the real nvlink, then `nvlinkd exec`, each on a fresh copy of
 /// `inputs/` at the same place and writing its outputs to the same directory
 /// (so that messages naming paths read alike), then the two answers compared.
-fn write_rerun(dir: &Path, job: &Job, sandbox_root: &str) -> std::io::Result<()> {
+fn write_rerun(dir: &Path, job: &Job, sandbox: &Sandbox, sandbox_root: &str) -> std::io::Result<()> {
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     // The outputs as given on the command line: written under "$out" instead.
     let outputs: Vec<&str> =
@@ -514,8 +527,8 @@ fn write_rerun(dir: &Path, job: &Job, sandbox_root: &str) -> std::io::Result<()>
             None => quote(a),
         }
     };
-    let args: Vec<String> = job.sandbox.request.args.iter().map(|a| arg(a)).collect();
-    let cwd = job.sandbox.request.cwd.to_string_lossy();
+    let args: Vec<String> = sandbox.request.args.iter().map(|a| arg(a)).collect();
+    let cwd = sandbox.request.cwd.to_string_lossy();
     let cwd = cwd.strip_prefix(sandbox_root).unwrap_or(&cwd);
     let nvlinkd = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "nvlinkd".into());
     let script = format!(

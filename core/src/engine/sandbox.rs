@@ -10,6 +10,9 @@
 //! at its mirrored place to the daemon's own toolkit's `nvvm` (a caller never
 //! chooses what the daemon loads). The daemon's own nvlink runs there (see
 //! `process.rs`, which redirects `-o` and `--register-link-binaries`).
+//! [`Mirror::capture`] takes what goes there from the link's view (no copy:
+//! the view's bytes are shared) and [`Mirror::write`] writes it, so that a
+//! background verification writes its sandbox on its own thread.
 //!
 //! Measured with nvlink 13.5 (the routed parity cases, paths moved so): the
 //! only differences are the moved names themselves, in messages, in `-time`
@@ -132,23 +135,47 @@ fn write_file(root: &Path, at: &Path, data: &[u8]) -> Result<(), SandboxError> {
     f.write_all(data).map_err(env_fault)
 }
 
-impl Sandbox {
-    /// Mirror what nvlink reads for `req` (read through `fs`) into a new
-    /// directory under `parent`; `nvvm` is the daemon's toolkit's `nvvm`.
-    pub fn prepare(
+/// One thing a sandbox holds (paths under its root).
+enum Entry {
+    Dir(PathBuf),
+    File(PathBuf, std::sync::Arc<[u8]>),
+    /// The `-nvvmpath` place: the daemon's `nvvm`, or an empty directory.
+    Nvvm {
+        at: PathBuf,
+        target: Option<PathBuf>,
+    },
+}
+
+/// A sandbox captured from a link's view but not yet written: the files'
+/// contents are the view's own (shared, not copied), so capturing costs the
+/// link next to nothing and the disk writes happen where the sandbox is used
+/// ([`Mirror::write`]; for a background verification, on its idle thread).
+pub struct Mirror {
+    dir: Scratch,
+    root: PathBuf,
+    root_s: String,
+    entries: Vec<Entry>,
+    request: Request,
+    time: Option<(PathBuf, usize)>,
+}
+
+impl Mirror {
+    /// What nvlink reads for `req` (read through `fs`), to be mirrored under
+    /// a new directory of `parent` (created now, empty); `nvvm` is the
+    /// daemon's toolkit's `nvvm`.
+    pub fn capture(
         parent: &Path,
         req: &Request,
         spec: &Spec,
         fs: &dyn InputFs,
         nvvm: &Path,
-    ) -> Result<Sandbox, SandboxError> {
+    ) -> Result<Mirror, SandboxError> {
         if !req.cwd.is_absolute() {
             return Err(unsupported("the caller's working directory is not absolute"));
         }
         let _ = std::fs::create_dir_all(parent);
         let dir = Scratch::new(parent).map_err(env_fault)?;
         let root = dir.0.join("root");
-        std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(env_fault)?;
         let root_s = root.to_str().ok_or_else(|| unsupported("sandbox path not UTF-8"))?.to_owned();
         let cwd = mirror(&root, Path::new("/"), &req.cwd.to_string_lossy(), None)?;
         let options_files: Vec<&str> = spec
@@ -204,14 +231,14 @@ impl Sandbox {
             None => None,
         };
         let link = link.as_deref();
-        make_dirs(&root, &cwd)?;
+        let mut entries = vec![Entry::Dir(cwd.clone())];
         let mut time_at = None;
         let mut files: Vec<String> = named.iter().map(|s| s.to_string()).collect();
         for d in &dirs {
             let at = mirror(&root, &req.cwd, d, link)?;
             if let Ok(st) = fs.stat(&absolute(&req.cwd, d)) {
                 if st.is_dir {
-                    make_dirs(&root, &at)?;
+                    entries.push(Entry::Dir(at));
                 }
             }
             files.extend(spec.libraries.iter().map(|name| libsearch::candidate(d, name)));
@@ -221,13 +248,13 @@ impl Sandbox {
             let caller = absolute(&req.cwd, name);
             let is_time = time == Some(name.as_str());
             match fs.stat(&caller) {
-                Ok(st) if st.is_dir => make_dirs(&root, &at)?,
+                Ok(st) if st.is_dir => entries.push(Entry::Dir(at)),
                 Ok(_) => match fs.read(&caller) {
                     Ok(data) => {
-                        write_file(&root, &at, &data)?;
                         if is_time {
-                            time_at = Some((at, data.len()));
+                            time_at = Some((at.clone(), data.len()));
                         }
+                        entries.push(Entry::File(at, data));
                     }
                     Err(e) => {
                         if let Some(why) = fs.declined() {
@@ -238,7 +265,7 @@ impl Sandbox {
                 },
                 Err(_) if is_time => {
                     // nvlink creates it (its header first).
-                    make_dirs(&root, at.parent().unwrap_or(&root))?;
+                    entries.push(Entry::Dir(at.parent().unwrap_or(&root).to_owned()));
                     time_at = Some((at, 0));
                 }
                 Err(_) => {}
@@ -248,18 +275,20 @@ impl Sandbox {
             }
         }
         if let Some(l) = link {
-            make_dirs(&root, l.parent().unwrap_or(&root))?;
-            if std::fs::symlink_metadata(l).is_ok() {
+            // (Every directory above a mirrored path is made.)
+            let made = |p: &Path| p.starts_with(l);
+            let taken = entries.iter().any(|e| match e {
+                Entry::Dir(p) | Entry::File(p, _) => made(p),
+                Entry::Nvvm { .. } => false,
+            });
+            if taken {
                 return Err(unsupported("-nvvmpath names a mirrored file"));
             }
             // The caller's nvlink would find no libNVVM there: neither does
             // this one (an empty directory), and it fails as the caller's would.
             let caller = spec.nvvmpath.as_deref().map(|v| absolute(&req.cwd, v));
-            if req.nvvm_stat && caller.is_some_and(|c| !crate::fs::has_libnvvm(fs, &c)) {
-                make_dirs(&root, l)?;
-            } else {
-                std::os::unix::fs::symlink(nvvm, l).map_err(env_fault)?;
-            }
+            let empty = req.nvvm_stat && caller.is_some_and(|c| !crate::fs::has_libnvvm(fs, &c));
+            entries.push(Entry::Nvvm { at: l.to_owned(), target: (!empty).then(|| nvvm.to_owned()) });
         }
         // Absolute names on the command line move under the root.
         let written = [spec.output.as_deref(), spec.register_link_binaries.as_deref()];
@@ -283,7 +312,44 @@ impl Sandbox {
             env.insert("LIBRARY_PATH".into(), moved.join(":"));
         }
         let request = Request { args, cwd, env, ..req.clone() };
-        Ok(Sandbox { dir, root: root_s, request, time: time_at })
+        Ok(Mirror { dir, root, root_s, entries, request, time: time_at })
+    }
+
+    /// Write the captured files: the sandbox nvlink runs in.
+    pub fn write(self) -> Result<Sandbox, SandboxError> {
+        let root = &self.root;
+        std::fs::DirBuilder::new().mode(0o700).create(root).map_err(env_fault)?;
+        for e in &self.entries {
+            match e {
+                Entry::Dir(p) => make_dirs(root, p)?,
+                Entry::File(p, data) => write_file(root, p, data)?,
+                Entry::Nvvm { at, target } => {
+                    make_dirs(root, at.parent().unwrap_or(root))?;
+                    if std::fs::symlink_metadata(at).is_ok() {
+                        return Err(unsupported("-nvvmpath names a mirrored file"));
+                    }
+                    match target {
+                        Some(nvvm) => std::os::unix::fs::symlink(nvvm, at).map_err(env_fault)?,
+                        None => make_dirs(root, at)?,
+                    }
+                }
+            }
+        }
+        Ok(Sandbox { dir: self.dir, root: self.root_s, request: self.request, time: self.time })
+    }
+}
+
+impl Sandbox {
+    /// Mirror what nvlink reads for `req` (read through `fs`) into a new
+    /// directory under `parent`; `nvvm` is the daemon's toolkit's `nvvm`.
+    pub fn prepare(
+        parent: &Path,
+        req: &Request,
+        spec: &Spec,
+        fs: &dyn InputFs,
+        nvvm: &Path,
+    ) -> Result<Sandbox, SandboxError> {
+        Mirror::capture(parent, req, spec, fs, nvvm)?.write()
     }
 
     /// The caller's view of what nvlink produced here: the sandbox's name

@@ -38,7 +38,7 @@ use crate::cli::spec::{HostScript, Mode, Spec};
 use crate::declined::{Declined, Reason};
 use crate::diag::{Diagnostic, Filters, Report};
 use crate::engine::process;
-use crate::engine::sandbox::Sandbox;
+use crate::engine::sandbox::Mirror;
 use crate::fs::{absolute, InputFs};
 use crate::ghls;
 use crate::input::libsearch;
@@ -565,7 +565,8 @@ impl<'a> Link<'a> {
     }
 
     /// The verification of a link just computed (`verify.rs`), when it is to
-    /// be verified: its inputs mirrored now, while the link's view holds.
+    /// be verified: its inputs captured now, while the link's view holds (the
+    /// view's own bytes, shared; written to disk by the verification itself).
     fn verification(
         &self,
         keys: &linkcache::LinkKeys,
@@ -584,7 +585,7 @@ impl<'a> Link<'a> {
         if !linker.verifier.wants(&keys.content, why_not) {
             return None;
         }
-        let sandbox = match Sandbox::prepare(&linker.scratch_dir(), req, spec, fs, &tk.root.join("nvvm")) {
+        let mirror = match Mirror::capture(&linker.scratch_dir(), req, spec, fs, &tk.root.join("nvvm")) {
             Ok(s) => s,
             Err(e) => {
                 debug!("not verified: the link's files cannot be mirrored: {e:?}");
@@ -596,7 +597,7 @@ impl<'a> Link<'a> {
             nvlink: tk.nvlink(),
             toolkit_root: tk.root.clone(),
             confine: linker.config.confine.clone(),
-            sandbox,
+            mirror: Some(mirror),
             spec: spec.clone(),
             req: req.clone(),
             ours: crate::verify::Answer {

@@ -3,9 +3,10 @@
 //! Everything nvlink writes that names the toolkit (the `--version` banner, the
 //! release and build strings of the `.note.nv.tkinfo` note) is read from the
 //! toolkit's own `nvlink --version`, never hard-coded. The identity, a BLAKE3 hash
-//! over those strings and the on-disk identities of the binaries and libraries
-//! a link can use (see [`Toolkit::identity`]), is part of every cache key, so a
-//! toolkit upgrade can never be served an old result.
+//! over those strings and the contents of the binaries and libraries a link
+//! can use (see [`Toolkit::identity`]), is part of every cache key, so a
+//! toolkit upgrade can never be served an old result, and the same toolkit on
+//! another host or in another container shares the cache.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -86,6 +87,9 @@ pub struct Toolkit {
     pub root: PathBuf,
     pub release: Release,
     identity: OnceLock<[u8; 32]>,
+    /// Where content identities are remembered by stat identity (the
+    /// daemon's cache directory), if anywhere.
+    identity_memo: Option<PathBuf>,
     jitlink: OnceLock<Result<Arc<JitLink>, String>>,
     help: OnceLock<String>,
 }
@@ -128,9 +132,16 @@ impl Toolkit {
             root: root.to_owned(),
             release,
             identity: OnceLock::new(),
+            identity_memo: None,
             jitlink: OnceLock::new(),
             help: OnceLock::new(),
         })
+    }
+
+    /// Remember the content identity under `dir` (see [`Toolkit::identity`]).
+    pub fn with_identity_memo(mut self, dir: PathBuf) -> Self {
+        self.identity_memo = Some(dir);
+        self
     }
 
     /// The toolkit's real nvlink (see [`real_nvlink`]).
@@ -187,39 +198,145 @@ impl Toolkit {
     }
 
     /// The toolkit's identity, part of every cache key: BLAKE3 over the
-    /// `nvlink --version` banner (release and build strings) and the identity
-    /// on disk of every file whose behaviour a link depends on — nvlink, ptxas,
-    /// libnvJitLink, NVVM's library and libdevice: canonical path, device,
-    /// inode, size, modification and status-change times.
+    /// `nvlink --version` banner (release and build strings), the toolkit's
+    /// root as named, and the contents of every file whose behaviour a link
+    /// depends on — nvlink, ptxas, libnvJitLink, NVVM's library and libdevice —
+    /// each under its place in the toolkit (a file that is absent enters as
+    /// absent, so its appearance changes the identity too).
     ///
-    /// Why not their contents: hashing them reads ~214 MB, which a fresh
-    /// daemon's first links would all wait for. The stat identity is as sound
-    /// for what it must guarantee — an upgraded or patched toolkit is never
-    /// served old results: an upgrade installs new files (new inodes) or
-    /// rewrites them in place, and every write moves the file's ctime, which no
-    /// program can set back; a symlink moved to another library resolves to
-    /// another inode. The price is only misses where contents happen to be
-    /// equal (a toolkit copied elsewhere, restored from backup), which are
-    /// recomputed. A file that cannot be stat'ed enters as absent, so its
-    /// appearance later changes the identity too. Computed once per daemon
-    /// (a few `stat` calls).
+    /// Contents, not inodes or times: the same toolkit installed on two hosts,
+    /// in two containers or reinstalled has one identity, so a shared cache
+    /// tier (`--remote-cache`) serves every host of a farm. Hashing reads
+    /// ~290 MB (~0.2 s on two cores, once): the result is remembered in the
+    /// cache directory under the files' stat identity (canonical path, device,
+    /// inode, size, modification and status-change times; see
+    /// [`stat_identity`]), so a restarted daemon reads it back with a few
+    /// `stat`s. That memo is as sound as the contents it stands for: an
+    /// upgrade installs new files (new inodes) or rewrites them, and every
+    /// write moves a file's ctime, which no program can set back. Computed
+    /// once per daemon, when the toolkit is opened (at serve start for the
+    /// default toolkit), not on a link's path.
     pub fn identity(&self) -> [u8; 32] {
         *self.identity.get_or_init(|| {
-            let nvvm = self.root.join("nvvm");
-            let files = [
-                self.nvlink(),
-                self.ptxas(),
-                self.jitlink_path(),
-                nvvm.join("lib64/libnvvm.so"),
-                nvvm.join("lib/libnvvm.so"),
-                nvvm.join("libdevice/libdevice.10.bc"),
-            ];
-            stat_identity(&self.release.banner, &files)
+            identity_of(&self.release.banner, &self.root, &self.identity_files(), self.identity_memo.as_deref())
         })
+    }
+
+    /// The files a link's answer depends on (see [`Toolkit::identity`]).
+    fn identity_files(&self) -> [PathBuf; 6] {
+        let nvvm = self.root.join("nvvm");
+        [
+            self.nvlink(),
+            self.ptxas(),
+            self.jitlink_path(),
+            nvvm.join("lib64/libnvvm.so"),
+            nvvm.join("lib/libnvvm.so"),
+            nvvm.join("libdevice/libdevice.10.bc"),
+        ]
     }
 }
 
-/// See [`Toolkit::identity`].
+/// See [`Toolkit::identity`]: the content identity, remembered under `memo`
+/// by the files' stat identity.
+fn identity_of(banner: &str, root: &Path, files: &[PathBuf], memo: Option<&Path>) -> [u8; 32] {
+    let stat = stat_identity(banner, files);
+    let memo = memo.map(|d| d.join(hex(&stat)));
+    if let Some(id) = memo.as_deref().and_then(read_memo) {
+        return id;
+    }
+    let id = content_identity(banner, root, files);
+    // Only when no file changed while it was read.
+    if let Some(m) = memo.filter(|_| stat_identity(banner, files) == stat) {
+        write_memo(&m, &id);
+    }
+    id
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A remembered content identity (64 hex digits), if `path` holds one.
+fn read_memo(path: &Path) -> Option<[u8; 32]> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let text = text.trim_end();
+    if text.len() != 64 {
+        return None;
+    }
+    let mut id = [0u8; 32];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+/// Remember a content identity (written aside, then renamed into place).
+fn write_memo(path: &Path, id: &[u8; 32]) {
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), hex(&id[..4])));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, format!("{}\n", hex(id))))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(path = %path.display(), "toolkit identity not remembered: {e}");
+    }
+}
+
+/// See [`Toolkit::identity`]: the files' contents, hashed side by side.
+fn content_identity(banner: &str, root: &Path, files: &[PathBuf]) -> [u8; 32] {
+    use rayon::prelude::*;
+    let digests: Vec<Option<(u64, [u8; 32])>> = files.par_iter().map(|p| file_digest(p).ok()).collect();
+    let mut h = blake3::Hasher::new();
+    h.update(b"nvlinkd-toolkit-identity-v3\0");
+    h.update(&(banner.len() as u64).to_le_bytes());
+    h.update(banner.as_bytes());
+    // The root as named (what nvlink itself may print of it), and each file
+    // by its place under the root.
+    for part in
+        std::iter::once(root.as_os_str()).chain(files.iter().map(|p| p.strip_prefix(root).unwrap_or(p).as_os_str()))
+    {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_encoded_bytes());
+    }
+    for d in &digests {
+        match d {
+            Some((len, digest)) => {
+                h.update(b"file");
+                h.update(&len.to_le_bytes());
+                h.update(digest);
+            }
+            None => {
+                h.update(b"absent");
+            }
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+/// A file's length and BLAKE3 digest, read in pieces.
+fn file_digest(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok((len, *h.finalize().as_bytes()))
+}
+
+/// The files' identity on disk, with the banner: the key of the remembered
+/// content identity (see [`Toolkit::identity`]).
 fn stat_identity(banner: &str, files: &[PathBuf]) -> [u8; 32] {
     use std::os::unix::fs::MetadataExt;
     let mut h = blake3::Hasher::new();
@@ -274,6 +391,65 @@ mod tests {
         std::fs::write(root.join("bin/nvlink"), b"appeared").unwrap();
         assert_ne!(first, stat_identity("banner", &files), "a new binary kept the identity");
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_identity_is_the_contents_wherever_they_were_installed() {
+        // The same files installed twice at one place (new inodes and times,
+        // as on another host or after a reinstall): one identity. Other
+        // contents or another place: another.
+        let base = std::env::temp_dir().join(format!("nvlinkd-tk-content-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, memo) = (base.join("cuda"), base.join("memo"));
+        let install = |ptxas: &[u8]| {
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(root.join("bin")).unwrap();
+            std::fs::write(root.join("bin/ptxas"), ptxas).unwrap();
+            std::fs::write(root.join("bin/nvlink"), b"nvlink").unwrap();
+        };
+        let files = || [root.join("bin/ptxas"), root.join("bin/nvlink"), root.join("nvvm/libdevice/libdevice.10.bc")];
+        install(b"ptxas one");
+        let first = identity_of("banner", &root, &files(), Some(&memo));
+        let remembered = std::fs::read_dir(&memo).unwrap().count();
+        assert_eq!(remembered, 1, "the content identity was not remembered");
+        assert_eq!(first, identity_of("banner", &root, &files(), Some(&memo)));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        install(b"ptxas one");
+        assert_eq!(first, identity_of("banner", &root, &files(), Some(&memo)), "a reinstall changed the identity");
+        assert_eq!(first, identity_of("banner", &root, &files(), None));
+        install(b"ptxas two");
+        assert_ne!(first, identity_of("banner", &root, &files(), Some(&memo)), "other contents kept the identity");
+        assert_ne!(first, identity_of("another banner", &root, &files(), None));
+        install(b"ptxas one");
+        let elsewhere = base.join("elsewhere");
+        let moved: Vec<PathBuf> = files().iter().map(|f| elsewhere.join(f.strip_prefix(&root).unwrap())).collect();
+        assert_ne!(first, content_identity("banner", &elsewhere, &moved), "another root kept the identity");
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn a_remembered_identity_is_read_back_only_for_the_same_files_on_disk() {
+        let base = std::env::temp_dir().join(format!("nvlinkd-tk-memo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, memo) = (base.join("cuda"), base.join("memo"));
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let ptxas = root.join("bin/ptxas");
+        std::fs::write(&ptxas, b"ptxas one").unwrap();
+        let files = [ptxas.clone()];
+        let first = identity_of("banner", &root, &files, Some(&memo));
+        // A planted memo for these very files is believed (it is the daemon's
+        // own directory) ...
+        let at = memo.join(hex(&stat_identity("banner", &files)));
+        write_memo(&at, &[7; 32]);
+        assert_eq!(identity_of("banner", &root, &files, Some(&memo)), [7; 32]);
+        // ... and forgotten once a file is rewritten (its ctime moves).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&ptxas, b"ptxas one").unwrap();
+        assert_eq!(identity_of("banner", &root, &files, Some(&memo)), first);
+        // A damaged memo is recomputed.
+        std::fs::write(memo.join(hex(&stat_identity("banner", &files))), b"junk").unwrap();
+        assert_eq!(identity_of("banner", &root, &files, Some(&memo)), first);
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

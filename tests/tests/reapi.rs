@@ -189,6 +189,66 @@ const DISTINCT: [&str; 4] = [
 
 /// Links through a daemon whose shared tier never answers: all correct, the
 /// failures counted, and after repeated failures the tier skipped.
+/// The toolkit installed afresh at `at`: its directories made, the files a
+/// link's answer depends on (nvlink, ptxas, libnvJitLink, libNVVM, libdevice)
+/// copied (new inodes and times, as on another host), the rest linked.
+fn install_toolkit_copy(at: &Path) {
+    fn walk(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            let name = e.file_name().to_string_lossy().into_owned();
+            let t = e.file_type().unwrap();
+            if t.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+            } else if t.is_dir() {
+                walk(&src, &dst);
+            } else if ["nvlink", "ptxas", "libnvJitLink", "libnvvm", "libdevice"].iter().any(|p| name.starts_with(p)) {
+                std::fs::copy(&src, &dst).unwrap();
+            } else {
+                std::os::unix::fs::symlink(&src, &dst).unwrap();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(at);
+    walk(nvlinkd_tests::env::cuda_home(), at);
+}
+
+#[test]
+fn the_same_toolkit_installed_on_another_host_shares_the_tier() {
+    let Some(bg) = BuildGrid::start() else { return };
+    let (out, host) = (TempDir::new("rp-host"), TempDir::new("rp-cuda"));
+    let home = host.path().join("cuda");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let on = |d: &Daemon| {
+        let mut env = d.shim_env();
+        env.retain(|(k, _)| k != "CUDA_HOME");
+        env.push(("CUDA_HOME".into(), home.display().to_string()));
+        env
+    };
+    let serve = |home: &Path| {
+        let home = home.display().to_string();
+        Daemon::start_with(&["--cuda-home", &home, "--remote-cache", &bg.url(), "--remote-timeout", "5s"])
+    };
+
+    // Host A: the link computed and uploaded.
+    install_toolkit_copy(&home);
+    let mut a = serve(&home);
+    same(&expected, &run(&shim(), &inv(LINK, &out), &on(&a)));
+    assert_eq!(a.stat("cache_misses"), 1);
+    wait_uploads(&a, 1);
+    a.stop();
+
+    // Host B: the same toolkit at the same place, other files on disk (new
+    // inodes, device-independent), its own empty cache: A's answer is found.
+    install_toolkit_copy(&home);
+    let b = serve(&home);
+    assert_ne!(a.cache_dir(), b.cache_dir());
+    same(&expected, &run(&shim(), &inv(LINK, &out), &on(&b)));
+    assert_eq!(b.stat("cache_hits"), 1, "the same toolkit elsewhere missed A's entry");
+    assert!(b.stat("remote_cache_hits") >= 1);
+}
+
 fn links_survive(url: &str) {
     let d = Daemon::start_with(&["--remote-cache", url, "--remote-timeout", "300ms"]);
     let out = TempDir::new("rp3");

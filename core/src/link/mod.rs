@@ -147,6 +147,8 @@ struct Toolkits {
     opening: DashMap<PathBuf, Arc<Opening>>,
     /// Where a newly opened toolkit gets its first worker started.
     workers: Option<Arc<WorkerPool>>,
+    /// Where toolkits remember their content identity (`toolkit.rs`).
+    identity_memo: Option<PathBuf>,
 }
 
 impl Toolkits {
@@ -160,9 +162,11 @@ impl Toolkits {
         let cell = self.opening.entry(root.to_owned()).or_default().clone();
         let opened = cell
             .get_or_init(|| {
-                let tk = Toolkit::open(root).map(Arc::new).map_err(|e| e.to_string())?;
-                // Before any link needs it (a few stats).
-                tk.identity();
+                let mut tk = Toolkit::open(root).map_err(|e| e.to_string())?;
+                if let Some(dir) = &self.identity_memo {
+                    tk = tk.with_identity_memo(dir.clone());
+                }
+                let tk = Arc::new(tk);
                 if let Some(w) = &self.workers {
                     // Start the workers now (up to --jobs, at most
                     // PREWARM_WORKERS), one after another: loading nvJitLink
@@ -171,6 +175,9 @@ impl Toolkits {
                     let (w, lib) = (w.clone(), tk.jitlink_spec());
                     std::thread::spawn(move || w.prewarm(&lib, PREWARM_WORKERS));
                 }
+                // Before any link needs it (a few stats, or once per
+                // toolkit installation its files' contents read).
+                tk.identity();
                 Ok(tk)
             })
             .clone();
@@ -242,7 +249,11 @@ impl Linker {
         });
         // Open the default toolkit now, off the first link's path (a link
         // arriving meanwhile waits for this one opening, not a second one).
-        let toolkits = Arc::new(Toolkits { workers: workers.clone(), ..Default::default() });
+        let toolkits = Arc::new(Toolkits {
+            workers: workers.clone(),
+            identity_memo: Some(config.cache_dir.join("toolkits")),
+            ..Default::default()
+        });
         for root in config.toolkits.iter().filter(|r| r.join("bin/nvlink").is_file()) {
             let (toolkits, root) = (toolkits.clone(), root.clone());
             let _ = std::thread::Builder::new().name("nvlinkd-toolkit".into()).spawn(move || toolkits.open(&root));

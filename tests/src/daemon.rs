@@ -102,6 +102,7 @@ impl Daemon {
 
     /// (Re)start the daemon process on the same socket and cache.
     pub fn spawn(&mut self, extra: &[&str]) {
+        seed_toolkit_memo(&self.cache_dir());
         let mut cmd = Command::new(nvlinkd());
         if self.memory_limit.is_some() || self.file_limit.is_some() {
             use std::os::unix::process::CommandExt;
@@ -275,6 +276,7 @@ impl Daemon {
     /// SIGTERM and wait (a daemon still there after a minute is killed, so that
     /// a test that found it stuck fails instead of hanging).
     pub fn stop(&mut self) {
+        keep_toolkit_memo(&self.cache_dir());
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
@@ -287,6 +289,45 @@ impl Daemon {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = c.wait();
+        }
+    }
+}
+
+/// Toolkit identities that this test run's daemons computed (`toolkit.rs`
+/// hashes a toolkit's files once per cache directory, ~0.5 s of a debug
+/// build): a fresh daemon's cache directory starts with them, as a
+/// restarted daemon's would.
+fn toolkit_memo() -> PathBuf {
+    crate::env::bin_dir().join("nvlinkd-toolkit-memo")
+}
+
+fn seed_toolkit_memo(cache: &std::path::Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    if cache.exists() {
+        return;
+    }
+    let Ok(memos) = std::fs::read_dir(toolkit_memo()) else { return };
+    if std::fs::DirBuilder::new().recursive(true).mode(0o700).create(cache.join("toolkits")).is_err() {
+        return;
+    }
+    for m in memos.flatten().filter(|m| !m.file_name().to_string_lossy().starts_with('.')) {
+        let _ = std::fs::copy(m.path(), cache.join("toolkits").join(m.file_name()));
+    }
+}
+
+fn keep_toolkit_memo(cache: &std::path::Path) {
+    let Ok(memos) = std::fs::read_dir(cache.join("toolkits")) else { return };
+    let shared = toolkit_memo();
+    let _ = std::fs::create_dir_all(&shared);
+    for m in memos.flatten().filter(|m| !m.file_name().to_string_lossy().starts_with('.')) {
+        let to = shared.join(m.file_name());
+        if !to.exists() {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = shared.join(format!(".tmp-{}-{n}", std::process::id()));
+            if std::fs::copy(m.path(), &tmp).is_ok() {
+                let _ = std::fs::rename(&tmp, &to);
+            }
         }
     }
 }

@@ -242,7 +242,7 @@ fn read_private_with(f: &Path, what: &str, between: &mut dyn FnMut()) -> Result<
         }
         let mut file = std::fs::File::open(f).map_err(cannot)?;
         let before = file.metadata().map_err(cannot)?;
-        check_private(f, what, &before)?;
+        check_private(f, what, &before, access_acl(&file).map_err(cannot)?.as_deref())?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(cannot)?;
         between();
@@ -265,17 +265,18 @@ fn same_version(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 /// Whether only the daemon (and root) can read and change the file of `m`,
 /// as ssh asks of a private key: owned by the daemon's user with no access
 /// for group or others (`chmod 600`); or owned by root, changed by root only,
-/// and readable through a group only where the group is root's or one of the
-/// daemon's (Kubernetes mounts a secret as root's, readable through the pod's
-/// `fsGroup`; systemd hands a credential as root's with an ACL for the
-/// daemon's user, which `stat` shows as the group's bits). Another owner
-/// could put tokens of its own in the file: refused.
-fn check_private(f: &Path, what: &str, m: &std::fs::Metadata) -> Result<(), String> {
+/// and readable through a group only where the group is one of the daemon's
+/// that no other user is listed in (Kubernetes mounts a secret as root's,
+/// readable through the pod's `fsGroup`), or through an ACL entry naming the
+/// daemon's user or such a group (systemd hands a credential as root's with
+/// an ACL for the daemon's user). Another owner could put tokens of its own
+/// in the file: refused. `acl`: the file's access ACL, if it has one.
+fn check_private(f: &Path, what: &str, m: &std::fs::Metadata, acl: Option<&[AclEntry]>) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     let f = f.display();
-    match not_private(m.uid(), m.gid(), m.mode(), euid, &in_groups) {
+    match not_private(m.uid(), m.gid(), m.mode(), acl, euid, &daemons_group) {
         None => Ok(()),
         Some(NotPrivate::Owner(uid)) => Err(format!(
             "{what} {f} belongs to uid {uid}, not to the daemon's user (uid {euid}) or root: that user could \
@@ -283,6 +284,9 @@ fn check_private(f: &Path, what: &str, m: &std::fs::Metadata) -> Result<(), Stri
         )),
         Some(NotPrivate::Mode(mode)) => Err(format!(
             "{what} {f} (mode {mode:03o}) can be read or changed by other users than the daemon's: chmod 600 {f}"
+        )),
+        Some(NotPrivate::Acl(who)) => Err(format!(
+            "{what} {f} has an access ACL that lets {who} read or change it: setfacl -b {f} and chmod 600 {f}"
         )),
     }
 }
@@ -294,34 +298,159 @@ enum NotPrivate {
     Owner(u32),
     /// Its permission bits let others in.
     Mode(u32),
+    /// An ACL entry lets someone else in (who, in words).
+    Acl(String),
 }
 
-/// The rule of [`check_private`] on a file's owner, group and mode, for a
-/// daemon of user `euid` and groups `in_groups`.
-fn not_private(uid: u32, gid: u32, mode: u32, euid: u32, in_groups: &dyn Fn(u32) -> bool) -> Option<NotPrivate> {
+/// One entry of a POSIX access ACL: tag, permission bits, user or group id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct AclEntry {
+    tag: u16,
+    perm: u16,
+    id: u32,
+}
+
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_GROUP: u16 = 0x08;
+const ACL_MASK: u16 = 0x10;
+
+/// The file's access ACL (the `system.posix_acl_access` attribute: a version
+/// word, then 8-byte entries), if it has one beyond its mode bits.
+fn access_acl(file: &std::fs::File) -> std::io::Result<Option<Vec<AclEntry>>> {
+    use std::os::fd::AsRawFd;
+    let name = c"system.posix_acl_access";
+    let mut buf = vec![0u8; 4 + 8 * 64];
+    // SAFETY: the fd is open for this call; the buffer is valid for its length.
+    let n = unsafe { libc::fgetxattr(file.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::ENOTSUP) => Ok(None),
+            Some(libc::ERANGE) => Err(std::io::Error::other("an access ACL of more than 64 entries")),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(parse_acl(&buf[..n as usize]).ok_or_else(|| std::io::Error::other("an unreadable access ACL"))?))
+}
+
+/// Entries of an access ACL in its attribute form (version 2).
+fn parse_acl(b: &[u8]) -> Option<Vec<AclEntry>> {
+    let (version, rest) = b.split_first_chunk::<4>()?;
+    if u32::from_le_bytes(*version) != 2 || rest.len() % 8 != 0 {
+        return None;
+    }
+    let entries = rest.chunks_exact(8).map(|e| AclEntry {
+        tag: u16::from_le_bytes([e[0], e[1]]),
+        perm: u16::from_le_bytes([e[2], e[3]]),
+        id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+    });
+    Some(entries.collect())
+}
+
+/// The rule of [`check_private`] on a file's owner, group, mode and access
+/// ACL, for a daemon of user `euid` whose private groups `daemons_group` tells.
+fn not_private(
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    acl: Option<&[AclEntry]>,
+    euid: u32,
+    daemons_group: &dyn Fn(u32) -> bool,
+) -> Option<NotPrivate> {
     let mode = mode & 0o777;
     if uid != euid && uid != 0 {
         return Some(NotPrivate::Owner(uid));
     }
+    if mode & 0o007 != 0 {
+        return Some(NotPrivate::Mode(mode));
+    }
+    // With an ACL, the mode's group bits are its mask: the owning group and
+    // every named entry are judged one by one instead.
+    if let Some(acl) = acl.filter(|a| a.iter().any(|e| e.tag == ACL_MASK)) {
+        for e in acl {
+            let (r, w) = (e.perm & 4 != 0, e.perm & 2 != 0);
+            let bad = match e.tag {
+                ACL_USER => (r || w) && e.id != euid && e.id != 0,
+                ACL_GROUP_OBJ => (w && uid != euid) || (r || w) && (uid == euid || !daemons_group(gid)),
+                ACL_GROUP => w || r && !daemons_group(e.id),
+                _ => false,
+            };
+            if bad {
+                let who = match e.tag {
+                    ACL_USER => format!("user {}", e.id),
+                    ACL_GROUP_OBJ => format!("group {gid}"),
+                    _ => format!("group {}", e.id),
+                };
+                return Some(NotPrivate::Acl(who));
+            }
+        }
+        return None;
+    }
     // The daemon's own file: for it alone. Root's: written by root alone,
-    // read by a group only where that group is root's or the daemon's.
-    let others = if uid == euid { mode & 0o077 } else { mode & 0o037 | if in_groups(gid) { 0 } else { mode & 0o040 } };
-    (others != 0).then_some(NotPrivate::Mode(mode))
+    // read by a group only where that group is the daemon's own.
+    let group =
+        if uid == euid { mode & 0o070 } else { mode & 0o030 | if daemons_group(gid) { 0 } else { mode & 0o040 } };
+    (group != 0).then_some(NotPrivate::Mode(mode))
 }
 
-/// Whether `gid` is root's group or one of the daemon's.
-fn in_groups(gid: u32) -> bool {
-    // SAFETY: getegid cannot fail; getgroups writes at most `n` entries.
-    unsafe {
-        if gid == 0 || libc::getegid() == gid {
-            return true;
-        }
-        let n = libc::getgroups(0, std::ptr::null_mut());
+/// Whether `gid` is one of the daemon's groups (effective or supplementary)
+/// that the group database lists no other user in: its own group, or a pod's
+/// `fsGroup` (listed nowhere). A shared group (`users`, `docker`, a team's) is
+/// not, nor root's group for a daemon that is not root. (Users whose primary
+/// group it is are not listed there: give a secret's group to the daemon
+/// alone.)
+fn daemons_group(gid: u32) -> bool {
+    // SAFETY: getegid and geteuid cannot fail; getgroups writes at most `n` entries.
+    let (egid, euid) = unsafe { (libc::getegid(), libc::geteuid()) };
+    let mine = gid == egid || {
+        // SAFETY: as above.
+        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
         let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
-        let n = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
+        // SAFETY: as above.
+        let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
         groups.truncate(n.max(0) as usize);
         groups.contains(&gid)
+    };
+    mine && group_members(gid).iter().all(|m| Some(m) == user_name(euid).as_ref())
+}
+
+/// The user names the group database lists in group `gid` (none if unknown).
+fn group_members(gid: u32) -> Vec<String> {
+    let mut buf = vec![0 as libc::c_char; 1 << 16];
+    // SAFETY: an all-zero `group` is a valid value to be filled in.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the strings it fills point into `buf`.
+    let rc = unsafe { libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() || grp.gr_mem.is_null() {
+        return Vec::new();
     }
+    let mut out = Vec::new();
+    let mut at = grp.gr_mem;
+    // SAFETY: gr_mem is a null-terminated array of C strings in `buf`.
+    unsafe {
+        while !(*at).is_null() {
+            out.push(std::ffi::CStr::from_ptr(*at).to_string_lossy().into_owned());
+            at = at.add(1);
+        }
+    }
+    out
+}
+
+/// The name of user `uid` in the user database, if it has one.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 1 << 14];
+    // SAFETY: an all-zero `passwd` is a valid value to be filled in.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the strings it fills point into `buf`.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name is a C string in `buf`.
+    Some(unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_string_lossy().into_owned())
 }
 
 fn bearer(value: &str) -> Option<&str> {
@@ -478,24 +607,69 @@ mod tests {
     }
 
     /// A daemon not running as root reads a secret mounted as root's through
-    /// its group (Kubernetes' `fsGroup`) or an ACL (systemd's credentials,
-    /// shown as the group's bits): root's file, readable by a group that is
-    /// root's or the daemon's, is taken; another group's, or one a group may
-    /// change, is not.
+    /// its own group (Kubernetes' `fsGroup`) or an ACL entry for its user
+    /// (systemd's credentials): taken. Through another group, a group shared
+    /// with other users or root's group (its members may be anyone), a group
+    /// that may change it, or an ACL entry for another user: refused.
     #[test]
     fn roots_token_file_readable_only_through_the_daemons_group_is_taken() {
-        let (daemon, its_group, other_group) = (10001, 10001, 50);
-        let groups = |g: u32| g == 0 || g == its_group;
-        let judge = |uid, gid, mode| not_private(uid, gid, mode, daemon, &groups);
+        let (daemon, its_group, shared_group) = (10001, 10001, 100);
+        let groups = |g: u32| g == its_group;
+        let judge = |uid, gid, mode| not_private(uid, gid, mode, None, daemon, &groups);
         assert_eq!(judge(0, its_group, 0o100440), None, "Kubernetes' fsGroup with defaultMode 0440");
-        assert_eq!(judge(0, 0, 0o100440), None, "systemd's credential: root's, an ACL for the daemon");
-        assert_eq!(judge(0, other_group, 0o100400), None, "root's, for root alone (the daemon cannot read it)");
+        assert_eq!(judge(0, shared_group, 0o100400), None, "root's, for root alone (the daemon cannot read it)");
         assert_eq!(judge(daemon, its_group, 0o100600), None);
-        assert_eq!(judge(0, other_group, 0o100440), Some(NotPrivate::Mode(0o440)), "another group reads it");
+        assert_eq!(judge(0, shared_group, 0o100440), Some(NotPrivate::Mode(0o440)), "a shared group reads it");
+        assert_eq!(judge(0, 0, 0o100440), Some(NotPrivate::Mode(0o440)), "root's group reads it");
         assert_eq!(judge(0, its_group, 0o100460), Some(NotPrivate::Mode(0o460)), "a group changes it");
         assert_eq!(judge(0, its_group, 0o100444), Some(NotPrivate::Mode(0o444)), "anyone reads it");
         assert_eq!(judge(daemon, its_group, 0o100640), Some(NotPrivate::Mode(0o640)), "the daemon's own: chmod 600");
         assert_eq!(judge(1000, its_group, 0o100600), Some(NotPrivate::Owner(1000)), "another user's");
+
+        // ACLs (mode's group bits are the mask): systemd's credential, root's
+        // 0440 with `user:<daemon>:r`, is taken; `user:1000:r` is not, nor a
+        // named group the daemon does not own alone.
+        let e = |tag, perm, id| AclEntry { tag, perm, id };
+        let acl = |extra: AclEntry| {
+            vec![
+                e(0x01, 4, u32::MAX),
+                e(ACL_GROUP_OBJ, 0, u32::MAX),
+                extra,
+                e(ACL_MASK, 4, u32::MAX),
+                e(0x20, 0, u32::MAX),
+            ]
+        };
+        let judge_acl = |extra| not_private(0, 0, 0o100440, Some(&acl(extra)), daemon, &groups);
+        assert_eq!(judge_acl(e(ACL_USER, 4, daemon)), None, "systemd's credential");
+        assert_eq!(judge_acl(e(ACL_USER, 4, 1000)), Some(NotPrivate::Acl("user 1000".into())));
+        assert_eq!(judge_acl(e(ACL_USER, 6, daemon)), None, "the daemon may change root's file");
+        assert_eq!(judge_acl(e(ACL_GROUP, 4, its_group)), None);
+        assert_eq!(judge_acl(e(ACL_GROUP, 4, shared_group)), Some(NotPrivate::Acl("group 100".into())));
+        assert_eq!(judge_acl(e(ACL_GROUP, 6, its_group)), Some(NotPrivate::Acl("group 10001".into())));
+        let mut readable_group = acl(e(ACL_USER, 4, daemon));
+        readable_group[1].perm = 4;
+        assert_eq!(
+            not_private(0, 0, 0o100440, Some(&readable_group), daemon, &groups),
+            Some(NotPrivate::Acl("group 0".into())),
+            "root's group reads it"
+        );
+    }
+
+    /// The ACL as the kernel stores it, parsed; a mode-only file has none.
+    #[test]
+    fn an_access_acl_is_read_from_its_attribute() {
+        let mut b = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [(1u16, 6u16, u32::MAX), (2, 4, 1000), (4, 0, u32::MAX), (0x10, 4, u32::MAX)] {
+            b.extend(tag.to_le_bytes());
+            b.extend(perm.to_le_bytes());
+            b.extend(id.to_le_bytes());
+        }
+        let acl = parse_acl(&b).unwrap();
+        assert_eq!(acl[1], AclEntry { tag: ACL_USER, perm: 4, id: 1000 });
+        assert!(parse_acl(&b[..b.len() - 3]).is_none());
+        assert!(parse_acl(&[1, 0, 0, 0]).is_none());
+        let f = file("ci:secret-0123456789\n");
+        assert_eq!(access_acl(&std::fs::File::open(&f.0).unwrap()).unwrap(), None);
     }
 
     /// A token file changing while it is read (a writer mid-way, SIGHUP

@@ -1933,3 +1933,30 @@ fn a_call_without_a_token_is_refused_before_its_body_is_read() {
     assert_ne!(decoded.code(), Code::Unauthenticated, "the valid token was refused: {decoded:?}");
     assert_eq!(d.stat("auth_failures"), 1);
 }
+
+/// A remote caller learns why its link fell back, not where the daemon keeps
+/// its toolkit or cache: an output named in an options file (which the
+/// daemon's nvlink cannot be redirected from) falls back with the reason the
+/// shim prints under `NVLINKD_FALLBACK=never`, the daemon's paths named by
+/// their role.
+#[test]
+fn a_remote_fallback_reason_names_no_path_of_the_daemon() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let work = TempDir::new("sec-redact");
+    for o in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(o), work.path().join(o)).unwrap();
+    }
+    std::fs::write(work.path().join("opts.txt"), "-o out.cubin\n").unwrap();
+    let out = TempDir::new("sec-redact-out");
+    // (-preserve-relocs: a link the real nvlink serves.)
+    let link = inv("--arch=sm_90 -preserve-relocs accumulate.o scale.o -optf opts.txt", work.path(), &out);
+    let r = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert!(r.code != 0 && stderr.contains("options file"), "not the fallback expected: {stderr}");
+    let cache = d.cache_dir();
+    for path in [cuda_home().to_string_lossy(), cache.to_string_lossy()] {
+        assert!(!stderr.contains(path.as_ref()), "the reason names {path}: {stderr}");
+    }
+    assert!(stderr.contains("<toolkit>"), "{stderr}");
+}

@@ -392,6 +392,22 @@ impl Linker {
         Err(format!("the daemon has no toolkit of this release ({first})"))
     }
 
+    /// `text` as a caller on another host may read it: the daemon's own
+    /// paths (its toolkits, its cache and scratch directories) named by
+    /// their role, as its remote `Ping` and `Stats` do.
+    pub fn redact(&self, text: &str) -> String {
+        let mut places: Vec<(String, &str)> =
+            self.config.toolkits.iter().map(|t| (t.to_string_lossy().into_owned(), "<toolkit>")).collect();
+        places.push((self.config.cache_dir.to_string_lossy().into_owned(), "<cache-dir>"));
+        // The longest first: a toolkit inside the cache directory stays a toolkit.
+        places.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        let mut out = text.to_owned();
+        for (place, role) in places.iter().filter(|(p, _)| p.len() > 1) {
+            out = out.replace(place.as_str(), role);
+        }
+        out
+    }
+
     pub(super) fn scratch_dir(&self) -> PathBuf {
         self.config.cache_dir.join("tmp")
     }

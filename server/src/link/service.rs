@@ -506,6 +506,12 @@ impl Service {
                 crate::observe::metrics::record_link(engine, cache, t_link.elapsed(), received, sent as u64);
             }
             let (exit, fallback) = (result.exit_code, result.fallback.then(|| result.fallback_reason.clone()));
+            let mut result = result;
+            if remote.is_some() {
+                // A remote caller learns why, not where the daemon keeps things.
+                result.fallback_reason = linker.redact(&result.fallback_reason) + "";
+                //XX
+            }
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.
             let answered = !unsent

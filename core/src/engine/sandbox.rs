@@ -39,7 +39,6 @@ use crate::engine::process::Scratch;
 use crate::finalize::image::CubinImage;
 use crate::finalize::tkinfo;
 use crate::fs::{absolute, InputFs};
-use crate::input::libsearch;
 use crate::request::{OutputFile, Request};
 
 /// Why a link cannot run in a sandbox.
@@ -178,24 +177,18 @@ impl Mirror {
         let root = dir.0.join("root");
         let root_s = root.to_str().ok_or_else(|| unsupported("sandbox path not UTF-8"))?.to_owned();
         let cwd = mirror(&root, Path::new("/"), &req.cwd.to_string_lossy(), None)?;
-        let options_files: Vec<&str> = spec
-            .parsed
-            .options
-            .iter()
-            .filter(|o| o.id == Opt::OptionsFile)
-            .filter_map(|o| o.value.as_deref())
-            .collect();
+        // What nvlink reads, as the spec resolved it (`input/files.rs`).
+        let options_files: Vec<&str> = spec.files.options_files.iter().map(|n| n.given.as_str()).collect();
         let lib_path = req.env.get("LIBRARY_PATH").map(String::as_str);
-        let dirs = libsearch::search_dirs(&spec.library_paths, lib_path);
+        let dirs: Vec<&str> = spec.files.search_dirs.iter().map(|n| n.given.as_str()).collect();
         // Every name nvlink may open, as the caller wrote it.
-        let mut named: Vec<&str> = spec.inputs.iter().map(String::as_str).collect();
+        let mut named: Vec<&str> = spec.files.inputs.iter().map(|n| n.given.as_str()).collect();
         named.extend(&options_files);
         named.extend(spec.uidx_file.as_deref());
         let time = spec.time.as_deref().filter(|t| *t != "-");
         named.extend(time);
         if !options_files.is_empty() {
-            let mut values =
-                named.iter().copied().chain(dirs.iter().map(String::as_str)).chain(spec.nvvmpath.as_deref());
+            let mut values = named.iter().copied().chain(dirs.iter().copied()).chain(spec.nvvmpath.as_deref());
             if values.any(|v| v.starts_with('/')) {
                 return Err(unsupported("absolute names with an options file"));
             }
@@ -234,14 +227,13 @@ impl Mirror {
         let mut entries = vec![Entry::Dir(cwd.clone())];
         let mut time_at = None;
         let mut files: Vec<String> = named.iter().map(|s| s.to_string()).collect();
-        for d in &dirs {
-            let at = mirror(&root, &req.cwd, d, link)?;
-            if let Ok(st) = fs.stat(&absolute(&req.cwd, d)) {
-                if st.is_dir {
-                    entries.push(Entry::Dir(at));
-                }
+        for (i, d) in spec.files.search_dirs.iter().enumerate() {
+            let at = mirror(&root, &req.cwd, &d.given, link)?;
+            if fs.stat(&d.path).is_ok_and(|st| st.is_dir) {
+                entries.push(Entry::Dir(at));
             }
-            files.extend(spec.libraries.iter().map(|name| libsearch::candidate(d, name)));
+            let candidates = spec.files.libraries.iter().filter_map(|l| l.candidates.get(i));
+            files.extend(candidates.map(|c| c.given.clone()));
         }
         for name in &files {
             let at = mirror(&root, &req.cwd, name, link)?;
@@ -292,13 +284,13 @@ impl Mirror {
         }
         // Absolute names on the command line move under the root.
         let written = [spec.output.as_deref(), spec.register_link_binaries.as_deref()];
-        if written.iter().flatten().any(|w| files.iter().any(|f| f == w) || dirs.iter().any(|d| d == w)) {
+        if written.iter().flatten().any(|w| files.iter().any(|f| f == w) || dirs.contains(w)) {
             return Err(unsupported("an output is also read"));
         }
         let moved: Vec<&str> = files
             .iter()
             .map(String::as_str)
-            .chain(dirs.iter().map(String::as_str))
+            .chain(dirs.iter().copied())
             .chain(spec.nvvmpath.as_deref())
             .filter(|v| v.starts_with('/'))
             .collect();

@@ -42,6 +42,9 @@ pub struct LinkFiles {
     pub libraries: Vec<LibrarySearch>,
     /// The options files (`-optf`), in the order read.
     pub options_files: Vec<Named>,
+    /// The directories `-l` searches, in order (`-L`, then `LIBRARY_PATH`);
+    /// each search's candidates follow this order.
+    pub search_dirs: Vec<Named>,
 }
 
 impl LinkFiles {
@@ -72,6 +75,7 @@ impl LinkFiles {
                 .filter_map(|o| o.value.as_deref())
                 .map(named)
                 .collect(),
+            search_dirs: dirs.iter().map(|d| named(d)).collect(),
         }
     }
 
@@ -109,6 +113,8 @@ mod tests {
         let given: Vec<&str> = m.candidates.iter().map(|c| c.given.as_str()).collect();
         assert_eq!(given, ["lib/libm.a", "/sys/libm.a", "/env/libm.a"]);
         assert_eq!(m.candidates[0].path, PathBuf::from("/w/lib/libm.a"));
+        let dirs: Vec<&str> = f.search_dirs.iter().map(|d| d.given.as_str()).collect();
+        assert_eq!(dirs, ["lib/", "/sys", "/env"]);
         assert_eq!(f.every_path().count(), 2 + 6);
     }
 }

@@ -89,26 +89,37 @@ impl Link<'_> {
         pool.install(|| span.in_scope(|| inprocess::link(cx, &self.spec, mode, plan)))
     }
 
-    /// The real nvlink as the engine: on the caller's files where the daemon
-    /// shares its filesystem, otherwise on the link's files mirrored into a
-    /// sandbox (`engine/sandbox.rs`).
+    /// The real nvlink as the engine, once the link holds a slot: its answer,
+    /// or the fallback the shim gets where it gave none (nothing cached).
     pub(super) fn run_nvlink(&self) -> Outcome {
-        let (linker, tk, req, spec, ctl) = (self.linker, &self.tk, self.req, &self.spec, self.ctl);
         // Routed after its plan was admitted to compute, the link holds its
         // slot already; routed from its plan, it waits for one here.
         let _admitted = match self.admit() {
             Ok(a) => a,
             Err(cancelled) => return *cancelled,
         };
-        let limit = linker.worker_limit();
-        let _phase = ctl.obs.phase(Phase::Nvlink);
+        let _phase = self.ctl.obs.phase(Phase::Nvlink);
+        match self.nvlink_engine() {
+            Ok(r) => {
+                bump(&self.linker.stats.nvlink_process);
+                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, r.stdout, r.stderr, r.outputs)
+            }
+            Err(why) => self.linker.fall_back(why),
+        }
+    }
+
+    /// The real nvlink on the caller's files where the daemon shares its
+    /// filesystem, otherwise on the link's files mirrored into a sandbox
+    /// (`engine/sandbox.rs`): nvlink's answer in the caller's terms, or why
+    /// there is none (a fault of the daemon's environment, nvlink killed, a
+    /// link the sandbox cannot mirror).
+    fn nvlink_engine(&self) -> Result<NvlinkAnswer, Declined> {
+        let (linker, tk, req, spec, ctl) = (self.linker, &self.tk, self.req, &self.spec, self.ctl);
         let sandbox = if req.shared_fs {
             None
         } else {
-            match Sandbox::prepare(&linker.scratch_dir(), req, spec, self.fs, &tk.root.join("nvvm")) {
-                Ok(s) => Some(s),
-                Err(e) => return self.sandbox_failed(e),
-            }
+            let mirrored = Sandbox::prepare(&linker.scratch_dir(), req, spec, self.fs, &tk.root.join("nvvm"));
+            Some(mirrored.map_err(|e| self.sandbox_failed(e))?)
         };
         let run_req = sandbox.as_ref().map_or(req, |s| &s.request);
         // nvlink on a client's mirrored files runs confined (`confine.rs`).
@@ -117,50 +128,49 @@ impl Link<'_> {
             toolkit_root: &tk.root,
             sandbox: s.dir(),
         });
-        match process::run(&tk.nvlink(), run_req, spec, &linker.scratch_parents(), ctl.cancel, limit, confined.as_ref())
-        {
-            Ok(r) => {
-                let (stdout, stderr, outputs) = match &sandbox {
-                    None => (r.stdout, r.stderr, r.outputs),
-                    Some(s) => match s.unmirror(r.stdout, r.stderr, r.outputs, spec, &req.cwd) {
-                        Ok(mapped) => mapped,
-                        Err(e) => return self.sandbox_failed(e),
-                    },
-                };
-                bump(&linker.stats.nvlink_process);
-                Outcome::answer(EngineKind::NvlinkProcess, r.exit_code, stdout, stderr, outputs)
-            }
-            Err(e) => {
-                // Not an answer of nvlink for these inputs (a fault of the
-                // daemon's environment, or nvlink killed): the shim runs nvlink
-                // itself, and nothing is cached.
-                warn!("no answer from the nvlink engine: {e}");
-                let reason = match e {
-                    process::RunError::Environment(_) => {
-                        bump(&linker.stats.environment_faults);
-                        Reason::Environment
-                    }
-                    process::RunError::Signal(_) => Reason::Environment,
-                    process::RunError::Unsupported(_) => Reason::NotHere,
-                };
-                linker.fall_back(Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display())))
-            }
-        }
+        let limit = linker.worker_limit();
+        let run =
+            process::run(&tk.nvlink(), run_req, spec, &linker.scratch_parents(), ctl.cancel, limit, confined.as_ref());
+        let r = run.map_err(|e| {
+            // Not an answer of nvlink for these inputs.
+            warn!("no answer from the nvlink engine: {e}");
+            let reason = match e {
+                process::RunError::Environment(_) => {
+                    bump(&linker.stats.environment_faults);
+                    Reason::Environment
+                }
+                process::RunError::Signal(_) => Reason::Environment,
+                process::RunError::Unsupported(_) => Reason::NotHere,
+            };
+            Declined::new(reason, format!("{}: {e}", Path::new(&tk.nvlink()).display()))
+        })?;
+        let (stdout, stderr, outputs) = match &sandbox {
+            None => (r.stdout, r.stderr, r.outputs),
+            Some(s) => s.unmirror(r.stdout, r.stderr, r.outputs, spec, &req.cwd).map_err(|e| self.sandbox_failed(e))?,
+        };
+        Ok(NvlinkAnswer { exit_code: r.exit_code, stdout, stderr, outputs })
     }
 
-    /// A link the sandbox cannot serve (see `engine/sandbox.rs`): the caller runs nvlink.
-    fn sandbox_failed(&self, e: SandboxError) -> Outcome {
-        let linker = self.linker;
+    /// Why a link the sandbox cannot serve (see `engine/sandbox.rs`) falls back.
+    fn sandbox_failed(&self, e: SandboxError) -> Declined {
         match e {
             SandboxError::Unsupported(why) => {
                 debug!(%why, "not run in a sandbox");
-                linker.fall_back(Declined::new(Reason::NotHere, format!("the daemon cannot mirror this link: {why}")))
+                Declined::new(Reason::NotHere, format!("the daemon cannot mirror this link: {why}"))
             }
             SandboxError::Environment(why) => {
                 warn!(%why, "sandbox failed");
-                bump(&linker.stats.environment_faults);
-                linker.fall_back(Declined::new(Reason::Environment, why))
+                bump(&self.linker.stats.environment_faults);
+                Declined::new(Reason::Environment, why)
             }
         }
     }
+}
+
+/// What the real nvlink answered, in the caller's terms.
+struct NvlinkAnswer {
+    exit_code: i32,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    outputs: Vec<crate::request::OutputFile>,
 }

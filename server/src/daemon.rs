@@ -531,6 +531,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                 client_certificates,
                 max_connections = connection_limits.total,
                 per_peer = connection_limits.per_peer,
+                reserved = connection_limits.reserved,
                 max_remote_links = remote_links.max,
                 per_caller = remote_links.per_caller,
                 "serving remote shims over TCP"

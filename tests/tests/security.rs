@@ -1649,6 +1649,74 @@ fn connections_that_never_authenticate_are_closed() {
     drop(held);
 }
 
+/// A client that keeps reconnecting from eight addresses and never shakes
+/// hands held every slot of `--listen`, and every remote shim was refused. A
+/// quarter of the slots is now reserved for addresses that made an
+/// authenticated call lately: the flood holds the rest, and a token holder
+/// that linked before still links, byte for byte nvlink's. While the
+/// unreserved slots are more than half taken, the flood's new connections
+/// have 1 s for their handshake instead of 10 s.
+#[test]
+fn a_flood_from_many_addresses_leaves_room_for_a_token_holder() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let pki = Pki::new();
+    // 16 slots: 4 per address, the last 4 reserved.
+    let (d, port) = tls_daemon(&pki, &["--max-connections", "16"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-reserve-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    // The token holder links from 127.0.0.1 before the flood.
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &addr)), "a remote link before the flood");
+    // The flood: 3 connections from each of 127.0.0.2..9, each held until the
+    // daemon closes it and then opened again (24 wanted, past the 16).
+    let rt = runtime();
+    let stop = Arc::new(AtomicBool::new(false));
+    for source in 2..10u8 {
+        for _ in 0..3 {
+            let stop = stop.clone();
+            rt.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let s = tokio::net::TcpSocket::new_v4().unwrap();
+                    s.bind(std::net::SocketAddr::from(([127, 0, 0, source], 0))).expect("bind a loopback address");
+                    if let Ok(c) = s.connect(([127, 0, 0, 1], port).into()).await {
+                        let mut buf = [0u8; 64];
+                        loop {
+                            let _ = c.readable().await;
+                            match c.try_read(&mut buf) {
+                                Ok(0) => break,
+                                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => break,
+                                _ => {}
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+    }
+    let t0 = Instant::now();
+    // The flood at its cap: connections held, and the others refused.
+    while d.stat("tcp_connections") < 12 || d.stat("tcp_connections_refused") < 8 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the flood did not reach the cap: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let remote = run(&shim(), &link, &remote_env(&pki, &addr));
+    assert_same(&expected, &remote, "a token holder's link during the flood");
+    assert_eq!(d.stat("requests"), 2, "the daemon did not answer the link: {}", d.stats());
+    assert!(d.stat("tcp_connections_refused_reserved") > 0, "{}", d.stats());
+    // The flood's connections past half the unreserved slots were hurried:
+    // closed well before the 10 s handshake time.
+    while d.stat("tls_handshake_failures") == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(8), "no silent connection was hurried: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    rt.shutdown_background();
+    assert!(d.answers(), "the daemon died");
+}
+
 /// The metrics port has no authentication and shares the daemon's open-file
 /// limit: a flood of silent connections past that limit leaves the daemon
 /// idle (it spun at 87% CPU) and local links prompt (a cached link took 2 s).

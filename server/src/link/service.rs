@@ -736,7 +736,8 @@ impl Service {
 
     /// A caller of this listener is who it must be: any caller of the unix
     /// socket, a remote one with a valid token (where tokens are required).
-    /// A remote call that is lets its connection stay (`incoming.rs`).
+    /// A remote call that is lets its connection stay, and its address take
+    /// the reserved connection slots for a while (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if self.local {
             return self.check_local_peer(request);
@@ -745,6 +746,9 @@ impl Service {
         if checked.is_ok() {
             if let Some(c) = self.connection(request) {
                 c.authenticated();
+                if let Some(peer) = request.remote_addr() {
+                    self.connections.known(peer.ip());
+                }
             }
         }
         checked

@@ -21,6 +21,13 @@
 //!   connection's reads fail once a deadline passes, which closes it.
 //! - One "address" of the per-address cap is an IPv4 address or an IPv6 /64
 //!   (one host usually has a whole /64 to connect from).
+//! - A quarter of the slots ([`ConnectionLimits::reserved`]) is kept for
+//!   addresses that made an authenticated call within [`KNOWN_FOR`]: a client
+//!   that keeps reconnecting from a few addresses without ever authenticating
+//!   takes the other slots only, and token holders who linked lately still
+//!   get in. While more than half of those other slots are taken, a new
+//!   connection from an address not known so has [`HURRIED_TIMEOUT`] for its
+//!   handshake and as long again for its first authenticated call.
 //! - Refusals are logged at most once per [`LOG_EVERY`], with counts; so are
 //!   failed TLS handshakes, refused tokens and connections closed for making
 //!   no authenticated call ([`LogLimit`]), with the peer's address.
@@ -46,6 +53,16 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long after its TLS handshake a connection may go without an
 /// authenticated call (a shim makes its call at once).
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Under pressure (more than half of the unreserved slots taken), the
+/// handshake's time and then the first call's for a connection from an
+/// address with no recent authenticated call (a shim prepares its request
+/// before it connects, and calls at once).
+pub const HURRIED_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an address that made an authenticated call may take the
+/// reserved slots after it.
+pub const KNOWN_FOR: Duration = Duration::from_secs(3600);
+/// Most addresses remembered as known (only authenticated callers add one).
+const KNOWN_MAX: usize = 4096;
 /// How long a connection may stay with no call open.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// HTTP/2 streams one TCP connection may have open at once (a shim uses one
@@ -62,6 +79,9 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct ConnectionLimits {
     pub total: usize,
     pub per_peer: usize,
+    /// Of `total`, the slots only known addresses (an authenticated call
+    /// within [`KNOWN_FOR`]) may take.
+    pub reserved: usize,
 }
 
 impl ConnectionLimits {
@@ -70,7 +90,42 @@ impl ConnectionLimits {
     /// descriptors go to TCP peers.
     pub fn new(max: usize, nofile: u64) -> ConnectionLimits {
         let total = max.min((nofile / 2) as usize).max(1);
-        ConnectionLimits { total, per_peer: (total / 4).max(1) }
+        ConnectionLimits { total, per_peer: (total / 4).max(1), reserved: total / 4 }
+    }
+
+    /// Whether a new connection is admitted, with `open` connections open,
+    /// `mine` of them from its address, which is `known` or not; and whether
+    /// it is hurried ([`HURRIED_TIMEOUT`]).
+    fn admit(&self, open: usize, mine: usize, known: bool) -> Result<bool, Refusal> {
+        let unreserved = self.total - self.reserved;
+        if open >= self.total {
+            Err(Refusal::Total)
+        } else if mine >= self.per_peer {
+            Err(Refusal::PerPeer)
+        } else if !known && open >= unreserved {
+            Err(Refusal::Reserved)
+        } else {
+            Ok(!known && open >= unreserved / 2)
+        }
+    }
+}
+
+/// Why a connection is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    Total,
+    PerPeer,
+    /// Only reserved slots are left, and its address is not known.
+    Reserved,
+}
+
+impl Refusal {
+    fn why(self) -> &'static str {
+        match self {
+            Refusal::Total => "too many connections",
+            Refusal::PerPeer => "too many connections from one address",
+            Refusal::Reserved => "only the slots reserved for addresses that authenticated lately are left",
+        }
     }
 }
 
@@ -102,6 +157,9 @@ impl LogLimit {
 pub struct Counters {
     /// Connections refused (over a cap).
     pub refused: AtomicU64,
+    /// Of those, refused from an address not known, with only reserved
+    /// slots left.
+    pub refused_reserved: AtomicU64,
     /// Accept errors waited out (no descriptors, no memory).
     pub accept_backoffs: AtomicU64,
     /// TLS handshakes that failed or timed out (`tls.rs`).
@@ -116,19 +174,22 @@ pub struct Counters {
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
     /// What each open connection does, by its (local, peer) addresses.
     live: Mutex<HashMap<(SocketAddr, SocketAddr), Arc<Connection>>>,
+    /// Address groups that made an authenticated call, and when they last did.
+    known: Mutex<HashMap<IpAddr, Instant>>,
     refusal_log: LogLimit,
     unauthenticated_log: LogLimit,
 }
 
 impl Counters {
     /// For `stats --json`.
-    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 6] {
+    pub fn counters(&self) -> [(&'static str, u64, nvlinkd_core::stats::Kind); 7] {
         use nvlinkd_core::stats::Kind::{Counter, Gauge};
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner()).0 as u64;
         let r = Ordering::Relaxed;
         [
             ("tcp_connections", open, Gauge),
             ("tcp_connections_refused", self.refused.load(r), Counter),
+            ("tcp_connections_refused_reserved", self.refused_reserved.load(r), Counter),
             ("tcp_accept_backoffs", self.accept_backoffs.load(r), Counter),
             ("tls_handshake_failures", self.tls_handshake_failures.load(r), Counter),
             ("tcp_closed_unauthenticated", self.closed_unauthenticated.load(r), Counter),
@@ -140,6 +201,28 @@ impl Counters {
     pub fn connection(&self, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> Option<Arc<Connection>> {
         let key = (local?, peer?);
         self.live.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned()
+    }
+
+    /// A call on a connection from `peer` passed authentication: its address
+    /// may take the reserved slots for [`KNOWN_FOR`].
+    pub fn known(&self, peer: IpAddr) {
+        let now = Instant::now();
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= KNOWN_MAX {
+            known.retain(|_, at| now.duration_since(*at) < KNOWN_FOR);
+            if known.len() >= KNOWN_MAX {
+                if let Some(oldest) = known.iter().min_by_key(|(_, at)| **at).map(|(ip, _)| *ip) {
+                    known.remove(&oldest);
+                }
+            }
+        }
+        known.insert(peer_group(peer), now);
+    }
+
+    /// Whether the address group `ip` made an authenticated call lately.
+    fn is_known(&self, ip: IpAddr, now: Instant) -> bool {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.get(&ip).is_some_and(|at| now.saturating_duration_since(*at) < KNOWN_FOR)
     }
 
     fn log_refusal(&self, why: &str) {
@@ -163,6 +246,9 @@ pub struct Connection {
 
 struct Use {
     authenticated: bool,
+    /// Accepted under pressure from an address not known: [`HURRIED_TIMEOUT`]
+    /// for its handshake and its first call.
+    hurried: bool,
     /// Without an authenticated call by then, the connection is closed.
     auth_by: Instant,
     /// Calls open (link streams).
@@ -190,12 +276,15 @@ pub enum Deadline {
 
 impl Connection {
     /// A connection accepted at `now`: it has the handshake's deadline and
-    /// [`AUTH_TIMEOUT`] after it for its first authenticated call.
-    pub fn new(now: Instant) -> Connection {
+    /// [`AUTH_TIMEOUT`] after it for its first authenticated call, or
+    /// [`HURRIED_TIMEOUT`] for each where `hurried`.
+    pub fn new(now: Instant, hurried: bool) -> Connection {
+        let (handshake, auth) = timeouts(hurried);
         Connection {
             state: Mutex::new(Use {
                 authenticated: false,
-                auth_by: now + HANDSHAKE_TIMEOUT + AUTH_TIMEOUT,
+                hurried,
+                auth_by: now + handshake + auth,
                 open: 0,
                 last: now,
             }),
@@ -206,10 +295,16 @@ impl Connection {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The TLS handshake is done: [`AUTH_TIMEOUT`] from now for an authenticated call.
+    /// How long its TLS handshake may take.
+    pub fn handshake_timeout(&self) -> Duration {
+        timeouts(self.state().hurried).0
+    }
+
+    /// The TLS handshake is done: [`AUTH_TIMEOUT`] from now (or
+    /// [`HURRIED_TIMEOUT`]) for an authenticated call.
     pub fn handshaken(&self) {
         let mut s = self.state();
-        s.auth_by = s.auth_by.min(Instant::now() + AUTH_TIMEOUT);
+        s.auth_by = s.auth_by.min(Instant::now() + timeouts(s.hurried).1);
     }
 
     /// A call passed authentication.
@@ -237,6 +332,16 @@ impl Connection {
         } else {
             Deadline::At(s.last + idle, Expiry::Idle)
         }
+    }
+}
+
+/// A connection's time for its handshake, and then for its first
+/// authenticated call.
+fn timeouts(hurried: bool) -> (Duration, Duration) {
+    if hurried {
+        (HURRIED_TIMEOUT, HURRIED_TIMEOUT)
+    } else {
+        (HANDSHAKE_TIMEOUT, AUTH_TIMEOUT)
     }
 }
 
@@ -311,7 +416,8 @@ impl Guarded {
         let wake = match self.connection.deadline(IDLE_TIMEOUT) {
             Deadline::At(at, why) if at <= now => {
                 self.expired = Some(why);
-                self.counters.closed(why, self.addrs.map(|a| a.1));
+                let within = timeouts(self.connection.state().hurried).1;
+                self.counters.closed(why, self.addrs.map(|a| a.1), within);
                 return Some(closed(why));
             }
             Deadline::At(at, _) => tokio::time::Instant::from_std(at),
@@ -331,7 +437,8 @@ impl Guarded {
 }
 
 impl Counters {
-    fn closed(&self, why: Expiry, peer: Option<SocketAddr>) {
+    /// `within`: the time it had for its first authenticated call.
+    fn closed(&self, why: Expiry, peer: Option<SocketAddr>, within: Duration) {
         let peer = peer.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
         match why {
             Expiry::Unauthenticated => {
@@ -342,7 +449,7 @@ impl Counters {
                         suppressed,
                         "TCP connection closed: no authenticated call within {}s of its TLS handshake (logged at \
                          most every {}s; suppressed: closings not logged since the last line)",
-                        AUTH_TIMEOUT.as_secs(),
+                        within.as_secs(),
                         LOG_EVERY.as_secs()
                     ),
                     None => debug!(%peer, "TCP connection closed: no authenticated call in time"),
@@ -421,28 +528,32 @@ pub fn guarded(
                 Err(_) => continue,
             };
             let ip = peer_group(peer.ip());
+            let now = Instant::now();
+            let known = counters.is_known(ip, now);
             let admitted = {
                 let mut open = counters.open.lock().unwrap_or_else(|p| p.into_inner());
                 let mine = open.1.get(&ip).copied().unwrap_or(0);
-                if open.0 >= limits.total {
-                    Err("too many connections")
-                } else if mine >= limits.per_peer {
-                    Err("too many connections from one address")
-                } else {
+                let admitted = limits.admit(open.0, mine, known);
+                if admitted.is_ok() {
                     open.0 += 1;
                     *open.1.entry(ip).or_default() += 1;
-                    Ok(())
+                }
+                admitted
+            };
+            let hurried = match admitted {
+                Ok(hurried) => hurried,
+                Err(why) => {
+                    counters.refused.fetch_add(1, Ordering::Relaxed);
+                    if why == Refusal::Reserved {
+                        counters.refused_reserved.fetch_add(1, Ordering::Relaxed);
+                    }
+                    counters.log_refusal(why.why());
+                    drop(stream);
+                    continue;
                 }
             };
-            if let Err(why) = admitted {
-                counters.refused.fetch_add(1, Ordering::Relaxed);
-                counters.log_refusal(why);
-                drop(stream);
-                continue;
-            }
             let _ = stream.set_nodelay(true);
-            let now = Instant::now();
-            let connection = Arc::new(Connection::new(now));
+            let connection = Arc::new(Connection::new(now, hurried));
             let addrs = stream.local_addr().ok().map(|local| (local, peer));
             if let Some(addrs) = addrs {
                 counters.live.lock().unwrap_or_else(|p| p.into_inner()).insert(addrs, connection.clone());
@@ -505,12 +616,49 @@ mod tests {
     #[test]
     fn caps_stay_within_half_the_descriptors() {
         let l = ConnectionLimits::new(512, 1024);
-        assert_eq!((l.total, l.per_peer), (512, 128));
+        assert_eq!((l.total, l.per_peer, l.reserved), (512, 128, 128));
         let l = ConnectionLimits::new(512, 256);
         assert_eq!((l.total, l.per_peer), (128, 32));
         let l = ConnectionLimits::new(4096, 1 << 20);
         assert_eq!(l.total, 4096);
         assert_eq!(ConnectionLimits::new(1, 1).per_peer, 1);
+        assert_eq!(ConnectionLimits::new(1, 1).reserved, 0);
+    }
+
+    #[test]
+    fn the_last_quarter_is_for_addresses_that_authenticated_lately() {
+        let l = ConnectionLimits::new(16, 1 << 20);
+        assert_eq!((l.total, l.per_peer, l.reserved), (16, 4, 4));
+        // Unhurried until half of the 12 unreserved slots are taken.
+        assert_eq!(l.admit(5, 0, false), Ok(false));
+        assert_eq!(l.admit(6, 0, false), Ok(true));
+        assert_eq!(l.admit(6, 0, true), Ok(false), "a known address is never hurried");
+        assert_eq!(l.admit(12, 0, false), Err(Refusal::Reserved));
+        assert_eq!(l.admit(12, 0, true), Ok(false));
+        assert_eq!(l.admit(15, 3, true), Ok(false));
+        assert_eq!(l.admit(15, 4, true), Err(Refusal::PerPeer), "the per-address cap holds for known ones");
+        assert_eq!(l.admit(16, 0, true), Err(Refusal::Total));
+        let c = Counters::default();
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.7".parse().unwrap(), "2001:db8:1:2::1".parse().unwrap());
+        assert!(!c.is_known(a, Instant::now()));
+        c.known(a);
+        c.known(b);
+        assert!(c.is_known(a, Instant::now()));
+        assert!(c.is_known(peer_group("2001:db8:1:2::9".parse().unwrap()), Instant::now()), "by its /64");
+        assert!(!c.is_known(a, Instant::now() + KNOWN_FOR), "only lately");
+    }
+
+    #[test]
+    fn a_hurried_connection_has_a_second_for_each_step() {
+        let t0 = Instant::now();
+        let c = Connection::new(t0, true);
+        assert_eq!(c.handshake_timeout(), HURRIED_TIMEOUT);
+        let Deadline::At(at, Expiry::Unauthenticated) = c.deadline(IDLE_TIMEOUT) else { panic!() };
+        assert_eq!(at, t0 + 2 * HURRIED_TIMEOUT);
+        c.handshaken();
+        let Deadline::At(at, _) = c.deadline(IDLE_TIMEOUT) else { panic!() };
+        assert!(at <= Instant::now() + HURRIED_TIMEOUT);
+        assert_eq!(Connection::new(t0, false).handshake_timeout(), HANDSHAKE_TIMEOUT);
     }
 
     #[test]
@@ -526,7 +674,7 @@ mod tests {
     #[test]
     fn a_connection_is_closed_without_an_authenticated_call_or_when_idle() {
         let t0 = Instant::now();
-        let c = Arc::new(Connection::new(t0));
+        let c = Arc::new(Connection::new(t0, false));
         let Deadline::At(at, Expiry::Unauthenticated) = c.deadline(IDLE_TIMEOUT) else { panic!() };
         assert_eq!(at, t0 + HANDSHAKE_TIMEOUT + AUTH_TIMEOUT, "the handshake's time and then the call's");
         c.handshaken();

@@ -11,8 +11,9 @@
 //! keep theirs.
 //!
 //! [`incoming`] runs the handshakes of the admitted TCP connections
-//! (`incoming.rs`), each on its own task with [`HANDSHAKE_TIMEOUT`], so a slow
-//! or silent client holds only its own connection slot. Failed handshakes are
+//! (`incoming.rs`), each on its own task within its connection's time (10 s;
+//! 1 s under pressure, see `incoming.rs`), so a slow or silent client holds
+//! only its own connection slot. Failed handshakes are
 //! counted (`tls_handshake_failures`) and logged with the peer's address, at
 //! most once per [`LOG_EVERY`] (a peer that only connects and closes, as TCP
 //! health checks do, at `debug`).
@@ -30,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::{Stream, StreamExt};
 use tracing::{debug, warn};
 
-use super::incoming::{Counters, Guarded, HANDSHAKE_TIMEOUT, LOG_EVERY};
+use super::incoming::{Counters, Guarded, LOG_EVERY};
 
 /// The files the listener's TLS is made of.
 #[derive(Clone, Debug)]
@@ -123,7 +124,7 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, String> {
 }
 
 /// The TLS connections of the admitted TCP connections `tcp`: each handshake
-/// on a task of its own, within [`HANDSHAKE_TIMEOUT`], with the configuration
+/// on a task of its own, within its connection's handshake time, with the configuration
 /// in force when it starts. Ends when tonic stops reading it.
 pub fn incoming(
     tcp: impl Stream<Item = std::io::Result<Guarded>> + Send + 'static,
@@ -144,7 +145,9 @@ pub fn incoming(
             tokio::spawn(async move {
                 let peer = conn.peer_addr();
                 let connection = conn.connection().clone();
-                let failed = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
+                // HANDSHAKE_TIMEOUT, or less under pressure (`incoming.rs`).
+                let within = connection.handshake_timeout();
+                let failed = match tokio::time::timeout(within, acceptor.accept(conn)).await {
                     Ok(Ok(stream)) => {
                         // Its first authenticated call is due within AUTH_TIMEOUT (`incoming.rs`).
                         connection.handshaken();
@@ -154,7 +157,7 @@ pub fn incoming(
                     Ok(Err(e)) => e,
                     Err(_) => std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
-                        format!("no handshake within {}s", HANDSHAKE_TIMEOUT.as_secs()),
+                        format!("no handshake within {}s", within.as_secs()),
                     ),
                 };
                 counters.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);

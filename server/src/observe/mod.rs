@@ -54,6 +54,11 @@ const HELP: &[(&str, &str)] = &[
     ("output_bytes_staged", "Bytes of output files written beside their target for local shims"),
     ("tcp_connections", "TCP connections open now"),
     ("tcp_connections_refused", "TCP connections closed at once: past the total or per-address cap"),
+    (
+        "tcp_connections_refused_reserved",
+        "TCP connections refused (also in tcp_connections_refused) from addresses with no authenticated call in the \
+         last hour: only the slots reserved for those were left",
+    ),
     ("tcp_accept_backoffs", "Times accepting paused for want of file descriptors or memory"),
     ("tls_handshake_failures", "TLS handshakes that failed or timed out"),
     ("tcp_closed_unauthenticated", "TCP connections closed for making no authenticated call in time"),

@@ -547,7 +547,10 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
             let _ = std::io::stdout().flush();
             match failed {
                 WriteFailed::Open => {
-                    eprintln!("nvlink fatal   : Could not open output file '{}'", as_named(&path, args, cwd))
+                    eprintln!(
+                        "nvlink fatal   : Could not open output file '{}'",
+                        nvlinkd_fs::as_named(&path, args, cwd)
+                    )
                 }
                 WriteFailed::Write => eprintln!("nvlink fatal   : Internal error: writing file"),
             }
@@ -558,21 +561,6 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().write_all(&result.stderr);
     Ok(result.exit_code)
-}
-
-/// How the command line spelled the output file the daemon returned as the
-/// absolute `path` (`cwd` joined with a relative name): an argument, or the
-/// value after an option's `=`, that resolves to it; else `path` relative to
-/// `cwd` where it lies below it (a name from an options file), else `path`.
-fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
-    let resolves = |name: &str| !name.is_empty() && cwd.join(name) == path;
-    args.iter()
-        .flat_map(|a| [Some(a.as_str()), a.split_once('=').map(|(_, v)| v)])
-        .flatten()
-        .find(|name| resolves(name))
-        .map(str::to_owned)
-        .or_else(|| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
-        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// How writing an output failed, in nvlink's terms.

@@ -383,3 +383,18 @@ pub fn fs_view() -> [u64; 4] {
     let (ns, root) = (id("/proc/self/ns/mnt"), id("/"));
     [ns.0, ns.1, root.0, root.1]
 }
+
+/// How an nvlink command line spelled the output file the daemon returned as the
+/// absolute `path` (`cwd` joined with a relative name): an argument, or the
+/// value after an option's `=`, that resolves to it; else `path` relative to
+/// `cwd` where it lies below it (a name from an options file), else `path`.
+pub fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
+    let resolves = |name: &str| !name.is_empty() && cwd.join(name) == path;
+    args.iter()
+        .flat_map(|a| [Some(a.as_str()), a.split_once('=').map(|(_, v)| v)])
+        .flatten()
+        .find(|name| resolves(name))
+        .map(str::to_owned)
+        .or_else(|| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+        .unwrap_or_else(|| path.display().to_string())
+}

@@ -590,3 +590,28 @@ fn serve_keeps_its_cache_directory_to_its_own_user() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("in a directory of uid 65534"), "{out:?}");
 }
+
+/// An output nvlink cannot open (its directory missing, for `-o` or for the
+/// registration file): nvlink's fatal line and exit status, through the shim
+/// and through `nvlinkd exec` alike (exec printed an OS error of its own).
+#[test]
+fn an_output_in_a_missing_directory_gets_nvlinks_fatal_through_shim_and_exec() {
+    let d = Daemon::start();
+    let out = TempDir::new("nodir");
+    let env = [("CUDA_HOME".to_string(), cuda_home().display().to_string())];
+    for args in [
+        "--arch=sm_90 accumulate.o scale.o -o {OUT}/nodir/x.cubin",
+        "--arch=sm_90 --register-link-binaries={OUT}/nodir/x.reg.c accumulate.o scale.o -o {OUT}/x.cubin",
+    ] {
+        let expected = run(&real_nvlink(), &inv(args, &out), &[]);
+        assert_eq!(expected.code, 1, "{args}: nvlink did not fail");
+        let through_shim = run(&shim(), &inv(args, &out), &d.shim_env());
+        let mut exec = inv(args, &out);
+        exec.args.splice(0..0, ["exec".to_string(), "--".to_string()]);
+        let through_exec = run(&nvlinkd(), &exec, &env);
+        for (how, actual) in [("shim", &through_shim), ("exec", &through_exec)] {
+            let cmp = compare::runs(&expected, actual);
+            assert!(cmp.problems.is_empty() && cmp.identical, "{args} through {how}: {:?}", cmp.problems);
+        }
+    }
+}

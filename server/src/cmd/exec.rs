@@ -32,15 +32,25 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
         return ExitCode::from(1);
     }
     for f in &out.outputs {
-        let written = if f.append {
-            std::fs::OpenOptions::new().create(true).append(true).open(&f.path).and_then(|mut h| h.write_all(&f.data))
+        let mut open = std::fs::OpenOptions::new();
+        open.create(true);
+        if f.append {
+            open.append(true);
         } else {
-            std::fs::write(&f.path, &f.data)
-        };
-        if let Err(e) = written {
-            eprintln!("nvlinkd exec: cannot write {}: {e}", f.path.display());
-            return ExitCode::from(1);
+            open.write(true).truncate(true);
         }
+        // nvlink's words where it cannot write (the file as the command line
+        // named it, no OS error), after its stdout.
+        let fatal = match open.open(&f.path) {
+            Err(_) => format!("Could not open output file '{}'", nvlinkd_fs::as_named(&f.path, &req.args, &req.cwd)),
+            Ok(mut h) => match h.write_all(&f.data).and_then(|()| h.flush()) {
+                Ok(()) => continue,
+                Err(_) => "Internal error: writing file".into(),
+            },
+        };
+        let _ = std::io::stdout().write_all(&out.stdout);
+        eprintln!("nvlink fatal   : {fatal}");
+        return ExitCode::from(1);
     }
     let _ = std::io::stdout().write_all(&out.stdout);
     let _ = std::io::stderr().write_all(&out.stderr);

@@ -841,7 +841,7 @@ mod tests {
     fn outputs_are_named_as_the_command_line_named_them() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let cwd = Path::new("/w");
-        let named = |path: &str, a: &[&str]| as_named(Path::new(path), &args(a), cwd);
+        let named = |path: &str, a: &[&str]| nvlinkd_fs::as_named(Path::new(path), &args(a), cwd);
         assert_eq!(named("/w/d/out.cubin", &["-o", "d/out.cubin"]), "d/out.cubin");
         assert_eq!(named("/w/./x.cubin", &["--output-file=./x.cubin"]), "./x.cubin");
         assert_eq!(named("/tmp/x.cubin", &["-o", "/tmp/x.cubin"]), "/tmp/x.cubin");

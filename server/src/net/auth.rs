@@ -372,7 +372,8 @@ fn not_private(
             let (r, w) = (e.perm & 4 != 0, e.perm & 2 != 0);
             let bad = match e.tag {
                 ACL_USER => (r || w) && e.id != euid && e.id != 0,
-                ACL_GROUP_OBJ => (w && uid != euid) || (r || w) && (uid == euid || !daemons_group(gid)),
+                ACL_GROUP_OBJ if uid == euid => r || w,
+                ACL_GROUP_OBJ => w || r && !daemons_group(gid),
                 ACL_GROUP => w || r && !daemons_group(e.id),
                 _ => false,
             };

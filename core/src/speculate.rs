@@ -30,7 +30,7 @@ use crate::cli::spec::{Mode, Spec};
 use crate::cli::target::arch_name;
 use crate::elf::Elf;
 use crate::fatbin::{self, MemberKind};
-use crate::fs::{absolute, InputFs};
+use crate::fs::InputFs;
 use crate::input::host::HostObject;
 use crate::request::Request;
 
@@ -153,9 +153,9 @@ pub fn sibling_archs(
     for a in &plain {
         family.update(a.as_bytes()).update(b"\0");
     }
-    for input in &spec.inputs {
-        let id = fs.identity(&absolute(&req.cwd, input))?;
-        family.update(format!("{input}\0{id:?}\0").as_bytes());
+    for input in &spec.files.inputs {
+        let id = fs.identity(&input.path)?;
+        family.update(format!("{}\0{id:?}\0", input.given).as_bytes());
     }
     let family = *family.finalize().as_bytes();
     if known(&family) {
@@ -163,8 +163,8 @@ pub fn sibling_archs(
     }
     // The archs every host object carries (nvcc compiled them with one list).
     let mut common: Option<BTreeSet<String>> = None;
-    for input in &spec.inputs {
-        let Some(archs) = fs.read(&absolute(&req.cwd, input)).ok().and_then(|d| host_object_archs(&d)) else {
+    for input in &spec.files.inputs {
+        let Some(archs) = fs.read(&input.path).ok().and_then(|d| host_object_archs(&d)) else {
             continue;
         };
         common = Some(match common {

@@ -83,11 +83,11 @@ pub(super) fn in_process_outcome(
 /// Whether the link registers a device-only input (a cubin, PTX or fatbin
 /// file): its module id is made from the input's path, so the result depends
 /// on names.
-pub(super) fn device_only_registered(req: &Request, spec: &Spec, fs: &dyn InputFs) -> bool {
+pub(super) fn device_only_registered(spec: &Spec, fs: &dyn InputFs) -> bool {
     spec.register_link_binaries.is_some()
-        && spec.inputs.iter().any(|i| {
-            matches!(i.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
-                || fs.read(&absolute(&req.cwd, i)).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
+        && spec.files.inputs.iter().any(|i| {
+            matches!(i.given.rsplit('.').next(), Some("cubin" | "ptx" | "fatbin"))
+                || fs.read(&i.path).map(|d| header_machine(&d) == Some(EM_CUDA)).unwrap_or(true)
         })
 }
 

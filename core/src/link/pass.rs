@@ -579,7 +579,7 @@ impl<'a> Link<'a> {
             return None;
         }
         let why_not = crate::verify::unverifiable(spec, req, fs).or_else(|| {
-            device_only_registered(req, spec, fs)
+            device_only_registered(spec, fs)
                 .then_some("a device-only input registered (its module id is its path)")
         });
         if !linker.verifier.wants(&keys.content, why_not) {
@@ -647,7 +647,7 @@ impl<'a> Link<'a> {
             warn!("a successful link without its output: result not cached");
             return None;
         }
-        let device_only_registered = device_only_registered(req, spec, fs);
+        let device_only_registered = device_only_registered(spec, fs);
         // An entry holds the link's messages without the parse warnings
         // (options given twice), which every answer gets from the front end,
         // a hit included; the real nvlink printed them first itself.

@@ -579,8 +579,7 @@ impl<'a> Link<'a> {
             return None;
         }
         let why_not = crate::verify::unverifiable(spec, req, fs).or_else(|| {
-            device_only_registered(spec, fs)
-                .then_some("a device-only input registered (its module id is its path)")
+            device_only_registered(spec, fs).then_some("a device-only input registered (its module id is its path)")
         });
         if !linker.verifier.wants(&keys.content, why_not) {
             return None;

@@ -844,27 +844,18 @@ impl Nvlinkd for Service {
         let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
             loop {
-                let (json, kind, link): (Arc<str>, &str, u64) = tokio::select! {
+                let event = tokio::select! {
                     ev = rx.recv() => match ev {
-                        Ok(ev) if filter.admits(&ev) => (ev.json, ev.kind, ev.link),
+                        Ok(ev) if filter.admits(&ev) => ev.to_proto(),
                         Ok(_) => continue,
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                            (crate::observe::events::lagged(n), "lagged", 0)
+                            crate::observe::events::lagged(n).to_proto()
                         }
                         Err(_) => return,
                     },
                     // A stop ends the stream (the server waits for open streams).
                     _ = shutdown.wait_for(|s| *s) => return,
                     _ = tx.closed() => return,
-                };
-                let event = Event {
-                    json: json.to_string(),
-                    kind: kind.to_owned(),
-                    link,
-                    schema: crate::observe::events::SCHEMA,
-                    time_unix_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as i64),
                 };
                 if tx.send(Ok(event)).await.is_err() {
                     return;

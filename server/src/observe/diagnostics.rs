@@ -24,8 +24,6 @@
 
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
-
 /// One message line, structured.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Diagnostic {
@@ -131,31 +129,23 @@ impl Diagnostic {
 
     /// The event's fields: every field of the module docs that is known.
     /// `cwd`: the link's working directory (for `object_path`).
-    pub fn fields(&self, cwd: Option<&Path>) -> Value {
-        let mut m = Map::new();
-        m.insert("severity".into(), json!(self.severity));
-        m.insert("tool".into(), json!(self.tool));
-        m.insert("code".into(), json!(self.code));
-        m.insert("message".into(), json!(self.message));
-        if let Some(s) = &self.symbol {
-            m.insert("symbol".into(), json!(s));
-            if let Some(d) = demangle(s) {
-                m.insert("symbol_demangled".into(), json!(d));
-            }
+    pub fn event(&self, cwd: Option<&Path>) -> nvlinkd_proto::v1::DiagnosticEvent {
+        let object_path = self.object.as_ref().and_then(|o| {
+            let p = cwd.map(|c| c.join(o)).filter(|p| o != "lto.cubin" && p.is_file())?;
+            Some(p.to_string_lossy().into_owned())
+        });
+        nvlinkd_proto::v1::DiagnosticEvent {
+            severity: self.severity.to_owned(),
+            tool: self.tool.to_owned(),
+            code: self.code.to_owned(),
+            message: self.message.clone(),
+            symbol_demangled: self.symbol.as_deref().and_then(demangle),
+            symbol: self.symbol.clone(),
+            object: self.object.clone(),
+            object_path,
+            member: self.member.clone(),
+            first_defined: self.first_defined.clone(),
         }
-        if let Some(o) = &self.object {
-            m.insert("object".into(), json!(o));
-            if let Some(p) = cwd.map(|c| c.join(o)).filter(|p| o != "lto.cubin" && p.is_file()) {
-                m.insert("object_path".into(), json!(p.to_string_lossy()));
-            }
-        }
-        if let Some(x) = &self.member {
-            m.insert("member".into(), json!(x));
-        }
-        if let Some(f) = &self.first_defined {
-            m.insert("first_defined".into(), json!(f));
-        }
-        Value::Object(m)
     }
 }
 
@@ -287,10 +277,10 @@ mod tests {
 
     #[test]
     fn symbols_are_demangled_within_bounds() {
-        let f = parse("nvlink error   : Undefined reference to '_ZN1D1fEi' in 'a.o'").fields(None);
-        assert_eq!(f["symbol_demangled"], "D::f(int)");
-        let f = parse("nvlink error   : Undefined reference to 'plain_c' in 'a.o'").fields(None);
-        assert!(f.get("symbol_demangled").is_none(), "{f}");
+        let f = parse("nvlink error   : Undefined reference to '_ZN1D1fEi' in 'a.o'").event(None);
+        assert_eq!(f.symbol_demangled.as_deref(), Some("D::f(int)"));
+        let f = parse("nvlink error   : Undefined reference to 'plain_c' in 'a.o'").event(None);
+        assert!(f.symbol_demangled.is_none(), "{f:?}");
         // Not a name, or too long: no demangled name, no panic.
         assert_eq!(demangle("_Z"), None);
         assert_eq!(demangle(&format!("_Z{}", "1a".repeat(DEMANGLE_MAX))), None);

@@ -158,3 +158,46 @@ fn verification_off_runs_nothing() {
     let _ = run(&shim(), &link, &d.shim_env());
     assert_eq!((d.stat("verified"), d.stat("verify_skipped"), d.stat("verify_pending")), (0, 0, 0));
 }
+
+/// Two names of one file in the verification's sandbox: `sym/../x.o`, where
+/// `sym` is a symlink, reads the file beside the link's target, and `x.o`
+/// another file. Mirrored by spelling, both landed on one path and nvlink
+/// compared the wrong inputs; under `--verify=sync` the caller then got that
+/// answer (background verification stored it under the real inputs' key, for
+/// every host of a shared tier). Now such names are mirrored only where they
+/// agree: the link is answered as nvlink answers it, nothing mismatches, and
+/// a link of the same three files by plain names is nvlink's too.
+#[test]
+fn names_through_a_symlink_and_dot_dot_never_mix_inputs() {
+    let d = Daemon::start_with(&["--verify=sync"]);
+    let work = TempDir::new("verify-dotdot");
+    let (p, q, v) = (work.path().join("p"), work.path().join("q"), work.path().join("v"));
+    for dir in [&p, &q.join("deep"), &v] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::os::unix::fs::symlink("../q/deep", p.join("sym")).unwrap();
+    let obj = |name: &str| corpus::dir().join(name);
+    std::fs::copy(obj("accumulate.o"), q.join("x.o")).unwrap();
+    std::fs::copy(obj("scale.o"), p.join("x.o")).unwrap();
+    std::fs::copy(obj("mathlib_1.o"), q.join("deep/y.o")).unwrap();
+    std::fs::copy(obj("accumulate.o"), v.join("a.o")).unwrap();
+    std::fs::copy(obj("scale.o"), v.join("b.o")).unwrap();
+    std::fs::copy(obj("mathlib_1.o"), v.join("c.o")).unwrap();
+    let out = TempDir::new("verify-dotdot-out");
+    for (cwd, args) in [
+        (&p, "--arch=sm_90 sym/../x.o x.o sym/y.o -o {OUT}/out.cubin"),
+        (&p, "--arch=sm_90 sym/../x.o -o {OUT}/out.cubin"),
+        (&v, "--arch=sm_90 a.o b.o c.o -o {OUT}/out.cubin"),
+    ] {
+        let link = Invocation::templated(args, cwd, &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        // (The lone name links one object: nvlink's undefined reference.)
+        assert!(
+            expected.code == 0 || !args.contains("x.o x.o"),
+            "{args}: {}",
+            String::from_utf8_lossy(&expected.stderr)
+        );
+        assert_same(&expected, &run(&shim(), &link, &d.shim_env()), args);
+    }
+    assert_eq!(d.stat("verify_mismatches"), 0, "{}", d.stats());
+}

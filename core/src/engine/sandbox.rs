@@ -100,6 +100,30 @@ fn mirror(root: &Path, cwd: &Path, path: &str, link: Option<&Path>) -> Result<Pa
     Ok(at)
 }
 
+/// The directories a name passes through before a `..` leaves them (`a/b`
+/// of `a/b/../x.o`), mirrored: the caller's kernel walks them (a symlink
+/// there leads elsewhere), so the sandbox makes them real directories and
+/// `..` then leads where the spelling says; what the caller's name reads is
+/// put there ([`Mirror::capture`] checks that no two names disagree).
+fn spelled_dirs(root: &Path, cwd: &Path, path: &str) -> Vec<PathBuf> {
+    let p = Path::new(path);
+    let mut at = if p.is_absolute() { root.to_owned() } else { root.join(cwd.strip_prefix("/").unwrap_or(cwd)) };
+    let mut dirs = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => at.push(n),
+            Component::ParentDir => {
+                if at.starts_with(root) && at != root {
+                    dirs.push(at.clone());
+                }
+                at.pop();
+            }
+            _ => {}
+        }
+    }
+    dirs
+}
+
 /// Create `dir` and its missing parents under `root`, refusing anything that
 /// is not a directory on the way (never following a symlink).
 fn make_dirs(root: &Path, dir: &Path) -> Result<(), SandboxError> {
@@ -121,8 +145,11 @@ fn write_file(root: &Path, at: &Path, data: &[u8]) -> Result<(), SandboxError> {
     let parent = at.parent().ok_or_else(|| unsupported("no parent"))?;
     make_dirs(root, parent)?;
     if std::fs::symlink_metadata(at).is_ok() {
-        // Already mirrored (the same file named twice): same view, same bytes.
-        return Ok(());
+        // Mirrored already (one file named twice): only with the same bytes.
+        return match std::fs::read(at) {
+            Ok(d) if d == data => Ok(()),
+            _ => Err(unsupported(format!("two names of {} read differently", at.display()))),
+        };
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -227,10 +254,15 @@ impl Mirror {
         let mut entries = vec![Entry::Dir(cwd.clone())];
         let mut time_at = None;
         let mut files: Vec<String> = named.iter().map(|s| s.to_string()).collect();
+        // Places no name of the caller's found anything at.
+        let mut absent: Vec<PathBuf> = Vec::new();
         for (i, d) in spec.files.search_dirs.iter().enumerate() {
             let at = mirror(&root, &req.cwd, &d.given, link)?;
             if fs.stat(&d.path).is_ok_and(|st| st.is_dir) {
+                entries.extend(spelled_dirs(&root, &req.cwd, &d.given).into_iter().map(Entry::Dir));
                 entries.push(Entry::Dir(at));
+            } else {
+                absent.push(at);
             }
             let candidates = spec.files.libraries.iter().filter_map(|l| l.candidates.get(i));
             files.extend(candidates.map(|c| c.given.clone()));
@@ -239,13 +271,18 @@ impl Mirror {
             let at = mirror(&root, &req.cwd, name, link)?;
             let caller = absolute(&req.cwd, name);
             let is_time = time == Some(name.as_str());
+            let spelled = || spelled_dirs(&root, &req.cwd, name).into_iter().map(Entry::Dir);
             match fs.stat(&caller) {
-                Ok(st) if st.is_dir => entries.push(Entry::Dir(at)),
+                Ok(st) if st.is_dir => {
+                    entries.extend(spelled());
+                    entries.push(Entry::Dir(at));
+                }
                 Ok(_) => match fs.read(&caller) {
                     Ok(data) => {
                         if is_time {
                             time_at = Some((at.clone(), data.len()));
                         }
+                        entries.extend(spelled());
                         entries.push(Entry::File(at, data));
                     }
                     Err(e) => {
@@ -260,12 +297,13 @@ impl Mirror {
                     entries.push(Entry::Dir(at.parent().unwrap_or(&root).to_owned()));
                     time_at = Some((at, 0));
                 }
-                Err(_) => {}
+                Err(_) => absent.push(at),
             }
             if let Some(why) = fs.declined() {
                 return Err(unsupported(why));
             }
         }
+        agree(&entries, &absent)?;
         if let Some(l) = link {
             // (Every directory above a mirrored path is made.)
             let made = |p: &Path| p.starts_with(l);
@@ -392,6 +430,38 @@ impl Sandbox {
 /// stdout, stderr and the output files of a run.
 pub type Answer = (Vec<u8>, Vec<u8>, Vec<OutputFile>);
 
+/// Whether every place of the sandbox holds what each caller's name of it
+/// read: two names of one place (`sym/../x.o` and `x.o`, where `sym` is a
+/// symlink; a remote caller answering as it likes) with other bytes, a file
+/// and a directory, or something where another name found nothing, would
+/// give nvlink other inputs than the link's key names.
+fn agree(entries: &[Entry], absent: &[PathBuf]) -> Result<(), SandboxError> {
+    let mut files: std::collections::HashMap<&Path, &[u8]> = std::collections::HashMap::new();
+    let mut dirs: std::collections::HashSet<&Path> = std::collections::HashSet::new();
+    for e in entries {
+        match e {
+            Entry::File(p, data) => {
+                if files.insert(p, data).is_some_and(|other| other != &data[..]) {
+                    return Err(unsupported(format!("two names of {} read differently", p.display())));
+                }
+            }
+            Entry::Dir(p) => {
+                dirs.insert(p);
+            }
+            Entry::Nvvm { .. } => {}
+        }
+    }
+    // A directory above a file (or a file named as a directory) is one place.
+    let made = |a: &Path| files.keys().chain(dirs.iter()).any(|p| p.starts_with(a));
+    if let Some(p) = files.keys().find(|f| dirs.contains(*f) || files.keys().any(|g| g != *f && g.starts_with(f))) {
+        return Err(unsupported(format!("{} is a file and a directory", p.display())));
+    }
+    if let Some(a) = absent.iter().find(|a| made(a)) {
+        return Err(unsupported(format!("{}: one name finds it, another does not", a.display())));
+    }
+    Ok(())
+}
+
 /// `arg` with an absolute name of `moved` (the whole argument, after `=`, or
 /// glued to `-L`) put under `root`.
 fn move_arg(arg: &str, moved: &[&str], root: &str) -> String {
@@ -455,6 +525,27 @@ fn unmirror_tkinfo(cubin: &[u8], root: &str) -> Result<Vec<u8>, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name's `..` leaves directories the sandbox must make real (the
+    /// caller's kernel walks them, symlinks or not); names of one place
+    /// agree or the link is not mirrored.
+    #[test]
+    fn names_of_one_place_must_agree() {
+        let root = Path::new("/s/root");
+        let cwd = Path::new("/w/p");
+        assert_eq!(spelled_dirs(root, cwd, "sym/../x.o"), [PathBuf::from("/s/root/w/p/sym")]);
+        assert_eq!(spelled_dirs(root, cwd, "/a/b/../../c.o"), [PathBuf::from("/s/root/a/b"), "/s/root/a".into()]);
+        assert!(spelled_dirs(root, cwd, "x.o").is_empty());
+        let file = |p: &str, d: &[u8]| Entry::File(p.into(), std::sync::Arc::from(d));
+        let ok = [file("/s/root/w/p/x.o", b"A"), file("/s/root/w/p/x.o", b"A"), Entry::Dir("/s/root/w/p".into())];
+        assert!(agree(&ok, &[]).is_ok());
+        assert!(agree(&[file("/s/root/w/p/x.o", b"A"), file("/s/root/w/p/x.o", b"B")], &[]).is_err());
+        assert!(agree(&[file("/s/root/w/p/x.o", b"A"), Entry::Dir("/s/root/w/p/x.o".into())], &[]).is_err());
+        assert!(agree(&[file("/s/root/w/p/x.o", b"A"), file("/s/root/w/p/x.o/y", b"B")], &[]).is_err());
+        assert!(agree(&[file("/s/root/w/p/x.o", b"A")], &[PathBuf::from("/s/root/w/p/x.o")]).is_err());
+        assert!(agree(&[file("/s/root/w/p/sym/y.o", b"A")], &[PathBuf::from("/s/root/w/p/sym")]).is_err());
+        assert!(agree(&[file("/s/root/w/p/x.o", b"A")], &[PathBuf::from("/s/root/w/p/z.o")]).is_ok());
+    }
 
     #[test]
     fn mirrored_names_stay_inside_the_root() {

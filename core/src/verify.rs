@@ -15,8 +15,10 @@
 //! - `background` (the default): after the answer, one link at a time on a
 //!   thread of its own, once no link has been answered for 100 ms, nvlink at
 //!   idle CPU priority (`SCHED_IDLE`), so a foreground link never waits for
-//!   it and a burst never shares the machine with it. The queue is bounded
-//!   ([`QUEUE`]); what does not fit is dropped and counted (`verify_skipped`).
+//!   it and a burst never shares the machine with it. The queue is bounded,
+//!   by jobs ([`QUEUE`]) and by the bytes of inputs they hold until they run
+//!   ([`QUEUE_BYTES`]); what does not fit is dropped and counted
+//!   (`verify_skipped`).
 //! - `off`.
 //!
 //! On a mismatch the cache entry is replaced by nvlink's answer (memory, disk
@@ -57,6 +59,10 @@ use crate::worker::Cancel;
 
 /// Background verifications waiting at most; more are dropped (counted).
 pub const QUEUE: usize = 64;
+/// Bytes of inputs the waiting verifications may hold at most (each keeps
+/// what its link read until it runs); a verification past it is dropped
+/// (counted in `verify_skipped`), as a link past the queue is.
+pub const QUEUE_BYTES: u64 = 256 << 20;
 /// Keys remembered as verified (then forgotten oldest first: verified again).
 const REMEMBERED: usize = 100_000;
 /// Inputs copied into a repro bundle at most; beyond, only their digests.
@@ -108,6 +114,8 @@ struct State {
     /// Where repro bundles go.
     bundles: PathBuf,
     bundle_seq: AtomicU64,
+    /// Bytes the waiting verifications hold ([`QUEUE_BYTES`]).
+    pending_bytes: AtomicU64,
 }
 
 /// The answer of one engine, as compared.
@@ -184,6 +192,7 @@ impl Verifier {
             mismatched: Mutex::default(),
             bundles: cache_dir.join("verify"),
             bundle_seq: AtomicU64::new(0),
+            pending_bytes: AtomicU64::new(0),
         });
         let queue = (mode == VerifyMode::Background).then(|| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
@@ -193,8 +202,10 @@ impl Verifier {
                 for job in rx {
                     wait_until_idle(&in_flight);
                     let cancel = Cancel::with_priority(Priority::Background);
+                    let bytes = job.mirror.as_ref().map_or(0, Mirror::bytes);
                     let _ = run(&st, job, &cancel, true);
                     st.counters.pending.fetch_sub(1, Ordering::Relaxed);
+                    st.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 }
             });
             if let Err(e) = spawned {
@@ -270,13 +281,20 @@ impl Verifier {
     pub fn later(&self, job: Job) {
         let Some(tx) = &self.queue else { return };
         let key = job.heal.content;
+        let bytes = job.mirror.as_ref().map_or(0, Mirror::bytes);
+        let held = self.state.pending_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.state.counters.pending.fetch_add(1, Ordering::Relaxed);
-        if tx.try_send(job).is_err() {
-            self.state.counters.pending.fetch_sub(1, Ordering::Relaxed);
-            self.state.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            self.forget(&key);
+        if held + bytes > QUEUE_BYTES {
+            debug!(bytes, held, "verification queue holds too many bytes: not verified");
+        } else if tx.try_send(job).is_ok() {
+            return;
+        } else {
             debug!("verification queue full: not verified");
         }
+        self.state.counters.pending.fetch_sub(1, Ordering::Relaxed);
+        self.state.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.state.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        self.forget(&key);
     }
 }
 

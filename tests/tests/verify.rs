@@ -201,3 +201,45 @@ fn names_through_a_symlink_and_dot_dot_never_mix_inputs() {
     }
     assert_eq!(d.stat("verify_mismatches"), 0, "{}", d.stats());
 }
+
+/// Waiting background verifications hold the inputs their links read until
+/// they run, and they run only once no link is in flight: three links of
+/// 150 MiB inputs while links keep arriving held 450 MiB (ten held 2 GB).
+/// The queue holds at most `QUEUE_BYTES` (256 MiB) of inputs; a verification
+/// past it is dropped and counted, as one past the queue's length is. Every
+/// link is still nvlink's.
+#[test]
+fn waiting_verifications_hold_a_bounded_number_of_bytes() {
+    let d = Daemon::start_env(&["--verify=background"], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
+    let work = TempDir::new("verify-bytes");
+    for i in 0..3u8 {
+        // An object with 150 MiB after its ELF contents, which nvlink ignores;
+        // the last byte makes each its own key.
+        let mut data = std::fs::read(corpus::dir().join("accumulate.o")).unwrap();
+        data.resize(150 << 20, 0);
+        *data.last_mut().unwrap() = i + 1;
+        std::fs::write(work.path().join(format!("big{i}.o")), data).unwrap();
+    }
+    std::fs::copy(corpus::dir().join("scale.o"), work.path().join("scale.o")).unwrap();
+    let outs: Vec<TempDir> = (0..3).map(|_| TempDir::new("verify-bytes-out")).collect();
+    let links: Vec<Invocation> = (0..3)
+        .map(|i| {
+            Invocation::templated(&format!("--arch=sm_90 big{i}.o scale.o -o {{OUT}}/out.cubin"), work.path(), &outs[i])
+        })
+        .collect();
+    let expected: Vec<Run> = links.iter().map(|l| run(&real_nvlink(), l, &[])).collect();
+    // All three in flight at once (each first waits 1.5 s): the first two
+    // answered queue their verifications while the others still run.
+    let env = d.shim_env();
+    let actual: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = links.iter().map(|l| s.spawn(|| run(&shim(), l, &env))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (e, a) in expected.iter().zip(&actual) {
+        assert_same(e, a, "a link with a 150 MiB input");
+    }
+    settle(&d, 1);
+    let s = d.stats();
+    assert!(d.stat("verify_skipped") >= 1, "no verification was dropped for its bytes: {s}");
+    assert!(d.stat("verified") >= 1, "{s}");
+}

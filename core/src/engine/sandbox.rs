@@ -345,6 +345,11 @@ impl Mirror {
         Ok(Mirror { dir, root, root_s, entries, request, time: time_at })
     }
 
+    /// Bytes of the captured files (held until [`Mirror::write`]).
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| if let Entry::File(_, d) = e { d.len() as u64 } else { 0 }).sum()
+    }
+
     /// Write the captured files: the sandbox nvlink runs in.
     pub fn write(self) -> Result<Sandbox, SandboxError> {
         let root = &self.root;

@@ -230,6 +230,34 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
              give --cache-dir a directory of your own"
         ));
     }
+    // What another user could have put in the directory: nothing, if it was
+    // never open to them; else it must be empty. Whatever the mode, nvlinkd
+    // makes no symlink and nothing of another user's at its top (a planted
+    // `v2` or `toolkits` link would take the store or the toolkit identity
+    // elsewhere).
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir).map(|d| d.flatten().collect()).unwrap_or_default();
+    if m.mode() & 0o022 != 0 && !entries.is_empty() {
+        return Err(format!(
+            "cache directory {shown} (mode {:03o}) could be written by other users and is not empty: what is in it \
+             may be theirs; empty it or give --cache-dir a new directory",
+            m.mode() & 0o777
+        ));
+    }
+    for e in &entries {
+        let Ok(em) = std::fs::symlink_metadata(e.path()) else { continue };
+        let what = if em.file_type().is_symlink() {
+            "a symlink".to_owned()
+        } else if em.uid() != me {
+            format!("an entry of uid {}", em.uid())
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "cache directory {shown} holds {what}, {}, which nvlinkd never makes (another user may have planted \
+             it): remove it",
+            e.path().display()
+        ));
+    }
     if m.mode() & 0o077 != 0 {
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
     }

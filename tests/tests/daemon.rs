@@ -589,6 +589,27 @@ fn serve_keeps_its_cache_directory_to_its_own_user() {
     let out = serve(&inside);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("in a directory of uid 65534"), "{out:?}");
+    // Planted while the directory was open to others: a store elsewhere, a
+    // file of another user; an open directory that is not empty.
+    let planted = root.path().join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    symlink(root.path(), planted.join("v2")).unwrap();
+    let out = serve(&planted);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds a symlink"), "{out:?}");
+    std::fs::remove_file(planted.join("v2")).unwrap();
+    std::fs::create_dir(planted.join("toolkits")).unwrap();
+    std::os::unix::fs::chown(planted.join("toolkits"), Some(65534), Some(65534)).unwrap();
+    let out = serve(&planted);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("an entry of uid 65534"), "{out:?}");
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::write(open.join("nvlinkd.log"), "").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = serve(&open);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could be written by other users"), "{out:?}");
 }
 
 /// An output nvlink cannot open (its directory missing, for `-o` or for the

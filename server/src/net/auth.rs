@@ -396,11 +396,10 @@ fn not_private(
 }
 
 /// Whether `gid` is one of the daemon's groups (effective or supplementary)
-/// that the group database lists no other user in: its own group, or a pod's
-/// `fsGroup` (listed nowhere). A shared group (`users`, `docker`, a team's) is
-/// not, nor root's group for a daemon that is not root. (Users whose primary
-/// group it is are not listed there: give a secret's group to the daemon
-/// alone.)
+/// that no other user is in, as the user and group databases say: neither
+/// listed as a member nor having it as primary group. The daemon's own group
+/// is, and a pod's `fsGroup` (listed nowhere); a shared group (`users`,
+/// `docker`, a team's) is not, nor root's group for a daemon that is not root.
 fn daemons_group(gid: u32) -> bool {
     // SAFETY: getegid and geteuid cannot fail; getgroups writes at most `n` entries.
     let (egid, euid) = unsafe { (libc::getegid(), libc::geteuid()) };
@@ -413,7 +412,31 @@ fn daemons_group(gid: u32) -> bool {
         groups.truncate(n.max(0) as usize);
         groups.contains(&gid)
     };
-    mine && group_members(gid).iter().all(|m| Some(m) == user_name(euid).as_ref())
+    mine && group_members(gid).iter().all(|m| Some(m) == user_name(euid).as_ref()) && !others_primary(gid, euid)
+}
+
+/// Whether a user other than `euid` has `gid` as primary group.
+fn others_primary(gid: u32, euid: u32) -> bool {
+    // getpwent walks one process-wide cursor.
+    static WALK: Mutex<()> = Mutex::new(());
+    let _one = WALK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut found = false;
+    // SAFETY: the walk is serialised above; each entry is read before the next call.
+    unsafe {
+        libc::setpwent();
+        loop {
+            let pw = libc::getpwent();
+            if pw.is_null() {
+                break;
+            }
+            if (*pw).pw_gid == gid && (*pw).pw_uid != euid {
+                found = true;
+                break;
+            }
+        }
+        libc::endpwent();
+    }
+    found
 }
 
 /// The user names the group database lists in group `gid` (none if unknown).
@@ -654,6 +677,14 @@ mod tests {
             Some(NotPrivate::Acl("group 0".into())),
             "root's group reads it"
         );
+    }
+
+    /// A group is another user's too where it is that user's primary group
+    /// (the group file lists no such member): root's group is root's.
+    #[test]
+    fn a_primary_group_of_another_user_is_shared() {
+        assert!(others_primary(0, 4_242_424), "root's group is root's primary group");
+        assert!(!others_primary(4_242_424, 0), "nobody's primary group");
     }
 
     /// The ACL as the kernel stores it, parsed; a mode-only file has none.

@@ -67,11 +67,15 @@ pub enum Reason {
     /// The in-process engine is not proven on this toolkit's release
     /// (`Release::in_process_proven`): its nvlink links.
     Release,
+    /// The toolkit's files changed on disk since the daemon opened it (an
+    /// upgrade or patch in place): the caller's nvlink links until the
+    /// daemon is restarted.
+    ToolkitChanged,
 }
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::PartialLto,
         Reason::LtoOptions,
         Reason::PtxJit,
@@ -91,6 +95,7 @@ impl Reason {
         Reason::NoToolkit,
         Reason::VerifyMismatch,
         Reason::Release,
+        Reason::ToolkitChanged,
     ];
 
     /// The name used in `stats --json` and the log.
@@ -115,6 +120,7 @@ impl Reason {
             Reason::NoToolkit => "no_toolkit",
             Reason::VerifyMismatch => "verify_mismatch",
             Reason::Release => "release",
+            Reason::ToolkitChanged => "toolkit_changed",
         }
     }
 

@@ -90,6 +90,9 @@ pub struct Toolkit {
     /// Where content identities are remembered by stat identity (the
     /// daemon's cache directory), if anywhere.
     identity_memo: Option<PathBuf>,
+    /// The files' stat identity the identity was last confirmed for, when,
+    /// and whether their contents were found changed ([`Toolkit::changed_on_disk`]).
+    confirmed: std::sync::Mutex<Option<Confirmed>>,
     jitlink: OnceLock<Result<Arc<JitLink>, String>>,
     help: OnceLock<String>,
 }
@@ -133,6 +136,7 @@ impl Toolkit {
             release,
             identity: OnceLock::new(),
             identity_memo: None,
+            confirmed: std::sync::Mutex::new(None),
             jitlink: OnceLock::new(),
             help: OnceLock::new(),
         })
@@ -222,6 +226,38 @@ impl Toolkit {
         })
     }
 
+    /// Whether the files the identity covers changed their contents since it
+    /// was computed (an upgrade or a patch in place under a running daemon):
+    /// their stats are looked at once a second at most, and only when those
+    /// moved are the contents hashed again (a rename or a reinstall of the
+    /// same bytes, `install --in-place`, keeps the identity). Once changed,
+    /// always: the daemon's loaded libraries are the old ones.
+    pub fn changed_on_disk(&self) -> bool {
+        let id = self.identity();
+        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        let files = self.identity_files();
+        let now = std::time::Instant::now();
+        let c = c.get_or_insert_with(|| Confirmed {
+            stat: stat_identity(&self.release.banner, &files),
+            at: now,
+            changed: false,
+        });
+        if c.changed || now.duration_since(c.at) < CONFIRM_EVERY {
+            return c.changed;
+        }
+        c.at = now;
+        let stat = stat_identity(&self.release.banner, &files);
+        if stat != c.stat {
+            let again = identity_of(&self.release.banner, &self.root, &files, self.identity_memo.as_deref());
+            c.changed = again != id;
+            c.stat = stat;
+            if c.changed {
+                tracing::warn!(toolkit = %self.root.display(), "the toolkit's files changed on disk: its links go to the caller's nvlink until the daemon is restarted");
+            }
+        }
+        c.changed
+    }
+
     /// The files a link's answer depends on (see [`Toolkit::identity`]).
     fn identity_files(&self) -> [PathBuf; 6] {
         let nvvm = self.root.join("nvvm");
@@ -234,6 +270,16 @@ impl Toolkit {
             nvvm.join("libdevice/libdevice.10.bc"),
         ]
     }
+}
+
+/// How often [`Toolkit::changed_on_disk`] looks at the files' stats.
+const CONFIRM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// See [`Toolkit::changed_on_disk`].
+struct Confirmed {
+    stat: [u8; 32],
+    at: std::time::Instant,
+    changed: bool,
 }
 
 /// See [`Toolkit::identity`]: the content identity, remembered under `memo`

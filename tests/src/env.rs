@@ -97,3 +97,28 @@ pub fn install_overlay(prefix: &Path) {
         .expect("run nvlinkd install");
     assert!(st.status.success(), "nvlinkd install: {}", String::from_utf8_lossy(&st.stderr));
 }
+
+/// The toolkit installed afresh at `at`: its directories made, the files a
+/// link's answer depends on (nvlink, ptxas, libnvJitLink, libNVVM, libdevice)
+/// copied (new inodes and times, as on another host), the rest linked.
+pub fn install_toolkit_copy(at: &Path) {
+    fn walk(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            let name = e.file_name().to_string_lossy().into_owned();
+            let t = e.file_type().unwrap();
+            if t.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+            } else if t.is_dir() {
+                walk(&src, &dst);
+            } else if ["nvlink", "ptxas", "libnvJitLink", "libnvvm", "libdevice"].iter().any(|p| name.starts_with(p)) {
+                std::fs::copy(&src, &dst).unwrap();
+            } else {
+                std::os::unix::fs::symlink(&src, &dst).unwrap();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(at);
+    walk(cuda_home(), at);
+}

@@ -636,3 +636,42 @@ fn an_output_in_a_missing_directory_gets_nvlinks_fatal_through_shim_and_exec() {
         }
     }
 }
+
+/// A toolkit changed in place under a running daemon: where only the files'
+/// stats moved (the same bytes renamed into place) the daemon goes on with
+/// its cache; where their contents changed (a patched ptxas) the caller's
+/// nvlink links from then on (`toolkit_changed`), never the old answers.
+#[test]
+fn a_toolkit_changed_under_a_running_daemon_is_not_served_old_answers() {
+    let host = TempDir::new("tk-changed");
+    let home = host.path().join("cuda");
+    nvlinkd_tests::env::install_toolkit_copy(&home);
+    let h = home.display().to_string();
+    let d = Daemon::start_with(&["--cuda-home", &h]);
+    let mut env = d.shim_env();
+    env.retain(|(k, _)| k != "CUDA_HOME" && k != "NVLINKD_FALLBACK");
+    env.push(("CUDA_HOME".into(), h.clone()));
+    let out = TempDir::new("tk-changed-out");
+    let link = inv("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let same = |what: &str| {
+        let cmp = compare::runs(&expected, &run(&shim(), &link, &env));
+        assert!(cmp.problems.is_empty() && cmp.identical, "{what}: {:?}", cmp.problems);
+    };
+    same("first");
+    // The same ptxas renamed into place: new inode and times, same bytes.
+    let ptxas = home.join("bin/ptxas");
+    std::fs::copy(&ptxas, home.join("bin/ptxas.new")).unwrap();
+    std::fs::rename(home.join("bin/ptxas.new"), &ptxas).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    same("after a rename");
+    assert_eq!(d.stat("cache_hits"), 1, "the same bytes lost the cache: {}", d.stats());
+    // A patched ptxas (one byte more, which it ignores).
+    let mut f = std::fs::OpenOptions::new().append(true).open(&ptxas).unwrap();
+    std::io::Write::write_all(&mut f, b"\0").unwrap();
+    drop(f);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    same("after a patch");
+    assert_eq!(d.reason_count("fallback_reasons", "toolkit_changed"), 1, "{}", d.stats());
+    assert_eq!(d.stat("cache_hits"), 1, "an old answer was served: {}", d.stats());
+}

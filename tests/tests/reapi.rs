@@ -189,31 +189,6 @@ const DISTINCT: [&str; 4] = [
 
 /// Links through a daemon whose shared tier never answers: all correct, the
 /// failures counted, and after repeated failures the tier skipped.
-/// The toolkit installed afresh at `at`: its directories made, the files a
-/// link's answer depends on (nvlink, ptxas, libnvJitLink, libNVVM, libdevice)
-/// copied (new inodes and times, as on another host), the rest linked.
-fn install_toolkit_copy(at: &Path) {
-    fn walk(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap().flatten() {
-            let (src, dst) = (e.path(), to.join(e.file_name()));
-            let name = e.file_name().to_string_lossy().into_owned();
-            let t = e.file_type().unwrap();
-            if t.is_symlink() {
-                std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
-            } else if t.is_dir() {
-                walk(&src, &dst);
-            } else if ["nvlink", "ptxas", "libnvJitLink", "libnvvm", "libdevice"].iter().any(|p| name.starts_with(p)) {
-                std::fs::copy(&src, &dst).unwrap();
-            } else {
-                std::os::unix::fs::symlink(&src, &dst).unwrap();
-            }
-        }
-    }
-    let _ = std::fs::remove_dir_all(at);
-    walk(nvlinkd_tests::env::cuda_home(), at);
-}
-
 #[test]
 fn the_same_toolkit_installed_on_another_host_shares_the_tier() {
     let Some(bg) = BuildGrid::start() else { return };
@@ -232,7 +207,7 @@ fn the_same_toolkit_installed_on_another_host_shares_the_tier() {
     };
 
     // Host A: the link computed and uploaded.
-    install_toolkit_copy(&home);
+    nvlinkd_tests::env::install_toolkit_copy(&home);
     let mut a = serve(&home);
     same(&expected, &run(&shim(), &inv(LINK, &out), &on(&a)));
     assert_eq!(a.stat("cache_misses"), 1);
@@ -241,7 +216,7 @@ fn the_same_toolkit_installed_on_another_host_shares_the_tier() {
 
     // Host B: the same toolkit at the same place, other files on disk (new
     // inodes, device-independent), its own empty cache: A's answer is found.
-    install_toolkit_copy(&home);
+    nvlinkd_tests::env::install_toolkit_copy(&home);
     let b = serve(&home);
     assert_ne!(a.cache_dir(), b.cache_dir());
     same(&expected, &run(&shim(), &inv(LINK, &out), &on(&b)));

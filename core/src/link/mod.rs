@@ -501,6 +501,13 @@ impl Linker {
             Ok(tk) => tk,
             Err(reason) => return self.fall_back(Declined::new(Reason::NoToolkit, reason)),
         };
+        if tk.changed_on_disk() {
+            let why = format!(
+                "the toolkit at {} changed on disk since the daemon opened it: restart the daemon (nvlinkd stop)",
+                tk.root.display()
+            );
+            return self.fall_back(Declined::new(Reason::ToolkitChanged, why));
+        }
         match Link::parse(self, tk, req, &memo, ctl) {
             Ok(link) => link.run(),
             Err(answered) => *answered,

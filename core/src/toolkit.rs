@@ -235,16 +235,16 @@ impl Toolkit {
     pub fn changed_on_disk(&self) -> bool {
         let id = self.identity();
         let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-        let files = self.identity_files();
         let now = std::time::Instant::now();
+        if let Some(c) = c.as_ref().filter(|c| c.changed || now.duration_since(c.at) < CONFIRM_EVERY) {
+            return c.changed;
+        }
+        let files = self.identity_files();
         let c = c.get_or_insert_with(|| Confirmed {
             stat: stat_identity(&self.release.banner, &files),
             at: now,
             changed: false,
         });
-        if c.changed || now.duration_since(c.at) < CONFIRM_EVERY {
-            return c.changed;
-        }
         c.at = now;
         let stat = stat_identity(&self.release.banner, &files);
         if stat != c.stat {

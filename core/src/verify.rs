@@ -441,11 +441,33 @@ fn heal(job: &Job, theirs: &Answer) {
     job.heal.store.store("link", &job.heal.content, bytes);
 }
 
+/// Repro bundles kept (the oldest are removed first): each may hold its
+/// link's inputs, up to `BUNDLE_INPUT_BYTES`.
+const BUNDLES_KEPT: usize = 64;
+
+/// Remove the oldest bundles under `dir` past the newest `keep`.
+fn keep_newest_bundles(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut bundles: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))
+        .collect();
+    if bundles.len() <= keep {
+        return;
+    }
+    bundles.sort();
+    for (_, old) in &bundles[..bundles.len() - keep] {
+        let _ = std::fs::remove_dir_all(old);
+    }
+}
+
 /// The repro bundle of a mismatch; its directory, if it could be written.
 fn write_bundle(st: &State, job: &Job, sandbox: &Sandbox, theirs: &Answer, diffs: &[String]) -> Option<PathBuf> {
     let hex: String = job.heal.content[..8].iter().map(|b| format!("{b:02x}")).collect();
     let n = st.bundle_seq.fetch_add(1, Ordering::Relaxed);
     let dir = st.bundles.join(format!("{hex}-{}-{n}", std::process::id()));
+    keep_newest_bundles(&st.bundles, BUNDLES_KEPT - 1);
     let written = (|| -> std::io::Result<()> {
         std::fs::create_dir_all(&dir)?;
         let lines = |v: &[String]| v.iter().map(|a| format!("{a}\n")).collect::<String>();
@@ -601,6 +623,22 @@ mod tests {
 
     /// Every part of an answer counts: exit status, messages, each file's
     /// bytes, and which files there are.
+    #[test]
+    fn only_the_newest_bundles_are_kept() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-bundles-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for i in 0..5 {
+            std::fs::create_dir_all(dir.join(format!("b{i}"))).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(15));
+        }
+        keep_newest_bundles(&dir, 2);
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["b3", "b4"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn answers_differ_in_every_part() {
         let a = answer(0, b"", &[("/w/x.cubin", b"abc"), ("/w/reg.c", b"r")]);

@@ -123,6 +123,30 @@ pub struct Linker {
     observer: Arc<dyn Observer>,
 }
 
+/// `text` with every scratch directory's name (`nvlinkd-<pid>-<n>-<hex>`,
+/// `engine::process::Scratch`) as `<scratch>`: it names the daemon's pid.
+fn scrub_scratch_names(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("nvlinkd-") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + "nvlinkd-".len()..];
+        let mut parts = tail.splitn(4, '-');
+        let (pid, n) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let hex_len = parts.next().map_or(0, |h| h.bytes().take_while(u8::is_ascii_hexdigit).count());
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if digits(pid) && digits(n) && hex_len > 0 {
+            out.push_str("<scratch>");
+            rest = &tail[pid.len() + n.len() + 2 + hex_len..];
+        } else {
+            out.push_str("nvlinkd-");
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// How many unused speculative entries are remembered for `speculative_hits`.
 const SPECULATED_MAX: usize = 1024;
 
@@ -405,7 +429,7 @@ impl Linker {
         for (place, role) in places.iter().filter(|(p, _)| p.len() > 1) {
             out = out.replace(place.as_str(), role);
         }
-        out
+        scrub_scratch_names(&out)
     }
 
     pub(super) fn scratch_dir(&self) -> PathBuf {
@@ -579,4 +603,17 @@ pub fn args_summary(args: &[String]) -> String {
         s.push_str("...");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_names_are_scrubbed_of_the_pid() {
+        let t = "<cache-dir>/tmp/nvlinkd-4242-7-1a2b3c/root/x.o: nvlinkd-fs and nvlinkd-1-x stay";
+        assert_eq!(scrub_scratch_names(t), "<cache-dir>/tmp/<scratch>/root/x.o: nvlinkd-fs and nvlinkd-1-x stay");
+        assert_eq!(scrub_scratch_names("nvlinkd-"), "nvlinkd-");
+        assert_eq!(scrub_scratch_names("a nvlinkd-12-3-ff"), "a <scratch>");
+    }
 }

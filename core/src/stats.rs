@@ -25,6 +25,9 @@ pub struct Snapshot {
     /// Remote links by the name of the token they presented (a daemon's
     /// `--token-file`), in name order.
     pub tokens: Vec<(String, TokenFigures)>,
+    /// Remote links by the subject of the client certificate they presented
+    /// where no token was required (`--client-ca`), in subject order.
+    pub certificates: Vec<(String, TokenFigures)>,
 }
 
 /// What the remote links of one token did.
@@ -100,6 +103,9 @@ impl Snapshot {
         let tokens: Vec<String> =
             self.tokens.iter().map(|(name, f)| format!("{}:{}", quote(name), object(&f.named()))).collect();
         fields.push(format!("\"tokens\":{{{}}}", tokens.join(",")));
+        let certificates: Vec<String> =
+            self.certificates.iter().map(|(name, f)| format!("{}:{}", quote(name), object(&f.named()))).collect();
+        fields.push(format!("\"certificates\":{{{}}}", certificates.join(",")));
         let toolkits: Vec<String> = self.toolkits.iter().map(|t| quote(t)).collect();
         fields.push(format!("\"toolkits\":[{}]", toolkits.join(",")));
         format!("{{{}}}", fields.join(","))
@@ -234,7 +240,7 @@ mod tests {
         s.tokens.push(("ci".into(), TokenFigures { links: 2, refused: 1, bytes_received: 30, bytes_sent: 40 }));
         assert_eq!(
             s.to_json(),
-            r#"{"auth_failures":2,"requests":3,"in_flight":1,"routed":{"arch":1},"fallback_reasons":{},"tokens":{"ci":{"links":2,"refused":1,"bytes_received":30,"bytes_sent":40}},"toolkits":["/opt/cuda \"13\""]}"#
+            r#"{"auth_failures":2,"requests":3,"in_flight":1,"routed":{"arch":1},"fallback_reasons":{},"tokens":{"ci":{"links":2,"refused":1,"bytes_received":30,"bytes_sent":40}},"certificates":{},"toolkits":["/opt/cuda \"13\""]}"#
         );
         assert_eq!(s.get("in_flight"), Some(1));
     }

@@ -464,6 +464,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let reply_memory = crate::link::stream_fs::ReplyMemory::new(opts.limits.max_reply_memory);
     let client_certificates =
         remote.as_ref().and_then(|r| r.tls.as_ref()).is_some_and(|t| t.requires_client_certificates());
+    let certificates = Arc::new(crate::net::auth::CertificateFigures::default());
     let service = |local: bool, auth: Option<Arc<Auth>>| {
         let gate = crate::net::auth::Gate { auth: auth.clone(), failures: auth_failures.clone() };
         let server = NvlinkdServer::new(Service {
@@ -486,6 +487,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             client_certificates: !local && client_certificates,
             reply_memory: reply_memory.clone(),
             tokens: remote.as_ref().and_then(|r| r.auth.clone()),
+            certificates: certificates.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -514,6 +516,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                     remote_links: remote_links.clone(),
                     reply_memory: reply_memory.clone(),
                     auth: remote.as_ref().and_then(|r| r.auth.clone()),
+                    certificates: certificates.clone(),
                 },
                 readiness: readiness.clone(),
             },

@@ -1271,7 +1271,8 @@ fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
 /// (`--client-ca`, no token file) links for a shim presenting one
 /// (`NVLINKD_TLS_CERT`, `NVLINKD_TLS_KEY`), byte-identical to nvlink; a shim
 /// without one is refused at the handshake, and then fails
-/// (`NVLINKD_FALLBACK=never`) or runs the real nvlink.
+/// (`NVLINKD_FALLBACK=never`) or runs the real nvlink. The link is counted
+/// by the certificate's subject (`certificates` in the stats).
 #[test]
 fn a_shim_with_a_client_certificate_links_where_one_is_required() {
     let pki = Pki::new();
@@ -1297,6 +1298,10 @@ fn a_shim_with_a_client_certificate_links_where_one_is_required() {
     // Its audit line names the certificate's subject (there is no token).
     let audit = d.wait_log("remote link done", 1);
     assert!(audit[0].contains("subject=\"CN=build-machine\"") && audit[0].contains("token=- "), "{audit:?}");
+    // Its figures, by the certificate's subject.
+    let stats = d.stats();
+    assert_eq!(stats["certificates"]["CN=build-machine"]["links"], 1, "{stats}");
+    assert!(stats["certificates"]["CN=build-machine"]["bytes_sent"].as_u64() > Some(0), "{stats}");
 
     let refused = run(&shim(), &link, &env("never", false));
     assert_ne!(refused.code, 0, "linked without a client certificate");

@@ -147,6 +147,9 @@ pub struct Service {
     /// The remote listener's tokens, for their figures in the stats of
     /// either listener (`auth` is this listener's own).
     pub tokens: Option<Arc<crate::net::auth::Auth>>,
+    /// Remote links by client certificate subject, for callers without a
+    /// token (stats and metrics).
+    pub certificates: Arc<crate::net::auth::CertificateFigures>,
 }
 
 /// Who a remote link is: for its slot, its audit line and its token's figures.
@@ -233,6 +236,8 @@ impl Service {
                             Err(refused) => {
                                 if let (Some(auth), Some(name)) = (&self.auth, &remote.token) {
                                     auth.count_refused(name);
+                                } else if let Some(subject) = &remote.subject {
+                                    self.certificates.count_refused(subject);
                                 }
                                 return Err(refused);
                             }
@@ -334,6 +339,7 @@ impl Service {
         let staged = self.staged.clone();
         let budget = self.limits.max_link_input;
         let auth = self.auth.clone();
+        let certificates = self.certificates.clone();
         // A daemon on the caller's filesystem reads the files itself: no copies
         // through the stream. The announced blobs the store lacks are waited
         // for here, before the link takes a thread (a shim that never sends
@@ -538,6 +544,8 @@ impl Service {
                 );
                 if let (Some(auth), Some(name)) = (&auth, &remote.token) {
                     auth.count_link(name, received, sent as u64);
+                } else if let Some(subject) = &remote.subject {
+                    certificates.count_link(subject, received, sent as u64);
                 }
             }
         });
@@ -959,6 +967,7 @@ impl Nvlinkd for Service {
             remote_links: self.remote_links.clone(),
             reply_memory: self.reply_memory.clone(),
             auth: self.tokens.clone(),
+            certificates: self.certificates.clone(),
         };
         let mut snapshot = figures.snapshot();
         if !self.local {
@@ -966,6 +975,7 @@ impl Nvlinkd for Service {
             // nor what other callers (tokens) did.
             snapshot.toolkits.clear();
             snapshot.tokens.clear();
+            snapshot.certificates.clear();
         }
         Ok(Response::new(StatsReply { json: snapshot.to_json() }))
     }

@@ -174,6 +174,44 @@ impl Auth {
     }
 }
 
+/// Remote links by the subject of the client certificate they presented,
+/// for callers without a token (`--client-ca` alone), for `stats --json` and
+/// `/metrics`: the farm's per-caller figures where certificates name the
+/// callers. At most [`CERTIFICATES_MAX`] subjects; links of any more are
+/// counted under `(other)`.
+#[derive(Default)]
+pub struct CertificateFigures(Mutex<std::collections::BTreeMap<String, TokenFigures>>);
+
+/// Subjects counted apart at most.
+const CERTIFICATES_MAX: usize = 1024;
+
+impl CertificateFigures {
+    fn with(&self, subject: &str, f: impl FnOnce(&mut TokenFigures)) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let key = if all.contains_key(subject) || all.len() < CERTIFICATES_MAX { subject } else { "(other)" };
+        f(all.entry(key.to_owned()).or_default());
+    }
+
+    /// A remote link of the certificate `subject` ended.
+    pub fn count_link(&self, subject: &str, received: u64, sent: u64) {
+        self.with(subject, |f| {
+            f.links += 1;
+            f.bytes_received += received;
+            f.bytes_sent += sent;
+        });
+    }
+
+    /// A remote link of the certificate `subject` was refused (no slot in time).
+    pub fn count_refused(&self, subject: &str) {
+        self.with(subject, |f| f.refused += 1);
+    }
+
+    /// Every subject's figures, in subject order.
+    pub fn figures(&self) -> Vec<(String, TokenFigures)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(s, f)| (s.clone(), *f)).collect()
+    }
+}
+
 /// The shortest secret a token file may hold, in bytes.
 pub const MIN_SECRET: usize = 16;
 

@@ -14,6 +14,8 @@
 //!   `nvlinkd_cache_hits_total{level}` / `nvlinkd_cache_misses_total{level}`
 //!   (`link`, `jit`, `nvvm`, `ptxas`), and per token of `--token-file`
 //!   `nvlinkd_token_links_total{token}`, `nvlinkd_token_refused_total{token}`,
+//!   `nvlinkd_certificate_links_total{subject}` (and `_refused`, bytes) for
+//!   callers identified by a client certificate alone,
 //!   `nvlinkd_token_received_bytes_total{token}`,
 //!   `nvlinkd_token_sent_bytes_total{token}` (by the token's name); each with
 //!   its own HELP ([`crate::observe::help`]);
@@ -145,17 +147,23 @@ impl Collector for StatsCollector {
                 c.encode(encoder.encode_descriptor(name, &help, None, c.metric_type())?)?;
             }
         }
-        // Per token (`--token-file`), labelled by its name (letters, digits, `.`, `_`, `-`).
-        if !stats.tokens.is_empty() {
-            for (pick, family_name) in
-                [(0usize, "token_links"), (1, "token_refused"), (2, "token_received_bytes"), (3, "token_sent_bytes")]
-            {
-                let help = crate::observe::help(family_name).unwrap_or_else(|| format!("nvlinkd figure {family_name}"));
+        // Per token (`--token-file`), labelled by its name (letters, digits, `.`, `_`, `-`);
+        // per client certificate subject where callers present no token.
+        for (figures, prefix, label) in
+            [(&stats.tokens, "token", "token"), (&stats.certificates, "certificate", "subject")]
+        {
+            if figures.is_empty() {
+                continue;
+            }
+            for (pick, what) in [(0usize, "links"), (1, "refused"), (2, "received_bytes"), (3, "sent_bytes")] {
+                let family_name = format!("{prefix}_{what}");
+                let help =
+                    crate::observe::help(&family_name).unwrap_or_else(|| format!("nvlinkd figure {family_name}"));
                 let kind = ConstCounter::new(0u64).metric_type();
-                let mut family = encoder.encode_descriptor(family_name, &help, None, kind)?;
-                for (token, figures) in &stats.tokens {
-                    let labels = [("token", token.as_str())];
-                    ConstCounter::new(figures.named()[pick].1).encode(family.encode_family(&labels)?)?;
+                let mut family = encoder.encode_descriptor(&family_name, &help, None, kind)?;
+                for (who, f) in figures {
+                    let labels = [(label, who.as_str())];
+                    ConstCounter::new(f.named()[pick].1).encode(family.encode_family(&labels)?)?;
                 }
             }
         }

@@ -23,6 +23,8 @@ pub struct Figures {
     pub reply_memory: Arc<crate::link::stream_fs::ReplyMemory>,
     /// The remote listener's tokens (`--token-file`): remote links per token.
     pub auth: Option<Arc<crate::net::auth::Auth>>,
+    /// Remote links per client certificate subject (callers without a token).
+    pub certificates: Arc<crate::net::auth::CertificateFigures>,
 }
 
 impl Figures {
@@ -37,6 +39,7 @@ impl Figures {
         own.extend(self.reply_memory.counters());
         s.prepend(own);
         s.tokens = self.auth.as_ref().map(|a| a.figures()).unwrap_or_default();
+        s.certificates = self.certificates.figures();
         s
     }
 }
@@ -72,6 +75,13 @@ const HELP: &[(&str, &str)] = &[
         "File replies refused: past --max-reply-memory (their links were left to the real nvlink)",
     ),
     ("token_links", "Remote links served, by the name of their token (--token-file)"),
+    ("certificate_links", "Remote links served, by the subject of their client certificate (--client-ca, no token)"),
+    (
+        "certificate_refused",
+        "Remote links refused before they started (no slot in time), by client certificate subject",
+    ),
+    ("certificate_received_bytes", "Bytes of input files received from remote shims, by client certificate subject"),
+    ("certificate_sent_bytes", "Bytes of answers sent to remote shims, by client certificate subject"),
     ("token_refused", "Remote links refused before they started (no slot in time), by the name of their token"),
     ("token_received_bytes", "Bytes of input files remote shims sent, by the name of their token"),
     ("token_sent_bytes", "Bytes of answers sent to remote shims, by the name of their token"),

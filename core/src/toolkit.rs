@@ -222,7 +222,14 @@ impl Toolkit {
     /// default toolkit), not on a link's path.
     pub fn identity(&self) -> [u8; 32] {
         *self.identity.get_or_init(|| {
-            identity_of(&self.release.banner, &self.root, &self.identity_files(), self.identity_memo.as_deref())
+            let files = self.identity_files();
+            // The stats the identity stands for: what `changed_on_disk`
+            // compares with (taken before the contents are read).
+            let stat = stat_identity(&self.release.banner, &files);
+            let id = identity_of(&self.release.banner, &self.root, &files, self.identity_memo.as_deref());
+            let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+            c.get_or_insert(Confirmed { stat, at: std::time::Instant::now(), changed: false });
+            id
         })
     }
 

@@ -310,9 +310,7 @@ pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Opti
         return Some("-time (measured times differ)");
     }
     // (Read while parsing: the parsed options keep their contents, not them.)
-    let options_file =
-        |a: &String| ["-optf", "--options-file"].iter().any(|o| a == o || a.starts_with(&format!("{o}=")));
-    if req.args.iter().any(options_file) {
+    if crate::engine::sandbox::names_an_options_file(&req.args) {
         return Some("an options file (the sandbox does not mirror it as nvlink opens it)");
     }
     if spec.debug && spec.lto {

@@ -243,20 +243,37 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
             m.mode() & 0o777
         ));
     }
-    for e in &entries {
-        let Ok(em) = std::fs::symlink_metadata(e.path()) else { continue };
-        let what = if em.file_type().is_symlink() {
-            "a symlink".to_owned()
-        } else if em.uid() != me {
-            format!("an entry of uid {}", em.uid())
-        } else {
-            continue;
-        };
-        return Err(format!(
-            "cache directory {shown} holds {what}, {}, which nvlinkd never makes (another user may have planted \
-             it): remove it",
-            e.path().display()
-        ));
+    // Two levels down (the store's shards: `v2/<xx>`), the same: nothing
+    // planted, and, while the directory lets others in (it is made 0700
+    // below), no directory inside that they could write into.
+    let reachable_writers =
+        (if m.mode() & 0o010 != 0 { 0o020 } else { 0 }) | (if m.mode() & 0o001 != 0 { 0o002 } else { 0 });
+    let mut level: Vec<PathBuf> = entries.iter().map(|e| e.path()).collect();
+    for depth in 0..2 {
+        let mut below = Vec::new();
+        for p in &level {
+            let Ok(em) = std::fs::symlink_metadata(p) else { continue };
+            let what = if em.file_type().is_symlink() {
+                "a symlink".to_owned()
+            } else if em.uid() != me {
+                format!("an entry of uid {}", em.uid())
+            } else if em.is_dir() && em.mode() & reachable_writers != 0 {
+                format!("a directory others may write into (mode {:03o})", em.mode() & 0o777)
+            } else {
+                if em.is_dir() && depth == 0 {
+                    let inner: Vec<PathBuf> =
+                        std::fs::read_dir(p).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+                    below.extend(inner);
+                }
+                continue;
+            };
+            return Err(format!(
+                "cache directory {shown} holds {what}, {}, which nvlinkd never makes (another user may have \
+                 planted it or written into it): remove it",
+                p.display()
+            ));
+        }
+        level = below;
     }
     if m.mode() & 0o077 != 0 {
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));

@@ -610,6 +610,20 @@ fn serve_keeps_its_cache_directory_to_its_own_user() {
     let out = serve(&open);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("could be written by other users"), "{out:?}");
+    // One level down: a store others could write into under a directory they
+    // can reach, and a planted shard.
+    let reach = root.path().join("reach");
+    std::fs::create_dir_all(reach.join("v2")).unwrap();
+    std::fs::set_permissions(&reach, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(reach.join("v2"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = serve(&reach);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("others may write into"), "{out:?}");
+    std::fs::set_permissions(reach.join("v2"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    symlink(root.path(), reach.join("v2/90")).unwrap();
+    let out = serve(&reach);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds a symlink"), "{out:?}");
 }
 
 /// An output nvlink cannot open (its directory missing, for `-o` or for the

@@ -2008,28 +2008,56 @@ fn a_call_without_a_token_is_refused_before_its_body_is_read() {
 }
 
 /// A remote caller learns why its link fell back, not where the daemon keeps
-/// its toolkit or cache: an output named in an options file (which the
-/// daemon's nvlink cannot be redirected from) falls back with the reason the
-/// shim prints under `NVLINKD_FALLBACK=never`, the daemon's paths named by
-/// their role.
+/// its toolkit or cache: a daemon whose toolkit changed on disk falls back
+/// with a reason naming that toolkit (which the shim prints under
+/// `NVLINKD_FALLBACK=never`), the daemon's paths named by their role.
 #[test]
 fn a_remote_fallback_reason_names_no_path_of_the_daemon() {
     let pki = Pki::new();
-    let (d, port) = secure_daemon(&pki);
-    let work = TempDir::new("sec-redact");
-    for o in ["accumulate.o", "scale.o"] {
-        std::fs::copy(corpus::dir().join(o), work.path().join(o)).unwrap();
-    }
-    std::fs::write(work.path().join("opts.txt"), "-o out.cubin\n").unwrap();
+    let host = TempDir::new("sec-redact-cuda");
+    let home = host.path().join("cuda");
+    nvlinkd_tests::env::install_toolkit_copy(&home);
+    let h = home.display().to_string();
+    let (d, port) = tls_daemon(&pki, &["--cuda-home", &h]);
     let out = TempDir::new("sec-redact-out");
-    // (-preserve-relocs: a link the real nvlink serves.)
-    let link = inv("--arch=sm_90 -preserve-relocs accumulate.o scale.o -optf opts.txt", work.path(), &out);
-    let r = run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}")));
+    let link = inv(LINK, corpus::dir(), &out);
+    let env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
+    assert_eq!(run(&shim(), &link, &env).code, 0, "a first link");
+    // A patched ptxas (one byte more): the daemon's toolkit changed.
+    let mut f = std::fs::OpenOptions::new().append(true).open(home.join("bin/ptxas")).unwrap();
+    std::io::Write::write_all(&mut f, b"\0").unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(1100));
+    let r = run(&shim(), &link, &env);
     let stderr = String::from_utf8_lossy(&r.stderr);
-    assert!(r.code != 0 && stderr.contains("options file"), "not the fallback expected: {stderr}");
+    assert!(r.code != 0 && stderr.contains("changed on disk"), "not the fallback expected: {stderr}");
     let cache = d.cache_dir();
-    for path in [cuda_home().to_string_lossy(), cache.to_string_lossy()] {
+    for path in [home.to_string_lossy(), cache.to_string_lossy()] {
         assert!(!stderr.contains(path.as_ref()), "the reason names {path}: {stderr}");
     }
     assert!(stderr.contains("<toolkit>"), "{stderr}");
+}
+
+/// A routed remote link naming an options file: the parse reads it in place
+/// and keeps its options, not its name, so the sandbox lacked it and nvlink
+/// there answered "Could not open options file", which was cached and served
+/// to a local user with the same command line. Such a link is not mirrored:
+/// the caller's nvlink links it, and the local link is nvlink's.
+#[test]
+fn a_routed_remote_link_with_an_options_file_caches_no_error() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let work = TempDir::new("sec-optf");
+    for o in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(o), work.path().join(o)).unwrap();
+    }
+    std::fs::write(work.path().join("objs.opts"), "accumulate.o scale.o\n").unwrap();
+    let out = TempDir::new("sec-optf-out");
+    // (-preserve-relocs: a link the real nvlink serves.)
+    let link = inv("--arch=sm_90 -preserve-relocs -optf objs.opts -o {OUT}/out.cubin", work.path(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0, "{}", String::from_utf8_lossy(&expected.stderr));
+    let remote = pki.shim_env(&format!("https://127.0.0.1:{port}"), "auto");
+    assert_same(&expected, &run(&shim(), &link, &remote), "the remote link");
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link of the same command line");
 }

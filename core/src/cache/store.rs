@@ -239,7 +239,7 @@ impl Store {
             return Ok(());
         }
         let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent"))?;
-        fs::create_dir_all(dir)?;
+        private_dirs(dir)?;
         let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), self.tmp_counter.fetch_add(1, Ordering::Relaxed)));
         let written = (|| {
             // A new file, never through a name someone planted.
@@ -307,9 +307,16 @@ fn verify(raw: &[u8], key: &Key) -> Option<Vec<u8>> {
     Some(payload.to_vec())
 }
 
+/// Create `dir` and its missing parents for this user alone (0700, whatever
+/// the umask): nobody else may put an entry where the store reads them.
+fn private_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 /// Whether entries can be written under `dir`: create it and a file in it.
 fn probe(dir: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(dir)?;
+    private_dirs(dir)?;
     let p = dir.join(format!(".probe-{}", std::process::id()));
     let _ = fs::remove_file(&p);
     let written = new_file(&p).and_then(|mut f| f.write_all(b"nvlinkd"));

@@ -161,6 +161,11 @@ fn write_file(root: &Path, at: &Path, data: &[u8]) -> Result<(), SandboxError> {
     f.write_all(data).map_err(env_fault)
 }
 
+/// Whether a command line names an options file (`-optf`, `--options-file`).
+pub fn names_an_options_file(args: &[String]) -> bool {
+    args.iter().any(|a| ["-optf", "--options-file"].iter().any(|o| a == o || a.starts_with(&format!("{o}="))))
+}
+
 /// One thing a sandbox holds (paths under its root).
 enum Entry {
     Dir(PathBuf),
@@ -198,6 +203,12 @@ impl Mirror {
     ) -> Result<Mirror, SandboxError> {
         if !req.cwd.is_absolute() {
             return Err(unsupported("the caller's working directory is not absolute"));
+        }
+        // The parse reads options files in place and keeps their options, not
+        // their names: the file would be missing here (and the answer,
+        // nvlink's "Could not open options file", cached).
+        if names_an_options_file(&req.args) {
+            return Err(unsupported("an options file"));
         }
         let _ = std::fs::create_dir_all(parent);
         let dir = Scratch::new(parent).map_err(env_fault)?;
@@ -272,6 +283,14 @@ impl Mirror {
             let caller = absolute(&req.cwd, name);
             let is_time = time == Some(name.as_str());
             let spelled = || spelled_dirs(&root, &req.cwd, name).into_iter().map(Entry::Dir);
+            // An input is what the link's key read of it (a caller answering
+            // a stat otherwise is not believed).
+            let is_input = spec.files.inputs.iter().any(|i| i.given == *name);
+            if let Some(data) = is_input.then(|| fs.read(&caller).ok()).flatten() {
+                entries.extend(spelled());
+                entries.push(Entry::File(at, data));
+                continue;
+            }
             match fs.stat(&caller) {
                 Ok(st) if st.is_dir => {
                     entries.extend(spelled());

@@ -88,7 +88,7 @@ impl Event {
     }
 }
 
-/// The kind of an event's body (`event` in its JSON; [`KINDS`]).
+/// The kind of an event's body (`event` in its JSON).
 pub fn kind_of(body: &Body) -> &'static str {
     match body {
         Body::LinkStarted(_) => "link_started",

@@ -4,8 +4,8 @@
 //! A fresh directory `S` (mode 0700, under the daemon's scratch directory,
 //! removed on drop whatever happens) holds the caller's paths at `S/<path>`:
 //! the working directory (so relative names stay as given, and nvlink prints
-//! them as given), the inputs, the options files, the `-l` candidates along
-//! `-L` and `LIBRARY_PATH`, the `--uidx-file` and the `-time` file. Absolute
+//! them as given), the inputs, the `-l` candidates along `-L` and
+//! `LIBRARY_PATH`, the `--uidx-file` and the `-time` file. Absolute
 //! names on the command line become `S/<name>`; `-nvvmpath` becomes a symlink
 //! at its mirrored place to the daemon's own toolkit's `nvvm` (a caller never
 //! chooses what the daemon loads). The daemon's own nvlink runs there (see
@@ -26,8 +26,12 @@
 //! Nothing the caller sends is a path here outside `S`: every name is joined
 //! to `S` component by component (`..` may not climb out of `S`, nor pass the
 //! `-nvvmpath` link); only directories and regular files the daemon creates are
-//! in `S`, files are created exclusively and never through a symlink. Absolute
-//! names given inside options files are not rewritten: such links fall back.
+//! in `S`, files are created exclusively and never through a symlink. A
+//! name's directories before a `..` are made real ones (the caller's kernel
+//! walks them, symlinks or not), and every place of `S` must hold what each
+//! of the caller's names of it read (`agree`): otherwise the link falls back.
+//! So does a link naming an options file (the parse keeps its options, not
+//! its name).
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

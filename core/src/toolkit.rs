@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
+use crate::cache::store::{hex, parse_hex, private_dirs};
 use crate::jitlink::JitLink;
 
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +227,7 @@ impl Toolkit {
             // The stats the identity stands for: what `changed_on_disk`
             // compares with (taken before the contents are read).
             let stat = stat_identity(&self.release.banner, &files);
-            let id = identity_of(&self.release.banner, &self.root, &files, self.identity_memo.as_deref());
+            let id = remembered_identity(&self.release.banner, &self.root, &files, self.identity_memo.as_deref(), stat);
             let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
             c.get_or_insert(Confirmed { stat, at: std::time::Instant::now(), changed: false });
             id
@@ -242,20 +243,18 @@ impl Toolkit {
     pub fn changed_on_disk(&self) -> bool {
         let id = self.identity();
         let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        // (Set with the identity, just above.)
+        let Some(c) = c.as_mut() else { return false };
         let now = std::time::Instant::now();
-        if let Some(c) = c.as_ref().filter(|c| c.changed || now.duration_since(c.at) < CONFIRM_EVERY) {
+        if c.changed || now.duration_since(c.at) < CONFIRM_EVERY {
             return c.changed;
         }
-        let files = self.identity_files();
-        let c = c.get_or_insert_with(|| Confirmed {
-            stat: stat_identity(&self.release.banner, &files),
-            at: now,
-            changed: false,
-        });
         c.at = now;
+        let files = self.identity_files();
         let stat = stat_identity(&self.release.banner, &files);
         if stat != c.stat {
-            let again = identity_of(&self.release.banner, &self.root, &files, self.identity_memo.as_deref());
+            let memo = self.identity_memo.as_deref();
+            let again = remembered_identity(&self.release.banner, &self.root, &files, memo, stat);
             c.changed = again != id;
             c.stat = stat;
             if c.changed {
@@ -289,10 +288,10 @@ struct Confirmed {
     changed: bool,
 }
 
-/// See [`Toolkit::identity`]: the content identity, remembered under `memo`
-/// by the files' stat identity.
-fn identity_of(banner: &str, root: &Path, files: &[PathBuf], memo: Option<&Path>) -> [u8; 32] {
-    let stat = stat_identity(banner, files);
+/// See [`Toolkit::identity`]: the content identity of `files`, remembered
+/// under `memo` by their stat identity `stat` (taken before their contents
+/// are read).
+fn remembered_identity(banner: &str, root: &Path, files: &[PathBuf], memo: Option<&Path>, stat: [u8; 32]) -> [u8; 32] {
     let memo = memo.map(|d| d.join(hex(&stat)));
     if let Some(id) = memo.as_deref().and_then(read_memo) {
         return id;
@@ -305,29 +304,16 @@ fn identity_of(banner: &str, root: &Path, files: &[PathBuf], memo: Option<&Path>
     id
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// A remembered content identity (64 hex digits), if `path` holds one.
 fn read_memo(path: &Path) -> Option<[u8; 32]> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let text = text.trim_end();
-    if text.len() != 64 {
-        return None;
-    }
-    let mut id = [0u8; 32];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(id)
+    parse_hex(std::fs::read_to_string(path).ok()?.trim_end())
 }
 
 /// Remember a content identity (written aside, then renamed into place).
 fn write_memo(path: &Path, id: &[u8; 32]) {
     let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), hex(&id[..4])));
-    let written = std::fs::create_dir_all(dir)
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), &hex(id)[..8]));
+    let written = private_dirs(dir)
         .and_then(|()| std::fs::write(&tmp, format!("{}\n", hex(id))))
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = written {
@@ -422,6 +408,10 @@ fn stat_identity(banner: &str, files: &[PathBuf]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn identity_of(banner: &str, root: &Path, files: &[PathBuf], memo: Option<&Path>) -> [u8; 32] {
+        remembered_identity(banner, root, files, memo, stat_identity(banner, files))
+    }
 
     #[test]
     fn identity_follows_the_files() {

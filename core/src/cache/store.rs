@@ -309,7 +309,7 @@ fn verify(raw: &[u8], key: &Key) -> Option<Vec<u8>> {
 
 /// Create `dir` and its missing parents for this user alone (0700, whatever
 /// the umask): nobody else may put an entry where the store reads them.
-fn private_dirs(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn private_dirs(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
@@ -353,7 +353,7 @@ fn scan(dir: &Path) -> Vec<(Key, u64, SystemTime)> {
     out
 }
 
-fn parse_hex(s: &str) -> Option<Key> {
+pub(crate) fn parse_hex(s: &str) -> Option<Key> {
     if s.len() != 64 {
         return None;
     }

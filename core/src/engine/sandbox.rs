@@ -220,21 +220,13 @@ impl Mirror {
         let root_s = root.to_str().ok_or_else(|| unsupported("sandbox path not UTF-8"))?.to_owned();
         let cwd = mirror(&root, Path::new("/"), &req.cwd.to_string_lossy(), None)?;
         // What nvlink reads, as the spec resolved it (`input/files.rs`).
-        let options_files: Vec<&str> = spec.files.options_files.iter().map(|n| n.given.as_str()).collect();
         let lib_path = req.env.get("LIBRARY_PATH").map(String::as_str);
         let dirs: Vec<&str> = spec.files.search_dirs.iter().map(|n| n.given.as_str()).collect();
         // Every name nvlink may open, as the caller wrote it.
         let mut named: Vec<&str> = spec.files.inputs.iter().map(|n| n.given.as_str()).collect();
-        named.extend(&options_files);
         named.extend(spec.uidx_file.as_deref());
         let time = spec.time.as_deref().filter(|t| *t != "-");
         named.extend(time);
-        if !options_files.is_empty() {
-            let mut values = named.iter().copied().chain(dirs.iter().copied()).chain(spec.nvvmpath.as_deref());
-            if values.any(|v| v.starts_with('/')) {
-                return Err(unsupported("absolute names with an options file"));
-            }
-        }
         // A value naming a file nvlink reads or writes that is not mirrored
         // (its embedded tools' options, a dot file) is not run here.
         let mirrored = [

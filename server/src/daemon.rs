@@ -248,32 +248,31 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     // below), no directory inside that they could write into.
     let reachable_writers =
         (if m.mode() & 0o010 != 0 { 0o020 } else { 0 }) | (if m.mode() & 0o001 != 0 { 0o002 } else { 0 });
-    let mut level: Vec<PathBuf> = entries.iter().map(|e| e.path()).collect();
-    for depth in 0..2 {
-        let mut below = Vec::new();
-        for p in &level {
-            let Ok(em) = std::fs::symlink_metadata(p) else { continue };
-            let what = if em.file_type().is_symlink() {
-                "a symlink".to_owned()
-            } else if em.uid() != me {
-                format!("an entry of uid {}", em.uid())
-            } else if em.is_dir() && em.mode() & reachable_writers != 0 {
-                format!("a directory others may write into (mode {:03o})", em.mode() & 0o777)
-            } else {
-                if em.is_dir() && depth == 0 {
-                    let inner: Vec<PathBuf> =
-                        std::fs::read_dir(p).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-                    below.extend(inner);
-                }
-                continue;
-            };
+    // What nvlinkd never makes at `p`, in words.
+    let foreign = |p: &Path| -> Option<String> {
+        let em = std::fs::symlink_metadata(p).ok()?;
+        if em.file_type().is_symlink() {
+            Some("a symlink".to_owned())
+        } else if em.uid() != me {
+            Some(format!("an entry of uid {}", em.uid()))
+        } else if em.is_dir() && em.mode() & reachable_writers != 0 {
+            Some(format!("a directory others may write into (mode {:03o})", em.mode() & 0o777))
+        } else {
+            None
+        }
+    };
+    let children = |p: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(p).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+    };
+    for top in entries.iter().map(|e| e.path()) {
+        let below = if top.is_symlink() || !top.is_dir() { Vec::new() } else { children(&top) };
+        if let Some((p, what)) = std::iter::once(top.clone()).chain(below).find_map(|p| foreign(&p).map(|w| (p, w))) {
             return Err(format!(
                 "cache directory {shown} holds {what}, {}, which nvlinkd never makes (another user may have \
                  planted it or written into it): remove it",
                 p.display()
             ));
         }
-        level = below;
     }
     if m.mode() & 0o077 != 0 {
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));

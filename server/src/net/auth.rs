@@ -450,7 +450,12 @@ fn daemons_group(gid: u32) -> bool {
         groups.truncate(n.max(0) as usize);
         groups.contains(&gid)
     };
-    mine && group_members(gid).iter().all(|m| Some(m) == user_name(euid).as_ref()) && !others_primary(gid, euid)
+    if !mine {
+        return false;
+    }
+    let members = group_members(gid);
+    let me = if members.is_empty() { None } else { user_name(euid) };
+    members.iter().all(|m| Some(m) == me.as_ref()) && !others_primary(gid, euid)
 }
 
 /// Whether a user other than `euid` has `gid` as primary group.

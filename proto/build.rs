@@ -27,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for kind in EVENT_KINDS {
         build = build.type_attribute(format!(".nvlinkd.v1.{kind}"), "#[derive(serde::Serialize)]");
     }
+    // `Event.body` serialises as the kind's message itself.
+    build = build.type_attribute(".nvlinkd.v1.Event.body", "#[derive(serde::Serialize)] #[serde(untagged)]");
     for field in ["symbol", "symbol_demangled", "object", "object_path", "member", "first_defined"] {
         build = build.field_attribute(
             format!(".nvlinkd.v1.DiagnosticEvent.{field}"),

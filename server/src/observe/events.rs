@@ -107,20 +107,7 @@ pub fn kind_of(body: &Body) -> &'static str {
 
 /// A body's fields as JSON: its message serialised (the one schema).
 fn fields_of(body: &Body) -> Value {
-    let v = match body {
-        Body::LinkStarted(m) => serde_json::to_value(m),
-        Body::LinkQueued(m) => serde_json::to_value(m),
-        Body::LinkAdmitted(m) => serde_json::to_value(m),
-        Body::PhaseStarted(m) => serde_json::to_value(m),
-        Body::PhaseProgress(m) => serde_json::to_value(m),
-        Body::PhaseFinished(m) => serde_json::to_value(m),
-        Body::Diagnostic(m) => serde_json::to_value(m),
-        Body::LinkFinished(m) => serde_json::to_value(m),
-        Body::LinkCancelled(m) => serde_json::to_value(m),
-        Body::VerifyMismatch(m) => serde_json::to_value(m),
-        Body::Lagged(m) => serde_json::to_value(m),
-    };
-    v.unwrap_or(Value::Null)
+    serde_json::to_value(body).unwrap_or(Value::Null)
 }
 
 /// What a link is, from its start to its end: for the subscribers' filters,

@@ -4,8 +4,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// The repository: `$NVLINKD_REPO_ROOT` where prebuilt test tools run from
+/// another copy of it (the GPU machines), else the one they were built in.
 pub fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root")
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        std::env::var_os("NVLINKD_REPO_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf())
+    })
 }
 
 /// The CUDA toolkit the tests use: `$NVLINKD_TEST_CUDA_HOME`, `$CUDA_HOME`, or

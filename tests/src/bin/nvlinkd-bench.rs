@@ -150,7 +150,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn args(s: &str, out: &Path) -> Vec<String> {
     let tk = cuda_home().display().to_string();
-    s.replace("{L}", &format!("{tk}/lib"))
+    // lib64 in a regular toolkit (the GPU machines'), lib in the PyPI one.
+    let lib = if cuda_home().join("lib64/libcudadevrt.a").is_file() { "lib64" } else { "lib" };
+    s.replace("{L}", &format!("{tk}/{lib}"))
         .replace("{NVVM}", &format!("{tk}/nvvm"))
         .replace("{OUT}", &out.display().to_string())
         .split_whitespace()
@@ -187,6 +189,8 @@ impl Report {
     fn row(&mut self, name: &str, nvlink: Duration, nvlinkd: Duration, identical: bool, note: &str) {
         self.all_identical &= identical;
         let n = format!("{}{}", if identical { "byte-identical" } else { "DIFFERS" }, note);
+        // Each row as soon as it is measured too: a run cut short keeps its rows.
+        eprintln!("row: {name}: {:.3} s / {:.3} s, {n}", nvlink.as_secs_f64(), nvlinkd.as_secs_f64());
         self.rows.push((name.into(), nvlink, nvlinkd, n));
     }
 }
@@ -348,6 +352,21 @@ fn main() {
         return;
     }
     let (mut nv_rss, mut d_hwm, mut rss_10, mut rss_1000) = (0i64, 0u64, 0u64, 0u64);
+    // (a0) the cold LTO link as on a machine's first run: the page cache is
+    // emptied before each side, so the toolkit's libraries come from disk.
+    if !only_fresh && std::env::var("NVLINKD_BENCH_DROP_CACHES").is_ok_and(|v| v == "1") && drop_page_cache() {
+        let (mut nv, mut nvd) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            drop_page_cache();
+            let d = fresh_daemon(&corpus);
+            nvd.push(timed(&shim(), &args(LTO, &o("lto0.nvlinkd")), &work, &d.shim_env()).wall);
+            drop(d);
+            drop_page_cache();
+            nv.push(timed(&real_nvlink(), &args(LTO, &o("lto0.nvlink")), &work, &[]).wall);
+        }
+        let identical = same(&o("lto0.nvlink"), &o("lto0.nvlinkd"));
+        report.row("(a0) cold LTO link, page cache emptied before each", median(nv), median(nvd), identical, "");
+    }
     if !only_fresh {
         // (a) cold LTO, (f) peak memory.
         let (mut nv, mut nvs, mut nvd) = (Vec::new(), Vec::new(), Vec::new());
@@ -440,46 +459,7 @@ fn main() {
         burst_rows(&mut report, reps, &corpus, &work, &o);
     }
 
-    // (g) a burst on a fresh daemon: 16 distinct cold links, all at once, on a
-    // daemon that has linked nothing yet (toolkit not opened, nothing loaded).
-    let burst = burst_links(16);
-    let (mut p50_nv, mut p50_d, mut tot_nv, mut tot_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut identical = true;
-    for _ in 0..reps {
-        let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
-            let t = Instant::now();
-            let each: Vec<Duration> = std::thread::scope(|s| {
-                let hs: Vec<_> = burst
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        let out = o(&format!("b{i}.{tag}"));
-                        let work = &work;
-                        s.spawn(move || {
-                            let t = timed(prog, &args(l, &out), work, env);
-                            assert!(t.ok, "burst link failed");
-                            t.wall
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("burst thread")).collect()
-            });
-            (median(each), t.elapsed())
-        };
-        let (p, t) = run_all(&real_nvlink(), &[], "nvlink");
-        p50_nv.push(p);
-        tot_nv.push(t);
-        let d = Daemon::start();
-        let (p, t) = run_all(&shim(), &d.shim_env(), "nvlinkd");
-        p50_d.push(p);
-        tot_d.push(t);
-        drop(d);
-        for i in 0..burst.len() {
-            identical &= same(&o(&format!("b{i}.nvlink")), &o(&format!("b{i}.nvlinkd")));
-        }
-    }
-    report.row("(g) 16-link burst on a fresh daemon, p50 latency", median(p50_nv), median(p50_d), identical, "");
-    report.row("(g) 16-link burst on a fresh daemon, total", median(tot_nv), median(tot_d), identical, "");
+    fresh_burst_rows(&mut report, reps, &corpus, &work, &o);
 
     if !only_fresh {
         routed_rows(&mut report, reps, &corpus, &o);
@@ -534,6 +514,77 @@ fn main() {
         eprintln!("some nvlinkd outputs differ from nvlink's");
         std::process::exit(1);
     }
+}
+
+/// (g) bursts of 16 distinct cold non-LTO links, all at once, against 16
+/// nvlink processes: on a daemon that has linked nothing yet (toolkit not
+/// opened, nothing loaded), on one started 2 s before, and on a warm daemon
+/// (libraries loaded, libcudadevrt and the units decoded by four other links)
+/// whose cache holds none of the 16.
+fn fresh_burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &dyn Fn(&str) -> PathBuf) {
+    let links = burst_links(20);
+    let (burst, warmup) = links.split_at(16);
+    let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
+        let t = Instant::now();
+        let each: Vec<Duration> = std::thread::scope(|s| {
+            let hs: Vec<_> = burst
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let out = o(&format!("b{i}.{tag}"));
+                    s.spawn(move || {
+                        let t = timed(prog, &args(l, &out), work, env);
+                        assert!(t.ok, "burst link failed");
+                        t.wall
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("burst thread")).collect()
+        });
+        (median(each), t.elapsed())
+    };
+    let variants: [(&str, &dyn Fn() -> Daemon); 3] = [
+        ("on a fresh daemon", &Daemon::start),
+        ("2 s after the daemon started", &|| {
+            let d = Daemon::start();
+            std::thread::sleep(Duration::from_secs(2));
+            d
+        }),
+        ("of new links on a warm daemon", &|| {
+            let d = fresh_daemon(corpus);
+            for (i, l) in warmup.iter().enumerate() {
+                assert!(timed(&shim(), &args(l, &o(&format!("w{i}.warm"))), work, &d.shim_env()).ok);
+            }
+            d
+        }),
+    ];
+    for (name, daemon) in variants {
+        let (mut p50_nv, mut p50_d, mut tot_nv, mut tot_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut identical = true;
+        for _ in 0..reps {
+            let (p, t) = run_all(&real_nvlink(), &[], "nvlink");
+            p50_nv.push(p);
+            tot_nv.push(t);
+            let d = daemon();
+            let (p, t) = run_all(&shim(), &d.shim_env(), "nvlinkd");
+            p50_d.push(p);
+            tot_d.push(t);
+            drop(d);
+            for i in 0..burst.len() {
+                identical &= same(&o(&format!("b{i}.nvlink")), &o(&format!("b{i}.nvlinkd")));
+            }
+        }
+        report.row(&format!("(g) 16-link burst {name}, p50 latency"), median(p50_nv), median(p50_d), identical, "");
+        report.row(&format!("(g) 16-link burst {name}, total"), median(tot_nv), median(tot_d), identical, "");
+    }
+}
+
+/// Empty the kernel's page cache (root; `NVLINKD_BENCH_DROP_CACHES=1`, for
+/// machines lent to the bench alone). False where the kernel refuses.
+fn drop_page_cache() -> bool {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
 /// CPU time (ms) used so far by `root` and every live descendant, with the

@@ -13,6 +13,7 @@
 //! working directory.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,9 +44,11 @@ use crate::request::{OutputFile, Request};
 /// key saw.
 pub struct MemoFs<'a> {
     inner: &'a dyn InputFs,
-    reads: Mutex<HashMap<PathBuf, Memo<Arc<[u8]>>>>,
-    stats: Mutex<HashMap<PathBuf, Memo<FileStat>>>,
-    identities: Mutex<HashMap<PathBuf, Option<FileIdentity>>>,
+    // Keyed by the name's bytes, not by `PathBuf`, whose equality drops a
+    // trailing `/` and `.` components: `libbc.a/` fails where `libbc.a` reads.
+    reads: Mutex<HashMap<OsString, Memo<Arc<[u8]>>>>,
+    stats: Mutex<HashMap<OsString, Memo<FileStat>>>,
+    identities: Mutex<HashMap<OsString, Option<FileIdentity>>>,
     consistent: AtomicBool,
     /// When the view was opened (identities newer than this are not trusted
     /// to tell versions apart: timestamps have a coarse tick).
@@ -91,7 +94,7 @@ impl<'a> MemoFs<'a> {
         // The identity no longer names what was read: nothing may be
         // remembered under it.
         if let Ok(mut m) = self.identities.lock() {
-            m.insert(path.to_owned(), None);
+            m.insert(path.as_os_str().to_owned(), None);
         }
     }
 
@@ -114,8 +117,9 @@ impl<'a> MemoFs<'a> {
             let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(id.ctime_ns().max(0) as u64);
             self.opened.duration_since(t).map(|age| age < TICK).unwrap_or(true)
         };
-        for (path, read) in reads.iter() {
-            match (read, ids.get(path).copied().flatten()) {
+        for (name, read) in reads.iter() {
+            let path = Path::new(name);
+            match (read, ids.get(name).copied().flatten()) {
                 (Ok(_), Some(id)) => {
                     if fresh(&id) {
                         return doubt(path, "changed too recently to tell versions apart");
@@ -133,14 +137,15 @@ impl<'a> MemoFs<'a> {
                 }
             }
         }
-        for (path, st) in stats.iter() {
+        for (name, st) in stats.iter() {
+            let path = Path::new(name);
             let now = std::fs::metadata(path).map(|m| FileStat { is_dir: m.is_dir(), size: m.len() });
             match (st, now) {
                 (Ok(a), Ok(b)) if *a == b => {}
                 (Err(_), Err(_)) => {}
                 _ => return doubt(path, "its stat changed"),
             }
-            if let Some(Some(id)) = ids.get(path) {
+            if let Some(Some(id)) = ids.get(name) {
                 if fresh(id) {
                     return doubt(path, "changed too recently to tell versions apart");
                 }
@@ -155,7 +160,7 @@ impl<'a> MemoFs<'a> {
 
 impl InputFs for MemoFs<'_> {
     fn read(&self, path: &Path) -> io::Result<Arc<[u8]>> {
-        if let Some(r) = self.reads.lock().ok().and_then(|m| m.get(path).cloned()) {
+        if let Some(r) = self.reads.lock().ok().and_then(|m| m.get(path.as_os_str()).cloned()) {
             return replay(&r);
         }
         // The identity the rest of the link sees (the first one observed).
@@ -167,36 +172,36 @@ impl InputFs for MemoFs<'_> {
         let memo = result.as_ref().map(Arc::clone).map_err(memo_err);
         if let Ok(mut m) = self.reads.lock() {
             // Two threads reading the same path: the first answer stands.
-            let r = m.entry(path.to_owned()).or_insert(memo).clone();
+            let r = m.entry(path.as_os_str().to_owned()).or_insert(memo).clone();
             return replay(&r);
         }
         result
     }
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
-        if let Some(r) = self.stats.lock().ok().and_then(|m| m.get(path).cloned()) {
+        if let Some(r) = self.stats.lock().ok().and_then(|m| m.get(path.as_os_str()).cloned()) {
             return replay(&r);
         }
         let memo = self.inner.stat(path).map_err(|e| memo_err(&e));
         match self.stats.lock() {
-            Ok(mut m) => replay(m.entry(path.to_owned()).or_insert(memo)),
+            Ok(mut m) => replay(m.entry(path.as_os_str().to_owned()).or_insert(memo)),
             Err(_) => replay(&memo),
         }
     }
     fn prefetch(&self, paths: &[PathBuf]) {
         let Ok(reads) = self.reads.lock() else { return };
-        let missing: Vec<PathBuf> = paths.iter().filter(|p| !reads.contains_key(*p)).cloned().collect();
+        let missing: Vec<PathBuf> = paths.iter().filter(|p| !reads.contains_key(p.as_os_str())).cloned().collect();
         drop(reads);
         if !missing.is_empty() {
             self.inner.prefetch(&missing)
         }
     }
     fn identity(&self, path: &Path) -> Option<FileIdentity> {
-        if let Some(id) = self.identities.lock().ok().and_then(|m| m.get(path).copied()) {
+        if let Some(id) = self.identities.lock().ok().and_then(|m| m.get(path.as_os_str()).copied()) {
             return id;
         }
         let id = self.inner.identity(path);
         match self.identities.lock() {
-            Ok(mut m) => *m.entry(path.to_owned()).or_insert(id),
+            Ok(mut m) => *m.entry(path.as_os_str().to_owned()).or_insert(id),
             Err(_) => id,
         }
     }
@@ -366,6 +371,23 @@ mod tests {
         let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &LocalFs, cwd).unwrap(), cwd, None).unwrap();
         let mode = spec.mode().unwrap();
         keys(&[7; 32], &req, &spec, mode, &MemoFs::new(&LocalFs), &HashMemo::default())
+    }
+
+    /// A name with a trailing `/` or `/.` is its own name: the kernel fails it
+    /// for a file (ENOTDIR, as nvlink reports), even after the plain name read.
+    #[test]
+    fn a_file_named_with_a_trailing_slash_fails_after_its_plain_name_read() {
+        let d = temp("slash");
+        std::fs::write(d.join("libbc.a"), b"!<arch>\n").unwrap();
+        let memo = MemoFs::new(&LocalFs);
+        assert!(memo.read(&d.join("libbc.a")).is_ok());
+        assert!(memo.stat(&d.join("libbc.a")).is_ok());
+        for name in ["libbc.a/", "libbc.a/."] {
+            let p = PathBuf::from(format!("{}/{name}", d.display()));
+            assert!(memo.read(&p).is_err(), "{name} read");
+            assert!(memo.stat(&p).is_err(), "{name} stat");
+            assert_eq!(memo.identity(&p), None, "{name} identity");
+        }
     }
 
     /// What the whole-link key covers, one rule per row: the content key

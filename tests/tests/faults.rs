@@ -300,6 +300,26 @@ fn dev_zero_inputs_are_answered_as_nvlink_does() {
     assert_eq!(d.stat("in_flight"), 0);
 }
 
+/// A file named with a trailing `/` or `/.` is not the file: the kernel fails
+/// it (ENOTDIR) and nvlink says it could not open it, also after the same
+/// file was read under its plain name in the same link.
+#[test]
+fn an_input_named_with_a_trailing_slash_gets_nvlinks_answer_after_its_plain_name() {
+    let d = Daemon::start();
+    let inputs = scratch_inputs("flt-slash");
+    for case in [
+        "--arch=sm_90 accumulate.o scale.o scale.o/ -o {OUT}/out.cubin",
+        "--arch=sm_90 accumulate.o scale.o ./scale.o/. -o {OUT}/out.cubin",
+    ] {
+        let out = TempDir::new("flt-slash-out");
+        let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
+        assert_ne!(expected.code, 0, "{case}: nvlink linked it");
+        let actual = run(&shim(), &inv(case, inputs.path(), &out), &d.fallback_env());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{case}: {:?}", cmp.problems);
+    }
+}
+
 #[test]
 fn dev_zero_over_the_stream_is_never_read_whole() {
     // Over TCP the shim reads the files for the daemon: it must not read /dev/zero either.

@@ -212,39 +212,92 @@ impl Toolkit {
     /// Contents, not inodes or times: the same toolkit installed on two hosts,
     /// in two containers or reinstalled has one identity, so a shared cache
     /// tier (`--remote-cache`) serves every host of a farm. Hashing reads
-    /// ~290 MB (~0.2 s on two cores, once): the result is remembered in the
+    /// ~220 MB (~0.3 s of one core, once, beside the first links): the result is remembered in the
     /// cache directory under the files' stat identity (canonical path, device,
     /// inode, size, modification and status-change times; see
     /// [`stat_identity`]), so a restarted daemon reads it back with a few
     /// `stat`s. That memo is as sound as the contents it stands for: an
     /// upgrade installs new files (new inodes) or rewrites them, and every
     /// write moves a file's ctime, which no program can set back. Computed
-    /// once per daemon, when the toolkit is opened (at serve start for the
-    /// default toolkit), not on a link's path.
+    /// once per daemon, on a thread of its own when the toolkit is opened
+    /// ([`Toolkit::prime`]), not on a link's path.
     pub fn identity(&self) -> [u8; 32] {
         *self.identity.get_or_init(|| {
             let files = self.identity_files();
-            // The stats the identity stands for: what `changed_on_disk`
-            // compares with (taken before the contents are read).
-            let stat = stat_identity(&self.release.banner, &files);
-            let id = remembered_identity(&self.release.banner, &self.root, &files, self.identity_memo.as_deref(), stat);
-            let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-            c.get_or_insert(Confirmed { stat, at: std::time::Instant::now(), changed: false });
-            id
+            let stat = self.stat();
+            remembered_identity(&self.release.banner, &self.root, &files, self.identity_memo.as_deref(), stat)
         })
+    }
+
+    /// Whether the content identity is known (hashed or remembered).
+    pub fn identity_ready(&self) -> bool {
+        self.identity.get().is_some()
+    }
+
+    /// The identity for keys now, without waiting: the content identity
+    /// where it is known or remembered (a few `stat`s), else, while
+    /// [`Toolkit::prime`]'s hash runs (a fresh cache directory's first
+    /// links), a provisional one derived from the files' stat identity.
+    /// Sound for this host's cache, as the memo is; another host never
+    /// computes it, so a shared tier holds such entries unused.
+    pub fn key_identity(&self) -> [u8; 32] {
+        if let Some(id) = self.identity.get() {
+            return *id;
+        }
+        let stat = self.stat();
+        if let Some(id) = self.identity_memo.as_deref().and_then(|d| read_memo(&d.join(hex(&stat)))) {
+            return *self.identity.get_or_init(|| id);
+        }
+        let mut h = blake3::Hasher::new();
+        h.update(b"nvlinkd-toolkit-provisional-identity-v1\0");
+        h.update(&stat);
+        *h.finalize().as_bytes()
+    }
+
+    /// Make the content identity ready for links: at once where it is
+    /// remembered, else hashed on a thread of its own (links meanwhile use
+    /// [`Toolkit::key_identity`]'s provisional one).
+    pub fn prime(self: &Arc<Self>) {
+        let stat = self.stat();
+        if let Some(id) = self.identity_memo.as_deref().and_then(|d| read_memo(&d.join(hex(&stat)))) {
+            let _ = self.identity.set(id);
+            return;
+        }
+        let tk = Arc::clone(self);
+        std::thread::spawn(move || {
+            // Beside the links, not before them: at the lowest priority.
+            // SAFETY: setpriority on this thread's own id has no preconditions.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+            tk.identity();
+        });
+    }
+
+    /// The files' stat identity as last confirmed.
+    fn stat(&self) -> [u8; 32] {
+        self.confirmed().as_ref().map(|c| c.stat).unwrap_or_default()
+    }
+
+    /// The stat identity at opening and its confirmations (see
+    /// [`Toolkit::changed_on_disk`]), taken on first use.
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, Option<Confirmed>> {
+        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_none() {
+            let stat = stat_identity(&self.release.banner, &self.identity_files());
+            *c = Some(Confirmed { stat, at: std::time::Instant::now(), changed: false });
+        }
+        c
     }
 
     /// Whether the files the identity covers changed their contents since it
     /// was computed (an upgrade or a patch in place under a running daemon):
     /// their stats are looked at once a second at most, and only when those
     /// moved are the contents hashed again (a rename or a reinstall of the
-    /// same bytes, `install --in-place`, keeps the identity). Once changed,
+    /// same bytes, `install --in-place`, keeps the identity). Stats that move
+    /// before the first hash finished count as a change. Once changed,
     /// always: the daemon's loaded libraries are the old ones.
     pub fn changed_on_disk(&self) -> bool {
-        let id = self.identity();
-        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-        // (Set with the identity, just above.)
-        let Some(c) = c.as_mut() else { return false };
+        let mut guard = self.confirmed();
+        let Some(c) = guard.as_mut() else { return false };
         let now = std::time::Instant::now();
         if c.changed || now.duration_since(c.at) < CONFIRM_EVERY {
             return c.changed;
@@ -253,9 +306,13 @@ impl Toolkit {
         let files = self.identity_files();
         let stat = stat_identity(&self.release.banner, &files);
         if stat != c.stat {
-            let memo = self.identity_memo.as_deref();
-            let again = remembered_identity(&self.release.banner, &self.root, &files, memo, stat);
-            c.changed = again != id;
+            c.changed = match self.identity.get() {
+                Some(id) => {
+                    let memo = self.identity_memo.as_deref();
+                    remembered_identity(&self.release.banner, &self.root, &files, memo, stat) != *id
+                }
+                None => true,
+            };
             c.stat = stat;
             if c.changed {
                 tracing::warn!(toolkit = %self.root.display(), "the toolkit's files changed on disk: its links go to the caller's nvlink until the daemon is restarted");
@@ -322,10 +379,18 @@ fn write_memo(path: &Path, id: &[u8; 32]) {
     }
 }
 
-/// See [`Toolkit::identity`]: the files' contents, hashed side by side.
+/// See [`Toolkit::identity`]: the files' contents, each file once.
 fn content_identity(banner: &str, root: &Path, files: &[PathBuf]) -> [u8; 32] {
-    use rayon::prelude::*;
-    let digests: Vec<Option<(u64, [u8; 32])>> = files.par_iter().map(|p| file_digest(p).ok()).collect();
+    // A file under two names (libnvvm in lib/ and lib64/) is read once.
+    let real: Vec<PathBuf> = files.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())).collect();
+    let mut unique: Vec<&PathBuf> = real.iter().collect();
+    unique.sort();
+    unique.dedup();
+    // One after another on the caller's thread: rayon's pool is the links'
+    // (a link's input digests would wait behind these hundreds of megabytes).
+    let distinct: std::collections::HashMap<&PathBuf, Option<(u64, [u8; 32])>> =
+        unique.iter().map(|p| (*p, file_digest(p).ok())).collect();
+    let digests: Vec<Option<(u64, [u8; 32])>> = real.iter().map(|p| distinct[p]).collect();
     let mut h = blake3::Hasher::new();
     h.update(b"nvlinkd-toolkit-identity-v3\0");
     h.update(&(banner.len() as u64).to_le_bytes());
@@ -492,6 +557,49 @@ mod tests {
         // A damaged memo is recomputed.
         std::fs::write(memo.join(hex(&stat_identity("banner", &files))), b"junk").unwrap();
         assert_eq!(identity_of("banner", &root, &files, Some(&memo)), first);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A toolkit at `root` whose content identities are remembered in `memo`.
+    fn fake(root: &Path, memo: &Path) -> Toolkit {
+        let banner = "Cuda compilation tools, release 13.5, V13.5.37\nBuild cuda_13.5.r13.5/compiler.39125733_0\n";
+        Toolkit {
+            root: root.to_owned(),
+            release: Release::from_banner(banner).unwrap(),
+            identity: OnceLock::new(),
+            identity_memo: Some(memo.to_owned()),
+            confirmed: std::sync::Mutex::new(None),
+            jitlink: OnceLock::new(),
+            help: OnceLock::new(),
+        }
+    }
+
+    /// A fresh cache directory's first links do not wait for the contents to
+    /// be hashed: they key with a provisional identity until the hash is
+    /// there, and a daemon on a directory that remembers it never waits.
+    #[test]
+    fn links_key_with_a_provisional_identity_until_the_contents_are_hashed() {
+        let base = std::env::temp_dir().join(format!("nvlinkd-tk-provisional-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, memo) = (base.join("cuda"), base.join("memo"));
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::write(root.join("bin/ptxas"), b"ptxas").unwrap();
+        std::fs::write(root.join("bin/nvlink"), b"nvlink").unwrap();
+        let tk = fake(&root, &memo);
+        let provisional = tk.key_identity();
+        assert_eq!(provisional, tk.key_identity());
+        assert!(tk.identity.get().is_none(), "keying hashed the contents");
+        let content = tk.identity();
+        assert_ne!(provisional, content);
+        assert_eq!(tk.key_identity(), content);
+        // Another daemon on the same cache directory reads it back.
+        assert_eq!(fake(&root, &memo).key_identity(), content);
+        let primed = Arc::new(fake(&root, &memo));
+        primed.prime();
+        assert_eq!(primed.identity.get(), Some(&content), "prime hashed again what was remembered");
+        // Another installation (new inodes): provisional again, then the same contents.
+        let fresh = fake(&base.join("elsewhere"), &memo);
+        assert_ne!(fresh.key_identity(), provisional);
         let _ = std::fs::remove_dir_all(&base);
     }
 

@@ -199,9 +199,10 @@ impl Toolkits {
                     let (w, lib) = (w.clone(), tk.jitlink_spec());
                     std::thread::spawn(move || w.prewarm(&lib, PREWARM_WORKERS));
                 }
-                // Before any link needs it (a few stats, or once per
-                // toolkit installation its files' contents read).
-                tk.identity();
+                // The identity for keys: remembered (a few stats), or
+                // hashed on a thread while the first links use a
+                // provisional one (see Toolkit::key_identity).
+                tk.prime();
                 Ok(tk)
             })
             .clone();
@@ -352,6 +353,9 @@ impl Linker {
         s.gauge("running_foreground", self.sched.running().0);
         s.gauge("running_background", self.sched.running().1);
         s.gauge("uptime_s", self.started.elapsed().as_secs());
+        // Toolkits whose links key with a provisional identity (see Toolkit::key_identity).
+        let hashing = self.toolkits.open.iter().filter(|t| !t.identity_ready()).count() + self.toolkits.opening.len();
+        s.gauge("toolkits_hashing", hashing as u64);
         let v = self.verifier.counters();
         s.counter("verified", v.verified.load(Relaxed));
         s.counter("verify_mismatches", v.mismatches.load(Relaxed));

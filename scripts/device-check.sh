@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # The GPU machines' run, prepared to fit one call (they have no Rust and lend
-# 15 minutes a session): the GPU check, the fresh-daemon bursts with medians of
-# 5, two traced fresh bursts (the daemon's phase events and the shims'
-# timings; the default pool and --jobs 4), the whole benchmark once, and the
-# three-arch nvcc build. Each step has its own time limit and writes its own
-# file under OUT as it goes, so a run cut short keeps what it measured.
+# 15 minutes a session). Each step has its own time limit and writes its own
+# file under OUT as it goes, so a run cut short keeps what it measured:
+#   gpu-check      the demo built through an overlay and run on the GPU (CUDA_HOME);
+#   fresh, burst   the bench's (g) and (h) rows, medians of 5, and (e) (BURST_CUDA_HOME);
+#   traced*        one fresh daemon's burst of 16 links with its phase events and
+#                  the shims' timings, with the default pool and with --jobs 4;
+#   multiarch      the three-arch nvcc -dlto build (CUDA_HOME);
+#   bench          the whole bench once, when FULL=1 (CUDA_HOME).
 #
-#   BIN_DIR=DIR OUT=DIR scripts/device-check.sh
+#   BIN_DIR=DIR OUT=DIR [CUDA_HOME=DIR] [BURST_CUDA_HOME=DIR] scripts/device-check.sh
 #
 # BIN_DIR holds stripped release builds of nvlinkd, nvlinkd-nvvm, the nvlink
-# shim and nvlinkd-bench (and, to skip nvcc there, nvlinkd-corpus/ as the
-# bench leaves it after a run with the same CUDA_HOME path). CUDA_HOME defaults
-# to /usr/local/cuda.
+# shim and nvlinkd-bench; the bench's compiled workload is taken from
+# BIN_DIR/nvlinkd-corpus where a run with the same toolkit path left it, and
+# built with that toolkit's nvcc otherwise. CUDA_HOME defaults to
+# /usr/local/cuda (the machines' own 13.0, whose links nvlinkd leaves to its
+# nvlink); BURST_CUDA_HOME, a release the in-process engine links, to CUDA_HOME.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 bin=$(cd "${BIN_DIR:?BIN_DIR: the prebuilt binaries}" && pwd)
 out=${OUT:?OUT: where the results go}
-export BIN_DIR=$bin CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NVLINKD_REPO_ROOT=$PWD
+cuda=${CUDA_HOME:-/usr/local/cuda}
+burst=${BURST_CUDA_HOME:-$cuda}
+export BIN_DIR=$bin NVLINKD_REPO_ROOT=$PWD
 
 step() { # step NAME SECONDS COMMAND...
   local name=$1 secs=$2
@@ -24,13 +31,14 @@ step() { # step NAME SECONDS COMMAND...
   echo "== $name ($(date +%T))"
   timeout "$secs" "$@" >"$out/$name.log" 2>&1
   echo "rc=$?" >>"$out/$name.log"
-  tail -3 "$out/$name.log"
+  tail -4 "$out/$name.log"
 }
 
 {
   echo "cores: $(nproc)"
   nvidia-smi -L
-  "$CUDA_HOME/bin/nvcc" --version | tail -2
+  "$cuda/bin/nvcc" --version | tail -2
+  "$burst/bin/nvlink" --version | tail -2
   grep -m1 'model name' /proc/cpuinfo
   free -g | head -2
 } >"$out/machine.txt" 2>&1
@@ -39,8 +47,10 @@ cat "$out/machine.txt"
 # One fresh daemon (serve's extra arguments: "$@"), 16 distinct non-LTO
 # links at once, traced; files named traced$TAG-*.
 traced_burst() {
-  local work d links=() shims=() a b c i t=traced${TAG:-}
+  local work d lib links=() shims=() a b c i t=traced${TAG:-}
   work=$(dirname "$(find "$bin/nvlinkd-corpus" -name workload.done | head -1)")
+  lib=$CUDA_HOME/lib64
+  [[ -f $lib/libcudadevrt.a ]] || lib=$CUDA_HOME/lib
   d=$(mktemp -d /tmp/nvlinkd-traced.XXXXXX)
   for a in 1 2 3 4 5; do for b in $(seq $((a + 1)) 5); do
     links+=("tu$a.o tu$b.o")
@@ -57,7 +67,7 @@ traced_burst() {
   for i in $(seq 0 15); do
     # shellcheck disable=SC2086 # the link's objects, one word each
     (cd "$work" && NVLINKD_SOCKET=$d/s NVLINKD_FALLBACK=never NVLINKD_TIMING=1 \
-      "$bin/nvlink" --arch=sm_90 -L"$CUDA_HOME/lib64" ${links[$i]} transforms.o -lcudadevrt -o "$d/b$i.cubin" 2>"$out/$t-shim-$i.log") &
+      "$bin/nvlink" --arch=sm_90 -L"$lib" ${links[$i]} transforms.o -lcudadevrt -o "$d/b$i.cubin" 2>"$out/$t-shim-$i.log") &
     shims+=($!)
   done
   wait "${shims[@]}"
@@ -68,13 +78,16 @@ traced_burst() {
   wait
   rm -rf "$d"
 }
-
-step gpu-check 100 scripts/gpu-check.sh "$bin" "$CUDA_HOME"
-step fresh 80 env NVLINKD_BENCH_ONLY=fresh scripts/bench.sh 5
 export bin out
 export -f traced_burst
-step traced 20 bash -c traced_burst
-step traced-jobs4 20 env TAG=-jobs4 bash -c 'traced_burst --jobs 4'
-step bench 260 env NVLINKD_BENCH_DROP_CACHES=1 scripts/bench.sh 1
-step multiarch 110 scripts/bench-multiarch.sh "80 90 100" 1
+
+step gpu-check 100 scripts/gpu-check.sh "$bin" "$cuda"
+step fresh 70 env CUDA_HOME="$burst" NVLINKD_BENCH_ONLY=fresh scripts/bench.sh 5
+step burst 30 env CUDA_HOME="$burst" NVLINKD_BENCH_ONLY=burst scripts/bench.sh 5
+step traced 15 env CUDA_HOME="$burst" bash -c traced_burst
+step traced-jobs4 15 env CUDA_HOME="$burst" TAG=-jobs4 bash -c 'traced_burst --jobs 4'
+step multiarch 150 env CUDA_HOME="$cuda" scripts/bench-multiarch.sh "80 90 100" 1
+if [[ ${FULL:-0} == 1 ]]; then
+  step bench 300 env CUDA_HOME="$cuda" NVLINKD_BENCH_DROP_CACHES=1 scripts/bench.sh 1
+fi
 echo "== done ($(date +%T))"

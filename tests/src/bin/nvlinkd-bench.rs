@@ -2,7 +2,8 @@
 //!
 //! Scenarios (medians of repetitions, ratios nvlink/nvlinkd):
 //!   (a) cold LTO link of a CUB-heavy workload: nvlinkd with an empty cache vs
-//!       nvlink, and vs nvlink with its best split option;
+//!       nvlink, and vs nvlink with its best split option ((a0): the same with
+//!       the page cache emptied before each side, `NVLINKD_BENCH_DROP_CACHES=1`);
 //!   (b) the same LTO link again (warm);
 //!   (c) the LTO link after one unit's device code changed
 //!       (`NVLINKD_BENCH_ONLY=cold` runs only (a) and (c), wall and CPU time,
@@ -14,8 +15,10 @@
 //!       each burst (`NVLINKD_BENCH_ONLY=burst` runs only (e));
 //!   (f) peak memory of nvlink and of the daemon; daemon RSS after 10 and after
 //!       1000 warm links;
-//!   (g) a burst of 16 concurrent distinct links on a just-started daemon (no
-//!       link before it) vs 16 concurrent nvlink processes: p50 latency and total;
+//!   (g) a burst of 16 concurrent distinct links vs 16 concurrent nvlink
+//!       processes, p50 latency and total: on a just-started daemon (no link
+//!       before it), on one started 2 s before, and on a warm daemon whose
+//!       cache holds none of the 16;
 //!   (h) the first link of a daemon the shim starts itself (no daemon running,
 //!       auto-start included) vs nvlink;
 //!   (i) links once routed to the real nvlink, now in process (nvcc's -dlto

@@ -43,6 +43,13 @@
 //! [`BREAKER_FAILURES`] failures in a row the tier is skipped for
 //! [`BREAKER_OPEN`] (counted in `remote_cache_skipped`), so an unreachable or
 //! slow server costs each link at most one deadline, and most links nothing.
+//! A server that answers *busy* (`RESOURCE_EXHAUSTED`: BuildGrid past its
+//! concurrent-RPC limit, a quota; REAPI's "the client may retry after a
+//! delay") has not failed: the lookup or upload is made again after a short
+//! pause, within the same deadline (counted in `remote_cache_busy`), and only
+//! one still refused at its deadline is a failure. (Counted as failures, the
+//! refusals of one burst of a fleet's replicas opened the breaker, and the
+//! entries of that burst were never shared.)
 //! Uploads run in the background (bounded by [`MAX_PENDING_UPLOAD_BYTES`];
 //! beyond that they are dropped), so a link's answer never waits for them.
 //!
@@ -138,6 +145,11 @@ const OUTPUT: &str = "value";
 const BREAKER_FAILURES: u32 = 3;
 /// How long the tier is skipped after that.
 const BREAKER_OPEN: Duration = Duration::from_secs(30);
+/// The first pause before a lookup or upload the server refused as busy is
+/// made again; it doubles with each refusal, up to [`BUSY_PAUSE_MAX`].
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
+/// The longest pause between two tries of a call refused as busy.
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// Bytes of entries waiting to be uploaded; more are dropped (not shared).
 const MAX_PENDING_UPLOAD_BYTES: u64 = 256 << 20;
 /// Uploads running at once.
@@ -177,6 +189,8 @@ struct Counters {
     rejected: AtomicU64,
     /// Lookups and uploads skipped while the breaker is open.
     skipped: AtomicU64,
+    /// Calls the server refused as busy, made again after a pause.
+    busy: AtomicU64,
     uploads: AtomicU64,
     upload_errors: AtomicU64,
     uploads_dropped: AtomicU64,
@@ -233,6 +247,15 @@ impl std::fmt::Display for Error {
             Error::Rejected(w) => write!(f, "rejected: {w}"),
             Error::Unsupported(w) => write!(f, "unsupported server: {w}"),
         }
+    }
+}
+
+impl Error {
+    /// The server refused the call as busy (`RESOURCE_EXHAUSTED`: its
+    /// concurrency limit or a quota): it answers, and asks to be called again
+    /// later; see the module doc.
+    fn busy(&self) -> bool {
+        matches!(self, Error::Rpc(s) if s.code() == tonic::Code::ResourceExhausted)
     }
 }
 
@@ -305,7 +328,9 @@ impl RemoteTier for RemoteCache {
         let task = {
             let (inner, key) = (inner.clone(), *key);
             self.rt.spawn(async move {
-                let got = tokio::time::timeout(inner.opts.timeout, inner.lookup(kind, &key)).await;
+                let deadline = Instant::now() + inner.opts.timeout;
+                let lookup = inner.unless_busy(deadline, || inner.lookup(kind, &key));
+                let got = tokio::time::timeout(inner.opts.timeout, lookup).await;
                 let _ = tx.send(got.unwrap_or(Err(Error::Timeout)));
             })
         };
@@ -361,7 +386,10 @@ impl RemoteTier for RemoteCache {
         self.rt.spawn(async move {
             let c = &inner.counters;
             let uploaded = match inner.uploads.acquire().await {
-                Ok(_permit) => inner.upload(kind, &key, &value).await,
+                Ok(_permit) => {
+                    let deadline = Instant::now() + inner.opts.timeout;
+                    inner.unless_busy(deadline, || inner.upload(kind, &key, &value)).await
+                }
                 Err(_) => Err(Error::Timeout),
             };
             match uploaded {
@@ -391,6 +419,7 @@ impl RemoteTier for RemoteCache {
             ("remote_cache_errors", l(&c.errors)),
             ("remote_cache_rejected", l(&c.rejected)),
             ("remote_cache_skipped", l(&c.skipped)),
+            ("remote_cache_busy", l(&c.busy)),
             ("remote_cache_uploads", l(&c.uploads)),
             ("remote_cache_upload_errors", l(&c.upload_errors)),
             ("remote_cache_uploads_dropped", l(&c.uploads_dropped)),
@@ -505,6 +534,36 @@ impl Inner {
             *open = Some(Instant::now() + BREAKER_OPEN);
         } else {
             warn!(url = %self.opts.url, "shared cache call failed ({e}): treated as a miss");
+        }
+    }
+
+    /// `op`, made again after a pause while the server refuses it as busy
+    /// ([`Error::busy`]), as long as the next try starts before `deadline`;
+    /// the pause doubles from [`BUSY_PAUSE`], each between half and all of
+    /// its length (so that replicas refused together do not all come back
+    /// together). Each pause is counted in `remote_cache_busy`.
+    async fn unless_busy<T, F, Fut>(&self, deadline: Instant, mut op: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let mut pause = BUSY_PAUSE;
+        loop {
+            match op().await {
+                Err(e) if e.busy() => {
+                    // A fresh RandomState's keys differ from call to call.
+                    let r = std::hash::BuildHasher::build_hasher(&std::collections::hash_map::RandomState::new());
+                    let wait = pause / 2 + pause.mul_f64((std::hash::Hasher::finish(&r) % 1000) as f64 / 2000.0);
+                    if Instant::now() + wait >= deadline {
+                        return Err(e);
+                    }
+                    self.counters.busy.fetch_add(1, Ordering::Relaxed);
+                    debug!(url = %self.opts.url, pause_ms = wait.as_millis() as u64, "shared cache busy ({e}): trying again");
+                    tokio::time::sleep(wait).await;
+                    pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                }
+                done => return done,
+            }
         }
     }
 
@@ -845,6 +904,56 @@ mod tests {
         let result = re::ActionResult::decode(&result.encode_to_vec()[..]).unwrap();
         assert_eq!(entry_mac_of(&result), Some(mac));
         assert_eq!(entry_mac_of(&re::ActionResult::default()), None);
+    }
+
+    /// A call the server refuses as busy is made again, after pauses that
+    /// each count, until it is answered; any other error ends it at once; one
+    /// busy until its deadline gives up before the deadline, with the refusal.
+    #[test]
+    fn busy_answers_are_tried_again_within_the_deadline() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let opts = RemoteOptions {
+            url: "grpc://127.0.0.1:9".into(),
+            instance: String::new(),
+            token: None,
+            ca_pem: None,
+            timeout: Duration::from_secs(5),
+            fleet_key: None,
+        };
+        let cache = RemoteCache::new(opts, rt.handle().clone()).unwrap();
+        let inner = &cache.inner;
+        let busy = || Error::Rpc(tonic::Status::resource_exhausted("Concurrent RPC limit exceeded!"));
+        let pauses = || inner.counters.busy.load(Ordering::Relaxed);
+        let tries = AtomicU32::new(0);
+        let far = Instant::now() + Duration::from_secs(60);
+
+        let answered = rt.block_on(inner.unless_busy(far, || {
+            let n = tries.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if n < 3 {
+                    Err(busy())
+                } else {
+                    Ok(n)
+                }
+            }
+        }));
+        assert_eq!(answered.ok(), Some(3));
+        assert_eq!(pauses(), 3);
+
+        tries.store(0, Ordering::Relaxed);
+        let failed = rt.block_on(inner.unless_busy(far, || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            async { Err::<(), _>(Error::Rpc(tonic::Status::unavailable("connection refused"))) }
+        }));
+        assert!(matches!(failed, Err(Error::Rpc(s)) if s.code() == tonic::Code::Unavailable));
+        assert_eq!((tries.load(Ordering::Relaxed), pauses()), (1, 3), "only a busy answer is tried again");
+
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_millis(300);
+        let refused = rt.block_on(inner.unless_busy(deadline, || async { Err::<(), _>(busy()) }));
+        assert!(refused.as_ref().is_err_and(Error::busy), "{refused:?}");
+        assert!(Instant::now() <= deadline, "tried past its deadline: {:?}", t0.elapsed());
+        assert!(pauses() > 3 + 1, "paused {} times in 300 ms", pauses() - 3);
     }
 
     #[test]

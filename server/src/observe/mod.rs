@@ -90,6 +90,10 @@ const HELP: &[(&str, &str)] = &[
     ("remote_cache_errors", "Shared-tier lookups that failed"),
     ("remote_cache_rejected", "Shared-tier entries refused: not signed with the fleet key, or damaged"),
     ("remote_cache_skipped", "Shared-tier lookups and writes skipped while the server was failing"),
+    (
+        "remote_cache_busy",
+        "Shared-tier calls the server refused as busy (RESOURCE_EXHAUSTED), made again after a pause",
+    ),
     ("remote_cache_uploads", "Entries written to the shared tier"),
     ("remote_cache_upload_errors", "Shared-tier writes that failed"),
     ("remote_cache_uploads_dropped", "Shared-tier writes dropped: the upload queue was full"),

@@ -47,7 +47,15 @@ impl BuildGrid {
     /// Start BuildGrid and wait until it accepts connections; None (with a
     /// message) where BuildGrid is not installed.
     pub fn start() -> Option<BuildGrid> {
-        Self::launch(None).map(|(bg, _)| bg)
+        Self::launch(None, None).map(|(bg, _)| bg)
+    }
+
+    /// [`BuildGrid::start`] serving at most `n` calls at once: gRPC refuses
+    /// any more as busy (`RESOURCE_EXHAUSTED`, "Concurrent RPC limit
+    /// exceeded!"), as BuildGrid does past `thread-pool-size` unless told
+    /// otherwise (`maximum-concurrent-rpcs`).
+    pub fn start_with_call_limit(n: u32) -> Option<BuildGrid> {
+        Self::launch(None, Some(n)).map(|(bg, _)| bg)
     }
 
     /// BuildGrid serving TLS (a certificate for 127.0.0.1 and localhost from a
@@ -59,10 +67,10 @@ impl BuildGrid {
             eprintln!("SKIP: no openssl to make the test certificates");
             return None;
         }
-        Self::launch(Some(())).map(|(bg, s)| (bg, s.expect("secured")))
+        Self::launch(Some(()), None).map(|(bg, s)| (bg, s.expect("secured")))
     }
 
-    fn launch(secure: Option<()>) -> Option<(BuildGrid, Option<Secured>)> {
+    fn launch(secure: Option<()>, call_limit: Option<u32>) -> Option<(BuildGrid, Option<Secured>)> {
         let Some(bgd) = bgd() else {
             eprintln!(
                 "SKIP: BuildGrid is not installed (scripts/setup-buildgrid.sh; or set NVLINKD_BUILDGRID to a bgd)"
@@ -72,13 +80,16 @@ impl BuildGrid {
         let dir = TempDir::new("bg");
         let addr = free_port();
         let config = dir.path().join("buildgrid.yml");
-        let (secured, extra) = match secure {
+        let (secured, mut extra) = match secure {
             Some(()) => {
                 let (s, extra) = secure_files(&bgd, dir.path());
                 (Some(s), extra)
             }
             None => (None, String::new()),
         };
+        if let Some(n) = call_limit {
+            extra += &format!("maximum-concurrent-rpcs: {n}\n");
+        }
         let text = match secured {
             // The deployed configuration itself (deploy/buildgrid), its
             // address and paths this test's.

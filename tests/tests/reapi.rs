@@ -1,8 +1,8 @@
 //! The shared cache tier on a real Remote Execution API server (BuildGrid):
 //! two daemons with their own cache directories share whole links and LTO
 //! artifacts through it; a tampered blob in BuildGrid's storage is rejected; an
-//! unreachable or silent server never fails a link. Every result is compared
-//! with the real nvlink's.
+//! unreachable or silent server never fails a link; a busy one is waited for.
+//! Every result is compared with the real nvlink's.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -237,6 +237,81 @@ fn links_survive(url: &str) {
     assert!(s["remote_cache_errors"].as_u64().unwrap() >= 1, "{s}");
     // The breaker opened after three failures in a row: later calls are skipped.
     assert!(s["remote_cache_skipped"].as_u64().unwrap() >= 1, "{s}");
+}
+
+/// BuildGrid's only call slot (`BuildGrid::start_with_call_limit(1)`), held
+/// by a ByteStream write that never finishes until the returned task is
+/// aborted; returns once BuildGrid refuses another call as busy.
+fn hold_the_only_call(bg: &BuildGrid, rt: &tokio::runtime::Runtime) -> tokio::task::JoinHandle<()> {
+    use bazel_remote_apis::google::bytestream::{byte_stream_client::ByteStreamClient, WriteRequest};
+    use re::capabilities_client::CapabilitiesClient;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", bg.addr)).unwrap();
+    let channel = rt.block_on(endpoint.connect()).expect("connect to BuildGrid");
+    let hold = || {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let first = WriteRequest {
+            resource_name: format!("uploads/00000000-0000-4000-8000-000000000001/blobs/{}/2", "ab".repeat(32)),
+            write_offset: 0,
+            finish_write: false,
+            data: vec![0],
+        };
+        tx.try_send(first).unwrap();
+        let mut writer = ByteStreamClient::new(channel.clone());
+        rt.spawn(async move {
+            // The request stream stays open while the task lives.
+            let _open = tx;
+            let _ = writer.write(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+        })
+    };
+    let mut held = hold();
+    let mut caps = CapabilitiesClient::new(channel.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // The write ends only when refused (the probe below had the slot).
+        if held.is_finished() {
+            held = hold();
+        }
+        match rt.block_on(caps.get_capabilities(re::GetCapabilitiesRequest::default())) {
+            Err(s) if s.code() == tonic::Code::ResourceExhausted && !held.is_finished() => return held,
+            other => assert!(Instant::now() < deadline, "BuildGrid never refused a call as busy: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server that refuses calls as busy (BuildGrid at its concurrent-RPC
+/// limit, as a fleet's replicas in a burst take it: `RESOURCE_EXHAUSTED`)
+/// has not failed: the daemon's calls wait and go again, and what it computed
+/// is shared. Counted as failures, three refusals opened the breaker, and the
+/// uploads of the next 30 s were skipped (a replacement replica then missed
+/// links of the burst, tests/tests/replicas.rs). Here BuildGrid serves one
+/// call at a time and the test holds that one until the daemon was refused.
+#[test]
+fn a_busy_remote_cache_is_waited_for_not_failed() {
+    let Some(bg) = BuildGrid::start_with_call_limit(1) else { return };
+    let out = TempDir::new("rp-busy");
+    let expected = run(&real_nvlink(), &inv(LINK, &out), &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let held = hold_the_only_call(&bg, &rt);
+    // A deadline the refusals do not outlast while the test watches.
+    let a = Daemon::start_with(&["--remote-cache", &bg.url(), "--remote-timeout", "60s"]);
+    std::thread::scope(|s| {
+        let link = s.spawn(|| run(&shim(), &inv(LINK, &out), &a.shim_env()));
+        a.wait_stat("remote_cache_busy", 1);
+        held.abort();
+        same(&expected, &link.join().expect("shim thread"));
+    });
+    wait_uploads(&a, 1);
+    let s = a.stats();
+    for failed in ["remote_cache_errors", "remote_cache_upload_errors", "remote_cache_skipped"] {
+        assert_eq!(s[failed].as_u64(), Some(0), "{failed}: {s}");
+    }
+    assert_eq!(s["cache_misses"].as_u64(), Some(1), "{s}");
+
+    // Shared: another daemon, its own cache empty, gets the link from the tier.
+    let b = daemon(&bg.url());
+    same(&expected, &run(&shim(), &inv(LINK, &out), &b.shim_env()));
+    assert_eq!(b.stat("cache_hits"), 1, "{}", b.stats());
 }
 
 #[test]

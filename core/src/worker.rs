@@ -466,19 +466,26 @@ impl WorkerPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start foreground workers for `lib` ahead of the first links, one after
-    /// another (the first is ready soonest), until `want` of them live (at
-    /// most `max`): a burst of links on a fresh daemon then finds them started
-    /// rather than starting them on its way (tens of milliseconds each).
+    /// Start foreground workers for `lib` ahead of the first links until
+    /// `want` of them live (at most `max`): a burst of links on a fresh daemon
+    /// then finds them started rather than starting them on its way (tens of
+    /// milliseconds each, and a link waits while one is starting). One after
+    /// another on a small machine (the first is ready soonest), as many at
+    /// once as half its cores on a bigger one.
     pub(crate) fn prewarm(&self, lib: &LibSpec, want: usize) {
-        while self.grow(lib, Priority::Foreground, want) {}
+        let at_once = std::thread::available_parallelism().map_or(1, |n| n.get() / 2).clamp(1, want.max(1));
+        std::thread::scope(|s| {
+            for _ in 0..at_once {
+                s.spawn(|| while self.grow(lib, Priority::Foreground, want, at_once) {});
+            }
+        });
     }
 
     /// Start one worker of `lib` and `class` unless `want` of the class live
-    /// already (or `max`) or one is starting; whether one was started.
-    fn grow(&self, lib: &LibSpec, class: Priority, want: usize) -> bool {
+    /// already (or `max`) or `at_once` are starting; whether one was started.
+    fn grow(&self, lib: &LibSpec, class: Priority, want: usize, at_once: usize) -> bool {
         let c = class as usize;
-        self.start_ahead(lib, class, false, |st| st.live[c] >= want.min(self.config.max))
+        self.start_ahead(lib, class, false, at_once, |st| st.live[c] >= want.min(self.config.max))
     }
 
     /// Start an unused worker of `lib`, `class` and kind (NVVM or not) unless
@@ -487,18 +494,25 @@ impl WorkerPool {
         let c = class as usize;
         let unused_idle =
             |st: &State| st.idle.iter().any(|w| &w.lib == lib && w.class == class && w.nvvm == nvvm && !w.used);
-        self.start_ahead(lib, class, nvvm, |st| st.live[c] >= self.config.max || unused_idle(st));
+        self.start_ahead(lib, class, nvvm, 1, |st| st.live[c] >= self.config.max || unused_idle(st));
     }
 
     /// Start a worker of `lib`, `class` and kind ahead of the links that will
-    /// need it, unless `enough` or one of them is starting already; whether
-    /// one was started (its slot is taken before, given back if it fails).
-    fn start_ahead(&self, lib: &LibSpec, class: Priority, nvvm: bool, enough: impl Fn(&State) -> bool) -> bool {
+    /// need it, unless `enough` or `at_once` of them are starting already;
+    /// whether one was started (its slot is taken before, given back if it fails).
+    fn start_ahead(
+        &self,
+        lib: &LibSpec,
+        class: Priority,
+        nvvm: bool,
+        at_once: usize,
+        enough: impl Fn(&State) -> bool,
+    ) -> bool {
         let c = class as usize;
         let key = (lib.clone(), class, nvvm);
         {
             let mut st = self.lock();
-            if enough(&st) || st.prewarming.contains(&key) {
+            if enough(&st) || st.prewarming.iter().filter(|k| **k == key).count() >= at_once {
                 return false;
             }
             st.live[c] += 1;
@@ -506,7 +520,9 @@ impl WorkerPool {
         }
         let spawned = self.spawn(lib, class, nvvm);
         let mut st = self.lock();
-        st.prewarming.retain(|k| k != &key);
+        if let Some(i) = st.prewarming.iter().position(|k| k == &key) {
+            st.prewarming.swap_remove(i);
+        }
         let ok = match spawned {
             Ok(w) => {
                 st.idle.push(w);

@@ -158,7 +158,7 @@ const CONTENT_MEMO_MAX: u64 = 128 << 20;
 /// Most workers a toolkit gets started ahead of its links (`--jobs` bounds
 /// them too); beyond, a link starts the one it needs. Each idle worker holds
 /// about 6 MB of its own memory (the library's pages are shared).
-const PREWARM_WORKERS: usize = 8;
+const PREWARM_WORKERS: usize = 16;
 
 /// A toolkit being opened, shared by the links waiting for it.
 type Opening = std::sync::OnceLock<Result<Arc<Toolkit>, String>>;
@@ -193,7 +193,7 @@ impl Toolkits {
                 let tk = Arc::new(tk);
                 if let Some(w) = &self.workers {
                     // Start the workers now (up to --jobs, at most
-                    // PREWARM_WORKERS), one after another: loading nvJitLink
+                    // PREWARM_WORKERS; see WorkerPool::prewarm): loading nvJitLink
                     // costs tens of milliseconds, which a burst of first links
                     // would otherwise pay on its way.
                     let (w, lib) = (w.clone(), tk.jitlink_spec());

@@ -40,6 +40,9 @@ pub struct Parsed {
     /// Warnings of the parse itself (redefined options). nvlink prints them
     /// before anything else, and `-w`/`-Werror` do not apply to them.
     pub warnings: Vec<Diagnostic>,
+    /// The options files opened (`-optf`, nested ones too), as named, in
+    /// the order opened; their words are in `options` and `inputs`.
+    pub options_files: Vec<String>,
 }
 
 /// Most `--options-file`s open at once: nvlink opens 15 nested files and
@@ -179,6 +182,9 @@ impl Parser<'_> {
         self.opened += 1;
         if self.opened > MAX_OPTIONS_FILES_OPENED {
             return Err(Stop::TooLarge(format!("options files opened more than {MAX_OPTIONS_FILES_OPENED} times")));
+        }
+        if !self.out.options_files.iter().any(|f| f == file) {
+            self.out.options_files.push(file.to_owned());
         }
         let bytes = self
             .fs

@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cli::options::Opt;
 use crate::cli::parse::Parsed;
 use crate::fs::absolute;
 use crate::input::libsearch;
@@ -68,13 +67,7 @@ impl LinkFiles {
                     candidates: dirs.iter().map(|d| named(&libsearch::candidate(d, name))).collect(),
                 })
                 .collect(),
-            options_files: parsed
-                .options
-                .iter()
-                .filter(|o| o.id == Opt::OptionsFile)
-                .filter_map(|o| o.value.as_deref())
-                .map(named)
-                .collect(),
+            options_files: parsed.options_files.iter().map(|f| named(f)).collect(),
             search_dirs: dirs.iter().map(|d| named(d)).collect(),
         }
     }
@@ -116,5 +109,24 @@ mod tests {
         let dirs: Vec<&str> = f.search_dirs.iter().map(|d| d.given.as_str()).collect();
         assert_eq!(dirs, ["lib/", "/sys", "/env"]);
         assert_eq!(f.every_path().count(), 2 + 6);
+    }
+
+    /// The options files a link reads are named too, nested ones included,
+    /// each once (a change to any of them changes the link).
+    #[test]
+    fn options_files_are_named_nested_ones_too() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-files-optf-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("outer.opts"), "a.o -optf inner.opts -optf inner.opts").unwrap();
+        std::fs::write(dir.join("inner.opts"), "-arch=sm_90").unwrap();
+        let args: Vec<String> = ["-optf", "outer.opts", "b.o"].iter().map(|s| s.to_string()).collect();
+        let parsed = crate::cli::parse::parse(&args, &crate::fs::LocalFs, &dir).unwrap();
+        let spec = crate::cli::spec::Spec::from_parsed(parsed, &dir, None).unwrap();
+        let named: Vec<(&str, PathBuf)> =
+            spec.files.options_files.iter().map(|n| (n.given.as_str(), n.path.clone())).collect();
+        assert_eq!(named, [("outer.opts", dir.join("outer.opts")), ("inner.opts", dir.join("inner.opts"))]);
+        assert_eq!(spec.files.every_path().count(), 2 + 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

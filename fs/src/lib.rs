@@ -168,18 +168,41 @@ pub fn output_target(path: &Path) -> std::path::PathBuf {
     target
 }
 
+/// Whether `path` as spelled can only name a directory: it ends in `/`, or
+/// its last component is `.` or `..`. The kernel refuses to open such a name
+/// for writing (EISDIR, or ENOTDIR on a file), however `Path`'s own view,
+/// which drops a trailing `/` and `.` components, sees it.
+pub fn names_a_directory(path: &Path) -> bool {
+    let b = path.as_os_str().as_encoded_bytes();
+    b.ends_with(b"/") || b == b"." || b == b".." || b.ends_with(b"/.") || b.ends_with(b"/..")
+}
+
 /// [`output_target`], where the kernel would let nvlink open `path` for
-/// writing: a symlink is followed only if the kernel follows it for this
-/// process (`fs.protected_symlinks`: not another user's link in a sticky,
+/// writing: never a name that can only be a directory ([`names_a_directory`]);
+/// a symlink is followed only if the kernel follows it for this process
+/// (`fs.protected_symlinks`: not another user's link in a sticky,
 /// world-writable directory), found by opening `path` itself as nvlink's
-/// `fopen(path, "w")` does, without truncating. Err: nvlink's "Could not open
-/// output file".
+/// `fopen(path, "w")` does, without truncating; an existing file only where
+/// this process may write it (its own permission, as `fopen` needs; root
+/// may). Err: nvlink's "Could not open output file".
 pub fn output_target_checked(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    if names_a_directory(path) {
+        return Err(io::Error::from_raw_os_error(libc::EISDIR));
+    }
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o666).open(path)?;
     }
-    Ok(output_target(path))
+    let target = output_target(path);
+    if std::fs::metadata(&target).is_ok_and(|m| m.is_file()) {
+        let c = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a NUL-terminated path; faccessat only reads it.
+        if unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(target)
 }
 
 /// The mode of the file nvlink leaves at `target` (already resolved, see
@@ -240,6 +263,10 @@ impl Stager {
     pub fn new(target: &Path) -> std::io::Result<Stager> {
         use std::os::unix::fs::OpenOptionsExt;
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // `x/` is no file beside `x`'s directory: nothing is staged for it.
+        if names_a_directory(target) {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
         let target = resolved_dir(target);
         let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

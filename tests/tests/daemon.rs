@@ -651,6 +651,125 @@ fn an_output_in_a_missing_directory_gets_nvlinks_fatal_through_shim_and_exec() {
     }
 }
 
+/// An output named so that it can only be a directory (`x/`, `x/.`, `x//`):
+/// nvlink cannot open it and fails, whatever is there. Through the shim (its
+/// outputs in messages, or staged by the daemon when large) and through
+/// `nvlinkd exec` alike: nvlink's fatal, and what was at `x` untouched (a file
+/// or a symlink is never replaced by a rename; as root that was a device).
+#[test]
+fn an_output_named_as_a_directory_gets_nvlinks_fatal_and_leaves_what_is_there() {
+    let d = Daemon::start();
+    let out = TempDir::new("dirname-out");
+    // What is there already, outside the directory each run empties.
+    let there = TempDir::new("dirname-there");
+    let at = |name: &str| there.path().join(name);
+    let env = [("CUDA_HOME".to_string(), cuda_home().display().to_string())];
+    std::fs::write(at("existing.cubin"), b"keep").unwrap();
+    std::fs::write(at("target.txt"), b"target").unwrap();
+    std::os::unix::fs::symlink("target.txt", at("lnk")).unwrap();
+    let big = TempDir::new("dirname-big");
+    corpus::big_array_object(big.path(), 1 << 20, true);
+    let state = |name: &str| std::fs::symlink_metadata(at(name)).map(|m| (m.ino(), m.mode())).ok();
+    let kept = [("existing.cubin", state("existing.cubin")), ("lnk", state("lnk"))];
+    let t = there.path().display().to_string();
+    let cases = [
+        (format!("--arch=sm_90 accumulate.o scale.o -o {t}/x.cubin/"), corpus::dir().as_path()),
+        (format!("--arch=sm_90 accumulate.o scale.o -o {t}/x.cubin/."), corpus::dir()),
+        (format!("--arch=sm_90 accumulate.o scale.o -o {t}/x.cubin//"), corpus::dir()),
+        (format!("--arch=sm_90 accumulate.o scale.o -o {t}/existing.cubin/"), corpus::dir()),
+        (format!("--arch=sm_90 accumulate.o scale.o -o {t}/lnk/"), corpus::dir()),
+        (
+            format!("--arch=sm_90 --register-link-binaries={t}/r.h/ accumulate.o scale.o -o {{OUT}}/y.cubin"),
+            corpus::dir(),
+        ),
+        // A large output: the daemon would stage it beside its target.
+        (format!("--arch=sm_90 big.o -o {t}/existing.cubin/"), big.path()),
+    ];
+    for (args, cwd) in &cases {
+        let link = Invocation::templated(args, cwd, &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        assert_eq!(expected.code, 1, "{args}: nvlink did not fail");
+        let through_shim = run(&shim(), &link, &d.shim_env());
+        let mut exec = link.clone();
+        exec.args.splice(0..0, ["exec".to_string(), "--".to_string()]);
+        let through_exec = run(&nvlinkd(), &exec, &env);
+        for (how, actual) in [("shim", &through_shim), ("exec", &through_exec)] {
+            let cmp = compare::runs(&expected, actual);
+            assert!(cmp.problems.is_empty() && cmp.identical, "{args} through {how}: {:?}", cmp.problems);
+        }
+        for (name, was) in &kept {
+            assert_eq!(&state(name), was, "{args}: {name} was replaced");
+        }
+        assert_eq!(std::fs::read(at("existing.cubin")).unwrap(), b"keep", "{args}");
+        assert_eq!(std::fs::read(at("target.txt")).unwrap(), b"target", "{args}");
+        for made in ["x.cubin", "r.h"] {
+            assert!(!at(made).exists(), "{args}: {made} was written");
+        }
+    }
+}
+
+/// An existing output this user may not write (mode 0444, not root): nvlink
+/// cannot open it, so the shim fails as nvlink does and leaves the file as
+/// it was (a rename into its directory would have replaced it).
+#[test]
+fn a_read_only_output_of_another_run_is_left_alone_as_nvlink_does() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to act as another user");
+        return;
+    }
+    let work = TempDir::new("ro-out");
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), work.path().join(f)).unwrap();
+    }
+    let as_nobody = |args: &[String], env: &[(String, String)]| {
+        Command::new("timeout")
+            .args(["60", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(work.path())
+            .output()
+    };
+    match as_nobody(&[nvlinkd().display().to_string(), "--version".into()], &[]) {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("skipped: nobody cannot run nvlinkd here ({other:?})");
+            return;
+        }
+    }
+    let ro = work.path().join("ro.cubin");
+    std::fs::write(&ro, b"old").unwrap();
+    let nobody = nvlinkd_core::confine::SandboxUser::lookup("nobody").expect("user nobody");
+    std::os::unix::fs::chown(&ro, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let link: Vec<String> =
+        ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "ro.cubin"].iter().map(|s| s.to_string()).collect();
+    let with = |program: std::path::PathBuf| {
+        std::iter::once(program.display().to_string()).chain(link.clone()).collect::<Vec<_>>()
+    };
+    let expected = as_nobody(&with(real_nvlink()), &[]).unwrap();
+    assert!(!expected.status.success(), "nvlink wrote a read-only file: {expected:?}");
+    let socket = work.path().join("run/nvlinkd.sock");
+    let env = vec![
+        ("NVLINKD_SOCKET".to_string(), socket.display().to_string()),
+        ("NVLINKD_CACHE_DIR".to_string(), work.path().join("cache").display().to_string()),
+        ("NVLINKD_FALLBACK".to_string(), "never".to_string()),
+        ("CUDA_HOME".to_string(), cuda_home().display().to_string()),
+    ];
+    let actual = as_nobody(&with(shim()), &env).unwrap();
+    let stop = [nvlinkd().display().to_string(), "stop".into(), "--socket".into(), socket.display().to_string()];
+    let _ = as_nobody(&stop, &[]);
+    assert_eq!(
+        (actual.status.code(), &actual.stdout, &actual.stderr),
+        (expected.status.code(), &expected.stdout, &expected.stderr),
+        "the shim as nobody: {}",
+        String::from_utf8_lossy(&actual.stderr)
+    );
+    assert_eq!(std::fs::read(&ro).unwrap(), b"old");
+    assert_eq!(std::fs::metadata(&ro).unwrap().mode() & 0o777, 0o444);
+}
+
 /// A toolkit changed in place under a running daemon: where only the files'
 /// stats moved (the same bytes renamed into place) the daemon goes on with
 /// its cache; where their contents changed (a patched ptxas) the caller's

@@ -25,7 +25,7 @@ use crate::cache::{Key, KeyBuilder, LinkEntry};
 use crate::cli::options::Opt;
 use crate::cli::render;
 use crate::cli::spec::{Mode, Spec};
-use crate::fs::{absolute, FileIdentity, FileStat, HashMemo, InputFs};
+use crate::fs::{FileIdentity, FileStat, HashMemo, InputFs};
 use crate::request::{OutputFile, Request};
 
 /// One view of the files per link: an `InputFs` that remembers every read,
@@ -247,7 +247,7 @@ pub fn keys(
     }
     if spec.lto {
         // Under -dlto nvlink leaves an existing registration file alone.
-        let exists = spec.register_link_binaries.as_deref().map(|r| fs.stat(&absolute(&req.cwd, r)).is_ok());
+        let exists = spec.files.written.register.as_ref().map(|r| fs.stat(&r.path).is_ok());
         k.u64(u64::from(exists == Some(true)));
     }
     let files = &spec.files;
@@ -308,17 +308,17 @@ pub fn keys_of(req: &Request) -> Option<LinkKeys> {
 }
 
 /// The outputs of an outcome, by role.
-pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) -> Option<Vec<(String, bytes::Bytes)>> {
-    let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
-    let reg = spec.register_link_binaries.as_deref().map(|r| absolute(&req.cwd, r));
+pub(crate) fn entry_files(outputs: &[OutputFile], spec: &Spec) -> Option<Vec<(String, bytes::Bytes)>> {
+    let out = spec.files.written.output.as_ref().map(|o| &o.path);
+    let reg = spec.files.written.register.as_ref().map(|r| &r.path);
     outputs
         .iter()
         .map(|f| {
             if f.append {
                 None
-            } else if Some(&f.path) == out.as_ref() {
+            } else if Some(&f.path) == out {
                 Some(("output".to_owned(), f.data.clone()))
-            } else if Some(&f.path) == reg.as_ref() {
+            } else if Some(&f.path) == reg {
                 Some(("register".to_owned(), f.data.clone()))
             } else {
                 None
@@ -328,17 +328,18 @@ pub(crate) fn entry_files(outputs: &[OutputFile], req: &Request, spec: &Spec) ->
 }
 
 /// The outputs of a stored entry, for this request's paths.
-pub(crate) fn outputs_of(entry: &LinkEntry, req: &Request, spec: &Spec) -> Option<Vec<OutputFile>> {
+pub(crate) fn outputs_of(entry: &LinkEntry, spec: &Spec) -> Option<Vec<OutputFile>> {
+    let written = &spec.files.written;
     entry
         .files
         .iter()
         .map(|(role, data)| {
-            let path = match role.as_str() {
-                "output" => spec.output.as_deref(),
-                "register" => spec.register_link_binaries.as_deref(),
+            let named = match role.as_str() {
+                "output" => written.output.as_ref(),
+                "register" => written.register.as_ref(),
                 _ => None,
             }?;
-            Some(OutputFile { path: absolute(&req.cwd, path), data: data.clone(), append: false })
+            Some(OutputFile { path: named.path.clone(), data: data.clone(), append: false })
         })
         .collect()
 }

@@ -52,7 +52,7 @@ use crate::cache::{Key, LinkEntry};
 use crate::cli::spec::Spec;
 use crate::engine::process;
 use crate::engine::sandbox::{Mirror, Sandbox};
-use crate::fs::{absolute, InputFs};
+use crate::fs::InputFs;
 use crate::request::{OutputFile, Request};
 use crate::sched::Priority;
 use crate::worker::Cancel;
@@ -316,7 +316,7 @@ pub(crate) fn unverifiable(spec: &Spec, req: &Request, fs: &dyn InputFs) -> Opti
     if spec.debug && spec.lto {
         return Some("-g with -dlto (nvlink's own output is not deterministic)");
     }
-    if spec.lto && spec.register_link_binaries.as_deref().is_some_and(|r| fs.stat(&absolute(&req.cwd, r)).is_ok()) {
+    if spec.lto && spec.files.written.register.as_ref().is_some_and(|r| fs.stat(&r.path).is_ok()) {
         return Some("-dlto with an existing registration file");
     }
     None
@@ -352,7 +352,7 @@ fn run(st: &State, mut job: Job, cancel: &Cancel, heal_entry: bool) -> Verdict {
         Some(&confined),
     );
     let theirs = match run {
-        Ok(r) => match sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec, &job.req.cwd) {
+        Ok(r) => match sandbox.unmirror(r.stdout, r.stderr, r.outputs, &job.spec) {
             Ok((stdout, stderr, outputs)) => Answer { exit_code: r.exit_code, stdout, stderr, outputs },
             Err(e) => {
                 debug!("not verified: {e:?}");
@@ -421,7 +421,7 @@ pub(crate) fn differences(ours: &Answer, theirs: &Answer) -> Vec<String> {
 
 /// Put nvlink's answer where the in-process one was stored.
 fn heal(job: &Job, theirs: &Answer) {
-    let Some(files) = crate::linkcache::entry_files(&theirs.outputs, &job.req, &job.spec) else {
+    let Some(files) = crate::linkcache::entry_files(&theirs.outputs, &job.spec) else {
         return;
     };
     let name_sensitive = job.heal.name_sensitive || !theirs.stdout.is_empty() || !theirs.stderr.is_empty();

@@ -14,7 +14,7 @@ use super::options::Opt;
 use super::parse::{parse_number, Parsed};
 use super::target::{arch_number, Target};
 use crate::diag::Diagnostic;
-use crate::input::files::LinkFiles;
+use crate::input::files::{LinkFiles, Named, Written};
 
 /// The host linker script flavour of `-ghls`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +174,13 @@ impl Spec {
             }
         }
         s.files = LinkFiles::of(&parsed, &s.library_paths, &s.libraries, cwd, library_path);
+        let named = |v: Option<&str>| v.map(|given| Named::resolved(cwd, given));
+        s.files.written = Written {
+            output: named(s.output.as_deref()),
+            register: named(s.register_link_binaries.as_deref()),
+            time: named(s.time.as_deref().filter(|t| *t != "-")),
+            uidx: named(s.uidx_file.as_deref()),
+        };
         s.parsed = parsed;
         Ok(s)
     }

@@ -411,25 +411,24 @@ impl Sandbox {
         stderr: Vec<u8>,
         outputs: Vec<OutputFile>,
         spec: &Spec,
-        caller_cwd: &Path,
     ) -> Result<Answer, SandboxError> {
         let root = self.root.as_bytes();
         let mut mapped = Vec::with_capacity(outputs.len() + 1);
-        let out_path = spec.output.as_deref().map(|o| absolute(caller_cwd, o));
+        let out_path = spec.files.written.output.as_ref().map(|o| &o.path);
         for mut f in outputs {
             f.path = self.caller_path(&f.path);
             if contains(&f.data, root) {
-                if Some(&f.path) != out_path.as_ref() {
+                if Some(&f.path) != out_path {
                     return Err(unsupported(format!("{} names the sandbox", f.path.display())));
                 }
                 f.data = unmirror_tkinfo(&f.data, &self.root)?.into();
             }
             mapped.push(f);
         }
-        if let (Some((at, old)), Some(t)) = (&self.time, spec.time.as_deref()) {
+        if let (Some((at, old)), Some(t)) = (&self.time, &spec.files.written.time) {
             let data = crate::engine::process::read_tool_output(at).map_err(env_fault)?;
             let added = data.get(*old..).ok_or_else(|| unsupported("the -time file shrank"))?;
-            mapped.push(OutputFile { path: absolute(caller_cwd, t), data: strip(added, root).into(), append: true });
+            mapped.push(OutputFile { path: t.path.clone(), data: strip(added, root).into(), append: true });
         }
         Ok((strip(&stdout, root), strip(&stderr, root), mapped))
     }

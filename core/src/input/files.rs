@@ -25,6 +25,27 @@ pub struct Named {
     pub path: PathBuf,
 }
 
+impl Named {
+    /// `given` resolved against the caller's working directory `cwd`.
+    pub fn resolved(cwd: &Path, given: &str) -> Named {
+        Named { given: given.to_owned(), path: absolute(cwd, given) }
+    }
+}
+
+/// The files a link writes, resolved once: every step that writes, stores,
+/// claims or compares an output uses these paths.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// `-o`.
+    pub output: Option<Named>,
+    /// `--register-link-binaries`.
+    pub register: Option<Named>,
+    /// `-time FILE`, whose table is appended (not `-time -`, stdout).
+    pub time: Option<Named>,
+    /// `--uidx-file`, which nvlink reads before any input.
+    pub uidx: Option<Named>,
+}
+
 /// One `-l name`: every candidate, in the order nvlink tries them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LibrarySearch {
@@ -44,6 +65,8 @@ pub struct LinkFiles {
     /// The directories `-l` searches, in order (`-L`, then `LIBRARY_PATH`);
     /// each search's candidates follow this order.
     pub search_dirs: Vec<Named>,
+    /// What the link writes.
+    pub written: Written,
 }
 
 impl LinkFiles {
@@ -56,7 +79,7 @@ impl LinkFiles {
         cwd: &Path,
         library_path: Option<&str>,
     ) -> LinkFiles {
-        let named = |given: &str| Named { given: given.to_owned(), path: absolute(cwd, given) };
+        let named = |given: &str| Named::resolved(cwd, given);
         let dirs = libsearch::search_dirs(library_paths, library_path);
         LinkFiles {
             inputs: parsed.inputs.iter().map(|i| named(i)).collect(),
@@ -69,6 +92,7 @@ impl LinkFiles {
                 .collect(),
             options_files: parsed.options_files.iter().map(|f| named(f)).collect(),
             search_dirs: dirs.iter().map(|d| named(d)).collect(),
+            written: Written::default(),
         }
     }
 

@@ -8,10 +8,11 @@ use crate::declined::{Declined, Reason};
 use crate::diag::{Diagnostic, Filters, Report};
 use crate::elf::{header_machine, EM_CUDA};
 use crate::engine::inprocess;
-use crate::fs::{absolute, InputFs};
+use crate::fs::InputFs;
+use crate::input::files::Named;
 use crate::plan;
 use crate::regbin;
-use crate::request::{EngineKind, Outcome, OutputFile, Request};
+use crate::request::{EngineKind, Outcome, OutputFile};
 use crate::toolkit::Toolkit;
 
 /// nvlink's answer to a link its link stage rejects: the plan's messages,
@@ -19,7 +20,6 @@ use crate::toolkit::Toolkit;
 /// failing (and then no registration file), and the registration file
 /// where nvlink writes it before failing (`LinkErrors::registers`).
 pub(super) fn link_errors_outcome(
-    req: &Request,
     fs: &dyn InputFs,
     spec: &Spec,
     mode: Mode,
@@ -30,13 +30,14 @@ pub(super) fn link_errors_outcome(
     for d in &errors.messages {
         report.emit_raw(&format!("{}\n", report_arch(spec, d.clone())));
     }
-    let mut outputs = match (errors.written, &spec.output) {
-        (Some(data), Some(o)) => vec![OutputFile { path: absolute(&req.cwd, o), data: data.into(), append: false }],
+    let written = &spec.files.written;
+    let mut outputs = match (errors.written, &written.output) {
+        (Some(data), Some(o)) => vec![OutputFile { path: o.path.clone(), data: data.into(), append: false }],
         _ => Vec::new(),
     };
-    if let (true, Some(r)) = (errors.registers, &spec.register_link_binaries) {
+    if let (true, Some(r)) = (errors.registers, &written.register) {
         let order = if plan.partial_lto { Mode::Executable } else { mode };
-        outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, order, plan.module_ids(), fs));
+        outputs.extend(regbin::output(&r.path, spec, order, plan.module_ids(), fs));
     }
     Outcome::answer(EngineKind::InProcess, errors.exit_code, report.stdout, report.stderr, outputs)
 }
@@ -61,7 +62,6 @@ fn plan_report(spec: &Spec, plan: &plan::Plan) -> Report {
 /// The answer of a link made in process: the plan's messages as nvlink
 /// prints them, the output file and the `--register-link-binaries` file.
 pub(super) fn in_process_outcome(
-    req: &Request,
     fs: &dyn InputFs,
     spec: &Spec,
     mode: Mode,
@@ -70,12 +70,12 @@ pub(super) fn in_process_outcome(
 ) -> Outcome {
     let report = plan_report(spec, plan);
     let mut outputs = Vec::new();
-    if let Some(o) = &spec.output {
-        outputs.push(OutputFile { path: absolute(&req.cwd, o), data: output.into(), append: false });
+    if let Some(o) = &spec.files.written.output {
+        outputs.push(OutputFile { path: o.path.clone(), data: output.into(), append: false });
     }
-    if let Some(r) = &spec.register_link_binaries {
+    if let Some(r) = &spec.files.written.register {
         let order = if plan.partial_lto { Mode::Executable } else { mode };
-        outputs.extend(regbin::output(&absolute(&req.cwd, r), spec, order, plan.module_ids(), fs));
+        outputs.extend(regbin::output(&r.path, spec, order, plan.module_ids(), fs));
     }
     Outcome::answer(EngineKind::InProcess, 0, report.stdout, report.stderr, outputs)
 }
@@ -96,11 +96,12 @@ pub(super) fn device_only_registered(spec: &Spec, fs: &dyn InputFs) -> bool {
 /// (`\x7fUFTINDX`) are fatal. A real uidx file (and a directory, which nvlink
 /// meets with "Memory allocation failure", and anything with `-time`) is left
 /// to nvlink.
-pub(super) fn uidx_fatal(req: &Request, fs: &dyn InputFs, spec: &Spec, u: &str) -> Result<Diagnostic, Declined> {
+pub(super) fn uidx_fatal(fs: &dyn InputFs, spec: &Spec, uidx: &Named) -> Result<Diagnostic, Declined> {
     if spec.time.is_some() {
         return Err(Declined::new(Reason::Options, "--uidx-file with -time"));
     }
-    match fs.read(&absolute(&req.cwd, u)) {
+    let u = &uidx.given;
+    match fs.read(&uidx.path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Ok(Diagnostic::fatal(format!("Could not open input file '{u}'")))
         }
@@ -114,9 +115,10 @@ pub(super) fn uidx_fatal(req: &Request, fs: &dyn InputFs, spec: &Spec, u: &str) 
 /// Whether the link's `-time` file is still to be created (nvlink then writes
 /// the table's header first); `Ok(false)` without `-time` or with `-time -`.
 /// A name that is there but not a regular file is left to nvlink.
-pub(super) fn time_file_is_new(req: &Request, fs: &dyn InputFs, spec: &Spec) -> Result<bool, Declined> {
-    let Some(t) = spec.time.as_deref().filter(|t| *t != "-") else { return Ok(false) };
-    match fs.stat(&absolute(&req.cwd, t)) {
+pub(super) fn time_file_is_new(fs: &dyn InputFs, spec: &Spec) -> Result<bool, Declined> {
+    let Some(time) = &spec.files.written.time else { return Ok(false) };
+    let t = &time.given;
+    match fs.stat(&time.path) {
         Ok(st) if !st.is_dir => Ok(false),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Ok(_) => Err(Declined::new(Reason::Options, format!("-time {t}: a directory"))),
@@ -127,13 +129,7 @@ pub(super) fn time_file_is_new(req: &Request, fs: &dyn InputFs, spec: &Spec) -> 
 /// nvlink's `-time` table added to an in-process answer: on stdout (`-time
 /// -`), header first, or appended to the file (the header only when the link
 /// creates it), written before the other outputs as nvlink writes it first.
-pub(super) fn with_time_table(
-    mut o: Outcome,
-    req: &Request,
-    spec: &Spec,
-    file_is_new: bool,
-    rows: &[inprocess::TimeRow],
-) -> Outcome {
+pub(super) fn with_time_table(mut o: Outcome, spec: &Spec, file_is_new: bool, rows: &[inprocess::TimeRow]) -> Outcome {
     let Some(t) = spec.time.as_deref() else { return o };
     let table = inprocess::time_rows(rows, spec.arch.as_deref().unwrap_or_default());
     if t == "-" {
@@ -143,8 +139,8 @@ pub(super) fn with_time_table(
         return o;
     }
     let data = if file_is_new { format!("{}{table}", inprocess::TIME_HEADER) } else { table };
-    if !data.is_empty() {
-        o.outputs.insert(0, OutputFile { path: absolute(&req.cwd, t), data: data.into_bytes().into(), append: true });
+    if let Some(file) = spec.files.written.time.as_ref().filter(|_| !data.is_empty()) {
+        o.outputs.insert(0, OutputFile { path: file.path.clone(), data: data.into_bytes().into(), append: true });
     }
     o
 }

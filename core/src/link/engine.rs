@@ -27,13 +27,13 @@ impl Link<'_> {
     /// the `--jobs` pool, and its result as the link's answer (the real
     /// nvlink for what it declines, a fallback for a fault).
     pub(super) fn in_process(&self, mode: Mode, plan: &mut plan::Plan, time_file_is_new: bool) -> Outcome {
-        let (linker, req, spec) = (self.linker, self.req, &self.spec);
+        let (linker, spec) = (self.linker, &self.spec);
         let (outcome, timings) = match self.link_in_process(mode, plan) {
             Ok(Linked { mut output, timings }) => {
                 bump(&linker.stats.in_process);
                 debug!("linked in process");
                 linker.hooks.corrupt(&mut output);
-                (in_process_outcome(req, self.fs, spec, mode, plan, output), timings)
+                (in_process_outcome(self.fs, spec, mode, plan, output), timings)
             }
             Err(NotLinked::Fault(why)) => {
                 // Not an nvlink answer: the shim runs nvlink; nothing is cached.
@@ -52,10 +52,10 @@ impl Link<'_> {
             Err(NotLinked::Errors(errors, timings)) => {
                 bump(&linker.stats.in_process);
                 debug!("link errors answered in process");
-                (link_errors_outcome(req, self.fs, spec, mode, plan, errors), timings)
+                (link_errors_outcome(self.fs, spec, mode, plan, errors), timings)
             }
         };
-        with_time_table(outcome, req, spec, time_file_is_new, &timings)
+        with_time_table(outcome, spec, time_file_is_new, &timings)
     }
 
     /// The in-process engine (`engine::inprocess`) on the `--jobs` pool (at
@@ -146,7 +146,7 @@ impl Link<'_> {
         })?;
         let (stdout, stderr, outputs) = match &sandbox {
             None => (r.stdout, r.stderr, r.outputs),
-            Some(s) => s.unmirror(r.stdout, r.stderr, r.outputs, spec, &req.cwd).map_err(|e| self.sandbox_failed(e))?,
+            Some(s) => s.unmirror(r.stdout, r.stderr, r.outputs, spec).map_err(|e| self.sandbox_failed(e))?,
         };
         Ok(NvlinkAnswer { exit_code: r.exit_code, stdout, stderr, outputs })
     }

@@ -149,8 +149,8 @@ impl<'a> Link<'a> {
                 .linker
                 .fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"));
         }
-        let out = spec.output.as_deref().map(|o| absolute(&req.cwd, o));
-        if out.as_ref().and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
+        let out = spec.files.written.output.as_ref().map(|o| o.path.as_path());
+        if out.and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
             return self.run_nvlink();
         }
         let scratch = match self.linker.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
@@ -162,7 +162,9 @@ impl<'a> Link<'a> {
             Ok(script) => {
                 bump(&self.linker.stats.frontend);
                 let outputs = match (script.file, out) {
-                    (Some(data), Some(path)) => vec![OutputFile { path, data: data.into(), append: false }],
+                    (Some(data), Some(path)) => {
+                        vec![OutputFile { path: path.to_path_buf(), data: data.into(), append: false }]
+                    }
                     _ => Vec::new(),
                 };
                 Outcome::answer(EngineKind::Frontend, 0, report.stdout, report.stderr, outputs)
@@ -197,8 +199,8 @@ impl<'a> Link<'a> {
         if !req.shared_fs {
             return None;
         }
-        let out = self.spec.output.as_ref()?;
-        let key = (req.cwd.clone(), absolute(&req.cwd, out));
+        let out = self.spec.files.written.output.as_ref()?;
+        let key = (req.cwd.clone(), out.path.clone());
         let mut map = self.linker.outputs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(older) = map.get(&key).filter(|older| !older.same(cancel)) {
             if older.priority() == Priority::Foreground && cancel.priority() == Priority::Background {
@@ -323,7 +325,7 @@ impl<'a> Link<'a> {
     }
 
     fn outcome_of(&self, e: &LinkEntry) -> Option<Outcome> {
-        let outputs = linkcache::outputs_of(e, self.req, &self.spec)?;
+        let outputs = linkcache::outputs_of(e, &self.spec)?;
         Some(Outcome::answer(EngineKind::Cache, e.exit_code, e.stdout.clone(), e.stderr.clone(), outputs))
     }
 
@@ -376,8 +378,8 @@ impl<'a> Link<'a> {
         if let Some(why) = self.foreign_nvvm(mode) {
             return self.route(why);
         }
-        if let Some(u) = spec.uidx_file.as_deref() {
-            return match uidx_fatal(self.req, fs, spec, u) {
+        if let Some(u) = &spec.files.written.uidx {
+            return match uidx_fatal(fs, spec, u) {
                 Ok(d) => self.linker.fatal(report_arch(spec, d)),
                 // A FIFO or a device: only nvlink itself may read it.
                 Err(_) if fs.declined().is_some() => {
@@ -389,7 +391,7 @@ impl<'a> Link<'a> {
         }
         // nvlink writes the header of a `-time` file it creates before it reads
         // any input.
-        let time_file_is_new = match time_file_is_new(self.req, fs, spec) {
+        let time_file_is_new = match time_file_is_new(fs, spec) {
             Ok(new) => new,
             Err(why) => return self.route(why),
         };
@@ -640,7 +642,7 @@ impl<'a> Link<'a> {
             warn!("an input changed during the link: result not cached");
             return None;
         }
-        let files = linkcache::entry_files(&o.outputs, req, spec)?;
+        let files = linkcache::entry_files(&o.outputs, spec)?;
         if o.exit_code == 0 && spec.output.is_some() && !files.iter().any(|(role, d)| role == "output" && !d.is_empty())
         {
             warn!("a successful link without its output: result not cached");

@@ -56,7 +56,9 @@ pub fn files(policy: &Policy, cwd: &Path, room: usize) -> Vec<AnnouncedFile> {
     let mut add = |path: &Path, out: &mut Vec<AnnouncedFile>, memo: &mut Memo| -> Option<std::fs::Metadata> {
         let m = std::fs::metadata(path);
         let Some(text) = path.to_str() else { return m.ok() };
-        if !seen.insert(path.to_owned()) || out.len() >= MAX_PATHS || used + text.len() + ENTRY_BYTES > room {
+        // By the name's bytes: `x` and `x/` are two names (the second fails).
+        if !seen.insert(path.as_os_str().to_owned()) || out.len() >= MAX_PATHS || used + text.len() + ENTRY_BYTES > room
+        {
             return m.ok();
         }
         let entry = match &m {

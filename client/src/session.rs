@@ -421,7 +421,9 @@ impl ProgressLine {
 fn serve_file(id: u64, path: &Path, op: file_request::Op) -> Vec<FileReply> {
     let err = |e: &std::io::Error| {
         let kind = match e.kind() {
-            std::io::ErrorKind::NotFound => file_error::Kind::NotFound,
+            // ENOTDIR (`x.o/`, a file used as a directory): nvlink cannot
+            // open it either, as for a missing file.
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory => file_error::Kind::NotFound,
             std::io::ErrorKind::PermissionDenied => file_error::Kind::PermissionDenied,
             std::io::ErrorKind::IsADirectory => file_error::Kind::IsDirectory,
             std::io::ErrorKind::FileTooLarge => file_error::Kind::TooLarge,

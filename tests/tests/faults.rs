@@ -302,22 +302,30 @@ fn dev_zero_inputs_are_answered_as_nvlink_does() {
 
 /// A file named with a trailing `/` or `/.` is not the file: the kernel fails
 /// it (ENOTDIR) and nvlink says it could not open it, also after the same
-/// file was read under its plain name in the same link.
+/// file was read under its plain name in the same link, through a local
+/// daemon and through a remote one (whose shim announces and sends files).
 #[test]
 fn an_input_named_with_a_trailing_slash_gets_nvlinks_answer_after_its_plain_name() {
     let d = Daemon::start();
+    let pki = nvlinkd_tests::remote::Pki::new();
+    let (remote, port) = nvlinkd_tests::remote::tls_daemon(&pki, &[]);
+    let remote_env = pki.shim_env(&format!("https://127.0.0.1:{port}"), "never");
     let inputs = scratch_inputs("flt-slash");
     for case in [
         "--arch=sm_90 accumulate.o scale.o scale.o/ -o {OUT}/out.cubin",
         "--arch=sm_90 accumulate.o scale.o ./scale.o/. -o {OUT}/out.cubin",
+        "--arch=sm_90 scale.o/ accumulate.o scale.o -o {OUT}/out.cubin",
     ] {
         let out = TempDir::new("flt-slash-out");
         let expected = run(&real_nvlink(), &inv(case, inputs.path(), &out), &[]);
         assert_ne!(expected.code, 0, "{case}: nvlink linked it");
-        let actual = run(&shim(), &inv(case, inputs.path(), &out), &d.fallback_env());
-        let cmp = compare::runs(&expected, &actual);
-        assert!(cmp.problems.is_empty() && cmp.identical, "{case}: {:?}", cmp.problems);
+        for (how, env) in [("local", d.fallback_env()), ("remote", remote_env.clone())] {
+            let actual = run(&shim(), &inv(case, inputs.path(), &out), &env);
+            let cmp = compare::runs(&expected, &actual);
+            assert!(cmp.problems.is_empty() && cmp.identical, "{case} ({how}): {:?}", cmp.problems);
+        }
     }
+    assert!(remote.stat("requests") >= 3, "{}", remote.stats());
 }
 
 #[test]

@@ -193,7 +193,7 @@ impl LoadContext<'_> {
     fn read(&self, given: &str) -> Result<Bytes, LoadError> {
         use std::io::ErrorKind::*;
         self.fs.read(&absolute(self.cwd, given)).map_err(|e| match e.kind() {
-            NotFound | PermissionDenied | IsADirectory => {
+            NotFound | PermissionDenied | IsADirectory | NotADirectory => {
                 LoadError::Fatal(vec![Diagnostic::fatal(format!("Could not open input file '{given}'"))])
             }
             // Too large for the wire, or the caller went away: not nvlink's business.

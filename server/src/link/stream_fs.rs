@@ -42,6 +42,7 @@
 //! large: the link is declined, like one past its own budget.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -428,10 +429,12 @@ pub struct Announced {
     pub digest: Option<Digest>,
 }
 
-/// The announcements of a `Start`, by path. Paths that are not absolute and
-/// digests that are not 32 bytes are ignored (those paths are asked for as
-/// before); the first announcement of a path stands.
-pub fn announced(files: &[AnnouncedFile]) -> HashMap<PathBuf, Announced> {
+/// The announcements of a `Start`, by path: keyed by the name's bytes, since
+/// `PathBuf`'s equality drops a trailing `/` and `.` components, which the
+/// kernel does not (`x/` fails where `x` reads). Paths that are not absolute
+/// and digests that are not 32 bytes are ignored (those paths are asked for
+/// as before); the first announcement of a path stands.
+pub fn announced(files: &[AnnouncedFile]) -> HashMap<OsString, Announced> {
     let mut map = HashMap::new();
     for f in files {
         let path = PathBuf::from(&f.path);
@@ -444,7 +447,7 @@ pub fn announced(files: &[AnnouncedFile]) -> HashMap<PathBuf, Announced> {
             _ => continue,
         };
         let a = Announced { exists: f.exists, is_dir: f.is_dir && f.exists, size: f.size, digest };
-        map.entry(path).or_insert(a);
+        map.entry(path.into_os_string()).or_insert(a);
     }
     map
 }
@@ -459,9 +462,9 @@ enum Source {
 
 struct Stream {
     /// Replies to the reads of `prefetch`, waited for by the link's own thread.
-    prefetched: Mutex<HashMap<PathBuf, io::Result<file_reply::Result>>>,
+    prefetched: Mutex<HashMap<OsString, io::Result<file_reply::Result>>>,
     /// What the shim announced: stats answered here, contents by digest.
-    announced: HashMap<PathBuf, Announced>,
+    announced: HashMap<OsString, Announced>,
     blobs: Option<Arc<BlobStore>>,
     /// Blobs the store lacked at the start: on their way from this link's
     /// shim (owned: true) or another link's (see `blobs.rs`).
@@ -527,7 +530,7 @@ impl LinkFs {
     /// the link ends at its first read). A flight of another link's that does
     /// not land in time is left to the link, which asks its own shim when it
     /// reads the file.
-    pub async fn with_announced(mut self, files: HashMap<PathBuf, Announced>, blobs: Arc<BlobStore>) -> Self {
+    pub async fn with_announced(mut self, files: HashMap<OsString, Announced>, blobs: Arc<BlobStore>) -> Self {
         let Source::Stream(st) = &mut self.source else { return self };
         let mut seen = std::collections::HashSet::new();
         let mut missing = Vec::new();
@@ -554,7 +557,7 @@ impl LinkFs {
             st.flights.insert(digest, (flight.clone(), true));
             // A closed stream refuses the request: the flight fails, and
             // so does the read itself.
-            let rx = self.channel.request_async(&path, file_request::Op::Read, size).await.ok();
+            let rx = self.channel.request_async(Path::new(&path), file_request::Op::Read, size).await.ok();
             let blobs = blobs.clone();
             self.channel.rt.spawn(async move {
                 let (data, held) = match rx {
@@ -634,7 +637,7 @@ impl LinkFs {
     /// Ask the shim and wait (or take the reply to an earlier request).
     fn ask(&self, st: &Stream, path: &Path, op: file_request::Op, limit: u64) -> io::Result<file_reply::Result> {
         let early = match op {
-            file_request::Op::Read => st.prefetched.lock().ok().and_then(|mut m| m.remove(path)),
+            file_request::Op::Read => st.prefetched.lock().ok().and_then(|mut m| m.remove(path.as_os_str())),
             file_request::Op::Stat => None,
         };
         if let Some(reply) = early {
@@ -703,7 +706,7 @@ impl LinkFs {
             }
             Source::Stream(st) => st,
         };
-        match st.announced.get(path) {
+        match st.announced.get(path.as_os_str()) {
             Some(a) if !a.exists => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
             Some(a) if a.is_dir => Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory")),
             Some(a) if a.size > remaining => {
@@ -752,11 +755,11 @@ impl InputFs for LinkFs {
         let mut asked = Vec::new();
         for p in paths {
             // Announced files are asked for (if at all) when the link starts.
-            if st.announced.get(p).is_some_and(|a| !a.exists || a.is_dir || a.digest.is_some()) {
+            if st.announced.get(p.as_os_str()).is_some_and(|a| !a.exists || a.is_dir || a.digest.is_some()) {
                 continue;
             }
-            let known = st.prefetched.lock().map(|m| m.contains_key(p)).unwrap_or(true);
-            if !known && !asked.iter().any(|(q, _)| q == p) {
+            let known = st.prefetched.lock().map(|m| m.contains_key(p.as_os_str())).unwrap_or(true);
+            if !known && !asked.iter().any(|(q, _): &(PathBuf, _)| q.as_os_str() == p.as_os_str()) {
                 // A closed stream refuses the request: the read itself then fails.
                 if let Ok(rx) = self.channel.request(p, file_request::Op::Read, u64::MAX) {
                     asked.push((p.clone(), rx));
@@ -768,7 +771,7 @@ impl InputFs for LinkFs {
             // channel is closed and the rest fail at once.
             let reply = self.channel.wait(rx);
             if let Ok(mut m) = st.prefetched.lock() {
-                m.insert(p, reply);
+                m.insert(p.into_os_string(), reply);
             }
         }
     }
@@ -779,7 +782,7 @@ impl InputFs for LinkFs {
             Source::Local => return LocalFs.stat(path),
             Source::Stream(st) => st,
         };
-        if let Some(a) = st.announced.get(path) {
+        if let Some(a) = st.announced.get(path.as_os_str()) {
             return match a.exists {
                 true => Ok(FileStat { is_dir: a.is_dir, size: a.size }),
                 false => Err(io::Error::new(io::ErrorKind::NotFound, "No such file or directory")),
@@ -799,7 +802,7 @@ impl InputFs for LinkFs {
             // they are those): key digests of them are remembered by it.
             Source::Stream(st) => st
                 .announced
-                .get(path)
+                .get(path.as_os_str())
                 .filter(|a| a.exists && !a.is_dir)
                 .and_then(|a| Some(FileIdentity::of_contents(&a.digest?, a.size))),
         }
@@ -876,12 +879,15 @@ mod tests {
             file("relative.o", d.clone()),
             file("/w/short.o", vec![1, 2, 3]),
             file("/w/a.o", d.clone()),
-            file("/w/./a.o", vec![]),
+            file("/w/a.o", vec![]),
+            // Another spelling is another name (the kernel fails `a.o/`).
+            file("/w/a.o/", vec![]),
             AnnouncedFile { path: "/w/gone".into(), exists: false, is_dir: true, ..Default::default() },
         ]);
-        assert_eq!(map.len(), 2, "{map:?}");
-        let a = &map[Path::new("/w/a.o")];
+        assert_eq!(map.len(), 3, "{map:?}");
+        let a = &map[std::ffi::OsStr::new("/w/a.o")];
         assert_eq!((a.size, a.digest.map(|x| x.to_vec())), (3, Some(d)), "the first announcement of a path stands");
-        assert!(!map[Path::new("/w/gone")].is_dir, "a missing path is no directory");
+        assert_eq!(map[std::ffi::OsStr::new("/w/a.o/")].digest, None);
+        assert!(!map[std::ffi::OsStr::new("/w/gone")].is_dir, "a missing path is no directory");
     }
 }

@@ -135,6 +135,7 @@ macro_rules! counters {
 const OTHER_HELP: &[(&str, &str)] = &[
     ("in_flight", "Links being served now"),
     ("uptime_s", "Seconds since the daemon started"),
+    ("toolkits_hashing", "Toolkits still opening or having their contents hashed (their links key provisionally)"),
     ("workers", "nvJitLink worker processes alive"),
     ("worker_crashes", "nvJitLink worker processes that died while serving a link"),
     ("cache_mem_bytes", "Bytes in the memory cache tier"),

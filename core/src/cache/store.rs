@@ -133,6 +133,11 @@ impl Store {
     }
 
     /// Put a shared tier behind the local ones (once; later calls are ignored).
+    /// Whether a shared tier is behind this store.
+    pub fn has_remote(&self) -> bool {
+        self.remote.get().is_some()
+    }
+
     pub fn set_remote(&self, remote: Arc<dyn RemoteTier>) {
         let _ = self.remote.set(remote);
     }

@@ -65,7 +65,7 @@ impl Link<'_> {
         let artifacts = Artifacts {
             store: linker.cache.as_ref().map(|c| &*c.store),
             flights: linker.cache.as_ref().map(|c| &c.artifact_flights).unwrap_or(&linker.no_cache_flights),
-            toolkit: if linker.cache.is_some() { tk.key_identity() } else { [0; 32] },
+            toolkit: if linker.cache.is_some() { linker.key_identity(tk) } else { [0; 32] },
             stats: &linker.stats,
         };
         let scratch = linker.scratch_dir();

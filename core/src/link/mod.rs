@@ -317,6 +317,17 @@ impl Linker {
         }
     }
 
+    /// The toolkit identity a link keys with: the content identity where a
+    /// shared tier is behind the cache (only it finds other hosts' entries:
+    /// a fresh replica's first links wait for the hash rather than miss the
+    /// tier), else [`Toolkit::key_identity`], which does not wait.
+    pub(crate) fn key_identity(&self, tk: &Toolkit) -> [u8; 32] {
+        match &self.cache {
+            Some(c) if c.store.has_remote() => tk.identity(),
+            _ => tk.key_identity(),
+        }
+    }
+
     /// The memo of local input files' contents, for the daemon's file views.
     pub fn contents(&self) -> &Arc<crate::fs::ContentMemo> {
         &self.contents

@@ -311,7 +311,7 @@ impl<'a> Link<'a> {
     fn keys(&self, mode: Mode) -> Option<linkcache::LinkKeys> {
         let linker = self.linker;
         self.ctl.obs.in_step(Step::Keys, || {
-            linkcache::keys(&self.tk.key_identity(), self.req, &self.spec, mode, self.fs, &linker.hashes)
+            linkcache::keys(&linker.key_identity(&self.tk), self.req, &self.spec, mode, self.fs, &linker.hashes)
         })
     }
 

@@ -225,7 +225,18 @@ impl Toolkit {
         *self.identity.get_or_init(|| {
             let files = self.identity_files();
             let stat = self.stat();
-            remembered_identity(&self.release.banner, &self.root, &files, self.identity_memo.as_deref(), stat)
+            let id = remembered_identity(&self.release.banner, &self.root, &files, self.identity_memo.as_deref(), stat);
+            // Files changed since the toolkit was opened (while they were
+            // hashed, say): the identity may be the new bytes' while the
+            // daemon runs the old ones, so the toolkit counts as changed.
+            if stat_identity(&self.release.banner, &files) != stat {
+                let mut c = self.confirmed();
+                if let Some(c) = c.as_mut() {
+                    c.changed = true;
+                }
+                tracing::warn!(toolkit = %self.root.display(), "the toolkit's files changed on disk while the daemon opened it: its links go to the caller's nvlink until the daemon is restarted");
+            }
+            id
         })
     }
 

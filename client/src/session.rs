@@ -549,10 +549,8 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
             let _ = std::io::stdout().flush();
             match failed {
                 WriteFailed::Open => {
-                    eprintln!(
-                        "nvlink fatal   : Could not open output file '{}'",
-                        nvlinkd_fs::as_named(&path, args, cwd)
-                    )
+                    let named = nvlinkd_fs::as_named(&path, args, cwd);
+                    eprintln!("nvlink fatal   : {}", nvlinkd_fs::cannot_open(out.append, &named))
                 }
                 WriteFailed::Write => eprintln!("nvlink fatal   : Internal error: writing file"),
             }

@@ -411,6 +411,17 @@ pub fn fs_view() -> [u64; 4] {
     [ns.0, ns.1, root.0, root.1]
 }
 
+/// nvlink's fatal message where it cannot open an output it writes, the
+/// file as the command line named it ([`as_named`]): the `-time` table,
+/// which it appends to, in its own words.
+pub fn cannot_open(appended: bool, named: &str) -> String {
+    if appended {
+        format!("Cannot open file '{named}'")
+    } else {
+        format!("Could not open output file '{named}'")
+    }
+}
+
 /// How an nvlink command line spelled the output file the daemon returned as the
 /// absolute `path` (`cwd` joined with a relative name): an argument, or the
 /// value after an option's `=`, that resolves to it; else `path` relative to

@@ -626,9 +626,10 @@ fn serve_keeps_its_cache_directory_to_its_own_user() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds a symlink"), "{out:?}");
 }
 
-/// An output nvlink cannot open (its directory missing, for `-o` or for the
-/// registration file): nvlink's fatal line and exit status, through the shim
-/// and through `nvlinkd exec` alike (exec printed an OS error of its own).
+/// An output nvlink cannot open (its directory missing, for `-o`, the
+/// registration file or the `-time` table): nvlink's fatal line and exit
+/// status, through the shim and through `nvlinkd exec` alike (exec printed an
+/// OS error of its own; the `-time` table's has its own words).
 #[test]
 fn an_output_in_a_missing_directory_gets_nvlinks_fatal_through_shim_and_exec() {
     let d = Daemon::start();
@@ -637,6 +638,7 @@ fn an_output_in_a_missing_directory_gets_nvlinks_fatal_through_shim_and_exec() {
     for args in [
         "--arch=sm_90 accumulate.o scale.o -o {OUT}/nodir/x.cubin",
         "--arch=sm_90 --register-link-binaries={OUT}/nodir/x.reg.c accumulate.o scale.o -o {OUT}/x.cubin",
+        "--arch=sm_90 -time {OUT}/nodir/t.csv accumulate.o scale.o -o {OUT}/x.cubin",
     ] {
         let expected = run(&real_nvlink(), &inv(args, &out), &[]);
         assert_eq!(expected.code, 1, "{args}: nvlink did not fail");

@@ -42,7 +42,7 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
         // nvlink's words where it cannot write (the file as the command line
         // named it, no OS error), after its stdout.
         let fatal = match open.open(&f.path) {
-            Err(_) => format!("Could not open output file '{}'", nvlinkd_fs::as_named(&f.path, &req.args, &req.cwd)),
+            Err(_) => nvlinkd_fs::cannot_open(f.append, &nvlinkd_fs::as_named(&f.path, &req.args, &req.cwd)),
             Ok(mut h) => match h.write_all(&f.data).and_then(|()| h.flush()) {
                 Ok(()) => continue,
                 Err(_) => "Internal error: writing file".into(),

@@ -328,6 +328,55 @@ fn an_input_named_with_a_trailing_slash_gets_nvlinks_answer_after_its_plain_name
     assert!(remote.stat("requests") >= 3, "{}", remote.stats());
 }
 
+/// A working directory and relative input names that pass PATH_MAX only
+/// once joined: nvlink opens them relative to its directory and links; a
+/// remote daemon, which asks the shim for absolute names (that the shim
+/// cannot open), does not take them for absent (it answered "Could not open
+/// input file" from its sandbox) but declines, and the caller's nvlink links.
+#[test]
+fn inputs_past_path_max_only_when_joined_to_the_cwd_are_not_taken_for_absent() {
+    let pki = nvlinkd_tests::remote::Pki::new();
+    let (remote, port) = nvlinkd_tests::remote::tls_daemon(&pki, &[]);
+    let base = TempDir::new("flt-deep");
+    let level = "d".repeat(250);
+    let cwd = (0..8).fold(base.path().to_path_buf(), |p, _| p.join(&level));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let rel = vec!["e".repeat(250); 9].join("/");
+    let made = std::process::Command::new("sh")
+        .args(["-c", "mkdir -p \"$1\" && cp \"$2/accumulate.o\" \"$2/scale.o\" \"$1/\"", "sh", &rel])
+        .arg(corpus::dir())
+        .current_dir(&cwd)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert!(cwd.as_os_str().len() + rel.len() > 4096, "not deep enough");
+    let args = [
+        "--arch=sm_90".to_string(),
+        format!("{rel}/accumulate.o"),
+        format!("{rel}/scale.o"),
+        "-o".into(),
+        "out.cubin".into(),
+    ];
+    let link = |program: &std::path::Path, env: &[(String, String)]| {
+        let _ = std::process::Command::new("rm").args(["-f", "out.cubin"]).current_dir(&cwd).status();
+        let o = std::process::Command::new(program)
+            .args(&args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        let cubin = std::process::Command::new("cat").arg("out.cubin").current_dir(&cwd).output().unwrap().stdout;
+        (o.status.code(), o.stdout, o.stderr, cubin)
+    };
+    let expected = link(&real_nvlink(), &[]);
+    assert_eq!(expected.0, Some(0), "nvlink: {}", String::from_utf8_lossy(&expected.2));
+    let actual = link(&shim(), &pki.shim_env(&format!("https://127.0.0.1:{port}"), "auto"));
+    assert_eq!(actual, expected, "through the remote daemon: {}", String::from_utf8_lossy(&actual.2));
+    assert!(remote.stat("requests") >= 1, "{}", remote.stats());
+    // The deep tree goes with its own relative names (its absolute ones are too long).
+    let _ = std::process::Command::new("rm").args(["-rf", &level]).current_dir(base.path()).status();
+}
+
 #[test]
 fn dev_zero_over_the_stream_is_never_read_whole() {
     // Over TCP the shim reads the files for the daemon: it must not read /dev/zero either.

@@ -33,7 +33,7 @@
 //! So does a link naming an options file (the parse keeps its options, not
 //! its name).
 
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -312,7 +312,19 @@ impl Mirror {
                     entries.push(Entry::Dir(at.parent().unwrap_or(&root).to_owned()));
                     time_at = Some((at, 0));
                 }
-                Err(_) => absent.push(at),
+                // What nvlink's own open would also fail on.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::NotFound | ErrorKind::NotADirectory | ErrorKind::PermissionDenied
+                    ) =>
+                {
+                    absent.push(at)
+                }
+                // Anything else (a name too long for the caller's side to
+                // open whole, an I/O error) says nothing of what nvlink would
+                // see: not mirrored as absent.
+                Err(e) => return Err(unsupported(format!("{name}: {e}"))),
             }
             if let Some(why) = fs.declined() {
                 return Err(unsupported(why));

@@ -132,7 +132,12 @@ impl Toolkit {
             .map_err(|e| ToolkitError::Version(nvlink.clone(), e.to_string()))?;
         let banner = String::from_utf8_lossy(&out.stdout).into_owned();
         let release = Release::from_banner(&banner).ok_or_else(|| ToolkitError::Banner(nvlink.clone()))?;
-        Ok(Toolkit {
+        Ok(Toolkit::of_release(root, release))
+    }
+
+    /// The toolkit at `root` of `release` (read from its nvlink by [`Toolkit::open`]).
+    fn of_release(root: &Path, release: Release) -> Self {
+        Toolkit {
             root: root.to_owned(),
             release,
             identity: OnceLock::new(),
@@ -140,7 +145,7 @@ impl Toolkit {
             confirmed: std::sync::Mutex::new(None),
             jitlink: OnceLock::new(),
             help: OnceLock::new(),
-        })
+        }
     }
 
     /// Remember the content identity under `dir` (see [`Toolkit::identity`]).
@@ -252,26 +257,28 @@ impl Toolkit {
     /// Sound for this host's cache, as the memo is; another host never
     /// computes it, so a shared tier holds such entries unused.
     pub fn key_identity(&self) -> [u8; 32] {
-        if let Some(id) = self.identity.get() {
-            return *id;
-        }
-        let stat = self.stat();
-        if let Some(id) = self.identity_memo.as_deref().and_then(|d| read_memo(&d.join(hex(&stat)))) {
-            return *self.identity.get_or_init(|| id);
+        if let Some(id) = self.identity.get().copied().or_else(|| self.take_remembered()) {
+            return id;
         }
         let mut h = blake3::Hasher::new();
         h.update(b"nvlinkd-toolkit-provisional-identity-v1\0");
-        h.update(&stat);
+        h.update(&self.stat());
         *h.finalize().as_bytes()
+    }
+
+    /// The content identity the memo holds for the files' stat identity, if
+    /// any, taken as the identity (a few stats and one small read).
+    fn take_remembered(&self) -> Option<[u8; 32]> {
+        let stat = self.stat();
+        let id = self.identity_memo.as_deref().and_then(|d| read_memo(&d.join(hex(&stat))))?;
+        Some(*self.identity.get_or_init(|| id))
     }
 
     /// Make the content identity ready for links: at once where it is
     /// remembered, else hashed on a thread of its own (links meanwhile use
     /// [`Toolkit::key_identity`]'s provisional one).
     pub fn prime(self: &Arc<Self>) {
-        let stat = self.stat();
-        if let Some(id) = self.identity_memo.as_deref().and_then(|d| read_memo(&d.join(hex(&stat)))) {
-            let _ = self.identity.set(id);
+        if self.take_remembered().is_some() {
             return;
         }
         let tk = Arc::clone(self);
@@ -574,15 +581,7 @@ mod tests {
     /// A toolkit at `root` whose content identities are remembered in `memo`.
     fn fake(root: &Path, memo: &Path) -> Toolkit {
         let banner = "Cuda compilation tools, release 13.5, V13.5.37\nBuild cuda_13.5.r13.5/compiler.39125733_0\n";
-        Toolkit {
-            root: root.to_owned(),
-            release: Release::from_banner(banner).unwrap(),
-            identity: OnceLock::new(),
-            identity_memo: Some(memo.to_owned()),
-            confirmed: std::sync::Mutex::new(None),
-            jitlink: OnceLock::new(),
-            help: OnceLock::new(),
-        }
+        Toolkit::of_release(root, Release::from_banner(banner).unwrap()).with_identity_memo(memo.to_owned())
     }
 
     /// A fresh cache directory's first links do not wait for the contents to

@@ -529,22 +529,8 @@ fn fresh_burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path
     let (burst, warmup) = links.split_at(16);
     let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
         let t = Instant::now();
-        let each: Vec<Duration> = std::thread::scope(|s| {
-            let hs: Vec<_> = burst
-                .iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    let out = o(&format!("b{i}.{tag}"));
-                    s.spawn(move || {
-                        let t = timed(prog, &args(l, &out), work, env);
-                        assert!(t.ok, "burst link failed");
-                        t.wall
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("burst thread")).collect()
-        });
-        (median(each), t.elapsed())
+        let each = at_once(prog, burst, env, work, |i| o(&format!("b{i}.{tag}")));
+        (median(each.iter().map(|t| t.wall).collect()), t.elapsed())
     };
     let variants: [(&str, &dyn Fn() -> Daemon); 3] = [
         ("on a fresh daemon", &Daemon::start),
@@ -580,6 +566,32 @@ fn fresh_burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path
         report.row(&format!("(g) 16-link burst {name}, p50 latency"), median(p50_nv), median(p50_d), identical, "");
         report.row(&format!("(g) 16-link burst {name}, total"), median(tot_nv), median(tot_d), identical, "");
     }
+}
+
+/// Run every link of `links` at once with `prog` (link `i` writes `out(i)`),
+/// each on a thread of its own; every one must succeed. Their timings, in order.
+fn at_once(
+    prog: &Path,
+    links: &[String],
+    env: &[(String, String)],
+    work: &Path,
+    out: impl Fn(usize) -> PathBuf,
+) -> Vec<Timed> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let out = out(i);
+                s.spawn(move || {
+                    let t = timed(prog, &args(l, &out), work, env);
+                    assert!(t.ok, "link failed: {l}");
+                    t
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("link thread")).collect()
+    })
 }
 
 /// Empty the kernel's page cache (root; `NVLINKD_BENCH_DROP_CACHES=1`, for
@@ -965,21 +977,8 @@ fn burst_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: &
         let run_all = |prog: &Path, env: &[(String, String)], tag: &str| {
             let idle0 = machine_idle();
             let t = Instant::now();
-            let cpu: Duration = std::thread::scope(|s| {
-                let hs: Vec<_> = links
-                    .iter()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        let out = o(&format!("c{i}.{tag}"));
-                        s.spawn(move || {
-                            let t = timed(prog, &args(l, &out), work, env);
-                            assert!(t.ok, "concurrent link failed");
-                            t.cpu
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("burst thread")).sum()
-            });
+            let cpu: Duration =
+                at_once(prog, &links, env, work, |i| o(&format!("c{i}.{tag}"))).iter().map(|t| t.cpu).sum();
             let wall = t.elapsed();
             (wall, cpu, machine_idle().zip(idle0).map(|(b, a)| b.saturating_sub(a)))
         };
@@ -1033,13 +1032,7 @@ fn verify_rows(report: &mut Report, reps: usize, corpus: &Path, work: &Path, o: 
             let out = TempDir::new("warmup");
             timed(&shim(), &args(TINY, &out.path().join("w.cubin")), corpus, &d.shim_env());
             let t = Instant::now();
-            std::thread::scope(|s| {
-                for (i, l) in links.iter().enumerate() {
-                    let out = o(&format!("v{i}.{mode}"));
-                    let env = d.shim_env();
-                    s.spawn(move || assert!(timed(&shim(), &args(l, &out), work, &env).ok, "link failed"));
-                }
-            });
+            at_once(&shim(), &links, &d.shim_env(), work, |i| o(&format!("v{i}.{mode}")));
             let wall = t.elapsed();
             if mode == "off" {
                 off.push(wall);

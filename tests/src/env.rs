@@ -60,6 +60,17 @@ pub fn nvlinkd() -> PathBuf {
     p
 }
 
+/// A shim's environment for a daemon it starts itself: its socket at
+/// `socket`, its cache in `cache`, no fallback, the test toolkit.
+pub fn auto_start_env(socket: &Path, cache: &Path) -> Vec<(String, String)> {
+    vec![
+        ("NVLINKD_SOCKET".into(), socket.display().to_string()),
+        ("NVLINKD_CACHE_DIR".into(), cache.display().to_string()),
+        ("NVLINKD_FALLBACK".into(), "never".into()),
+        ("CUDA_HOME".into(), cuda_home().display().to_string()),
+    ]
+}
+
 /// A fresh directory under the target dir, removed when dropped.
 pub struct TempDir(pub PathBuf);
 

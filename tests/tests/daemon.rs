@@ -177,12 +177,7 @@ fn shim_starts_a_daemon_when_none_answers() {
     let dir = TempDir::new("auto");
     let sock = dir.path().join("s");
     let out = TempDir::new("auto-out");
-    let env: Vec<(String, String)> = vec![
-        ("NVLINKD_SOCKET".into(), sock.display().to_string()),
-        ("NVLINKD_CACHE_DIR".into(), dir.path().join("cache").display().to_string()),
-        ("NVLINKD_FALLBACK".into(), "never".into()),
-        ("CUDA_HOME".into(), cuda_home().display().to_string()),
-    ];
+    let env = nvlinkd_tests::env::auto_start_env(&sock, &dir.path().join("cache"));
     let expected = run(&real_nvlink(), &inv(CDP_LINK, &out), &[]);
     let actual = run(&shim(), &inv(CDP_LINK, &out), &env);
     let stop = std::process::Command::new(nvlinkd()).arg("stop").arg("--socket").arg(&sock).output().unwrap();
@@ -753,12 +748,7 @@ fn a_read_only_output_of_another_run_is_left_alone_as_nvlink_does() {
     let expected = as_nobody(&with(real_nvlink()), &[]).unwrap();
     assert!(!expected.status.success(), "nvlink wrote a read-only file: {expected:?}");
     let socket = work.path().join("run/nvlinkd.sock");
-    let env = vec![
-        ("NVLINKD_SOCKET".to_string(), socket.display().to_string()),
-        ("NVLINKD_CACHE_DIR".to_string(), work.path().join("cache").display().to_string()),
-        ("NVLINKD_FALLBACK".to_string(), "never".to_string()),
-        ("CUDA_HOME".to_string(), cuda_home().display().to_string()),
-    ];
+    let env = nvlinkd_tests::env::auto_start_env(&socket, &work.path().join("cache"));
     let actual = as_nobody(&with(shim()), &env).unwrap();
     let stop = [nvlinkd().display().to_string(), "stop".into(), "--socket".into(), socket.display().to_string()];
     let _ = as_nobody(&stop, &[]);

@@ -692,13 +692,8 @@ fn an_auto_started_daemon_exits_when_idle() {
     let dir = TempDir::new("flt-idle");
     let sock = dir.path().join("s");
     let out = TempDir::new("flt-idle-out");
-    let env: Vec<(String, String)> = vec![
-        ("NVLINKD_SOCKET".into(), sock.display().to_string()),
-        ("NVLINKD_CACHE_DIR".into(), dir.path().join("cache").display().to_string()),
-        ("NVLINKD_FALLBACK".into(), "never".into()),
-        ("NVLINKD_IDLE_EXIT".into(), "1s".into()),
-        ("CUDA_HOME".into(), cuda_home().display().to_string()),
-    ];
+    let mut env = nvlinkd_tests::env::auto_start_env(&sock, &dir.path().join("cache"));
+    env.push(("NVLINKD_IDLE_EXIT".into(), "1s".into()));
     let expected = run(&real_nvlink(), &inv(LINK, corpus::dir(), &out), &[]);
     let actual = run(&shim(), &inv(LINK, corpus::dir(), &out), &env);
     let cmp = compare::runs(&expected, &actual);

@@ -475,12 +475,7 @@ fn main() {
     for _ in 0..reps.max(5) {
         let home = TempDir::new("auto");
         let socket = home.path().join("sock");
-        let env = vec![
-            ("NVLINKD_SOCKET".to_string(), socket.display().to_string()),
-            ("NVLINKD_CACHE_DIR".to_string(), home.path().join("cache").display().to_string()),
-            ("NVLINKD_FALLBACK".to_string(), "never".to_string()),
-            ("CUDA_HOME".to_string(), cuda_home().display().to_string()),
-        ];
+        let env = nvlinkd_tests::env::auto_start_env(&socket, &home.path().join("cache"));
         nv_first.push(timed(&real_nvlink(), &args(TINY, &o("first.nvlink")), &corpus, &[]).wall);
         let t = timed(&shim(), &args(TINY, &o("first.nvlinkd")), &corpus, &env);
         assert!(t.ok, "first link through an auto-started daemon failed");

@@ -89,6 +89,11 @@ impl Policy {
                     values.push(v);
                 }
             }
+            // An input named '': nvlink's open of it fails, and so does the
+            // daemon's read of what it resolves to (the directory, `cwd/`).
+            if t.is_empty() {
+                p.reads.insert(resolve(t));
+            }
             for v in values {
                 for piece in std::iter::once(v).chain(v.split(',')).filter(|s| !s.is_empty()) {
                     p.reads.insert(resolve(piece));
@@ -112,6 +117,14 @@ impl Policy {
             }
             // The value: after `=`, else the next token.
             let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned());
+            // `-o ''`: nvlink cannot open it, and the shim's write of what the
+            // daemon resolves it to (`cwd/`, a directory) fails the same way.
+            if value.as_deref() == Some("") && OUTPUTS.contains(&name) {
+                p.writes.insert(resolve(""));
+                if matches!(name, "o" | "output-file") {
+                    p.output = Some(resolve(""));
+                }
+            }
             let Some(value) = value.filter(|v| !v.is_empty()) else { continue };
             if matches!(name, "arch" | "arch-name") {
                 arch = Some(value.clone());
@@ -258,6 +271,18 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_empty_name_is_the_working_directory_whose_open_fails() {
+        let cwd = Path::new("/w");
+        let p = Policy::new(&args(&["--arch=sm_90", "a.o", "", "-o", ""]), cwd, None, None);
+        assert!(p.may_read(Path::new("/w/")), "the daemon's read of the input named '' fails as nvlink's open");
+        assert!(p.may_write(Path::new("/w/"), false), "so does the shim's write of -o ''");
+        assert_eq!(p.output(), Some(Path::new("/w/")));
+        let p = Policy::new(&args(&["--arch=sm_90", "a.o", "-o", "x.cubin"]), cwd, None, None);
+        assert!(!p.may_read(Path::new("/w/")), "no empty name, no reading the directory");
+        assert!(!p.may_write(Path::new("/w/"), false));
     }
 
     #[test]

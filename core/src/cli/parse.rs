@@ -144,7 +144,7 @@ impl Parser<'_> {
             let separate = !attached && i > option_index + 1;
             let at = (depth == 0).then_some(ArgPos { option: option_index, value: separate.then_some(i - 1) });
             if def.id == Opt::OptionsFile {
-                for file in value.split(',') {
+                for file in value.split(',').filter(|f| !f.is_empty()) {
                     self.options_file(file, depth)?;
                 }
                 continue;
@@ -388,6 +388,15 @@ mod tests {
         std::fs::write(dir.join("leaf.opts"), "-w").unwrap();
         let siblings: Vec<String> = (0..20).flat_map(|_| ["-optf".to_owned(), "leaf.opts".to_owned()]).collect();
         assert!(parse(&siblings, &LocalFs, &dir).is_ok());
+        // Empty names in the list are skipped (nvlink: `-optf ''`, `-optf ,x`
+        // link); a missing name is not.
+        let empty: Vec<String> = ["-optf", "", "-optf", ",leaf.opts,"].map(str::to_owned).to_vec();
+        assert!(parse(&empty, &LocalFs, &dir).is_ok());
+        let missing: Vec<String> = ["-optf", ",nope.opts"].map(str::to_owned).to_vec();
+        assert_eq!(
+            parse(&missing, &LocalFs, &dir).map_err(|d| d.to_string()).unwrap_err(),
+            "nvlink fatal   : Could not open options file 'nope.opts'"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -767,8 +767,15 @@ async fn connect_or_start(tk: &Toolkit) -> Result<Channel, String> {
     let socket = paths::socket_path();
     // The default socket only in a runtime directory of this user's own: in
     // /tmp another user may have made `nvlinkd-$UID` first and wait there.
+    // Said on every link (there is no private place to remember it in): the
+    // links are nvlink's, only never faster, until the directory is dealt with.
     if std::env::var_os(paths::ENV_SOCKET).is_none_or(|s| s.is_empty()) && paths::private_runtime_dir().is_none() {
-        return Err(format!("{} is not this user's own directory", paths::runtime_dir().display()));
+        let why = format!("{} is not this user's own directory", paths::runtime_dir().display());
+        eprintln!(
+            "nvlinkd: warning: {why} (another user made it, or others can write it), so the real nvlink links; \
+             fix: remove it, or set XDG_RUNTIME_DIR or NVLINKD_SOCKET to a directory of your own"
+        );
+        return Err(why);
     }
     let target = Target::Unix(socket.clone());
     if socket.exists() {

@@ -33,6 +33,12 @@ pub struct Request {
     /// Whether this process sees the caller's filesystem at the same paths (a
     /// local daemon). Only then can the real nvlink run here as an engine.
     pub shared_fs: bool,
+    /// Who answers the file requests of a link that does not share this
+    /// filesystem, where the daemon tells its remote callers apart (a token of
+    /// several, a client certificate): such links lead or join flights of the
+    /// same caller only, so one tenant's slow answers never hold another's
+    /// identical link.
+    pub caller: Option<[u8; 32]>,
     /// Whether the caller answers stats of the libNVVM under `-nvvmpath`
     /// (a shim that does not share this filesystem may refuse them).
     pub nvvm_stat: bool,

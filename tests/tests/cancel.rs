@@ -111,6 +111,7 @@ fn nvlink_engine_runs_are_cancellable_and_time_limited() {
         env: Default::default(),
         toolkit: None,
         shared_fs: true,
+        caller: None,
         nvvm_stat: true,
         speculative: false,
     };

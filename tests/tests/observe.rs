@@ -40,6 +40,7 @@ fn link(linker: &Linker, rec: &Recorder, args: &str, out: &TempDir) -> (u64, Eng
         env: Default::default(),
         toolkit: None,
         shared_fs: true,
+        caller: None,
         nvvm_stat: true,
         speculative: false,
     };

@@ -2033,6 +2033,19 @@ fn a_remote_fallback_reason_names_no_path_of_the_daemon() {
     let link = inv(LINK, corpus::dir(), &out);
     let env = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
     assert_eq!(run(&shim(), &link, &env).code, 0, "a first link");
+    // Nor is a guess confirmed: a caller's own text naming one of the
+    // daemon's paths comes back as the caller wrote it, as a wrong guess does
+    // (redacted, it told the caller it had guessed right).
+    let cache = d.cache_dir();
+    let mut shapes = Vec::new();
+    for guess in [h.clone(), cache.display().to_string(), "/not/the/daemons/dir".to_owned()] {
+        let args =
+            format!("--arch=sm_90 --preserve-relocs -L{guess}/../../../../../../../.. accumulate.o -o {{OUT}}/x.cubin");
+        let r = run(&shim(), &inv(&args, corpus::dir(), &out), &env);
+        shapes.push(String::from_utf8_lossy(&r.stderr).replace(&guess, "GUESS"));
+    }
+    assert!(shapes[2].contains("GUESS"), "{shapes:#?}");
+    assert!(shapes[0] == shapes[2] && shapes[1] == shapes[2], "a guess is told apart: {shapes:#?}");
     // A patched ptxas (one byte more): the daemon's toolkit changed.
     let mut f = std::fs::OpenOptions::new().append(true).open(home.join("bin/ptxas")).unwrap();
     std::io::Write::write_all(&mut f, b"\0").unwrap();
@@ -2041,7 +2054,6 @@ fn a_remote_fallback_reason_names_no_path_of_the_daemon() {
     let r = run(&shim(), &link, &env);
     let stderr = String::from_utf8_lossy(&r.stderr);
     assert!(r.code != 0 && stderr.contains("changed on disk"), "not the fallback expected: {stderr}");
-    let cache = d.cache_dir();
     for path in [home.to_string_lossy(), cache.to_string_lossy()] {
         assert!(!stderr.contains(path.as_ref()), "the reason names {path}: {stderr}");
     }
@@ -2070,4 +2082,77 @@ fn a_routed_remote_link_with_an_options_file_caches_no_error() {
     let remote = pki.shim_env(&format!("https://127.0.0.1:{port}"), "auto");
     assert_same(&expected, &run(&shim(), &link, &remote), "the remote link");
     assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link of the same command line");
+}
+
+/// A runtime directory another user made first (`/tmp/nvlinkd-$UID` before
+/// this user's first link): the shim neither uses nor replaces it, links with
+/// the real nvlink (its output, status and messages), and says why on stderr
+/// with the fix, on every link, instead of silently never being fast.
+#[test]
+fn a_runtime_directory_another_user_made_is_refused_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let xdg = TempDir::new("sec-rt");
+    let dir = xdg.path().join("nvlinkd");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let out = TempDir::new("sec-rt-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_eq!(expected.code, 0);
+    let env = vec![
+        ("XDG_RUNTIME_DIR".to_owned(), xdg.path().display().to_string()),
+        ("CUDA_HOME".to_owned(), cuda_home().display().to_string()),
+        ("NVLINKD_CACHE_DIR".to_owned(), xdg.path().join("cache").display().to_string()),
+    ];
+    for _ in 0..2 {
+        let actual = run(&shim(), &link, &env);
+        assert_eq!((actual.code, &actual.stdout, &actual.files), (expected.code, &expected.stdout, &expected.files));
+        let said = String::from_utf8_lossy(&actual.stderr).into_owned();
+        let (warned, rest): (Vec<&str>, Vec<&str>) =
+            said.split_inclusive('\n').partition(|l| l.starts_with("nvlinkd: warning: "));
+        assert_eq!(rest.concat().into_bytes(), expected.stderr, "nvlink's stderr: {said}");
+        assert_eq!(warned.len(), 1, "{said}");
+        assert!(warned[0].contains(&format!("{} is not this user's own directory", dir.display())), "{said}");
+        assert!(warned[0].contains("fix: "), "{said}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "the shim put something into another user's directory");
+    assert!(!xdg.path().join("cache").exists(), "a daemon was started");
+}
+
+/// Remote tenants never share a flight: a link of one token that stalls (its
+/// caller answering slowly; here held as it stores its entry,
+/// `NVLINKD_TEST_HOLD_STORE`) does not hold another token's identical link,
+/// which is answered meanwhile with nvlink's bytes. (In an adversarial run a
+/// second tenant waited 37 s on the first one's stalled flight.)
+#[test]
+fn a_remote_link_never_waits_on_another_tenants_flight() {
+    let hold_dir = TempDir::new("sec-tenant-hold");
+    let hold = hold_dir.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let pki = Pki::new();
+    let (d, port) =
+        nvlinkd_tests::remote::tls_daemon_env(&pki, &[], &[("NVLINKD_TEST_HOLD_STORE", hold.to_str().unwrap())]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-tenant-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let (first, env) = (link.clone(), pki.shim_env(&addr, "never"));
+    let leader = std::thread::spawn(move || run(&shim(), &first, &env));
+    let storing = hold.with_file_name("hold.storing");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !storing.exists() {
+        assert!(Instant::now() < deadline, "the first tenant's link never stored: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (second, env) = (link.clone(), other_token_env(&pki, &addr, "never"));
+    std::thread::spawn(move || done_tx.send(run(&shim(), &second, &env)));
+    let other = done_rx.recv_timeout(Duration::from_secs(60));
+    std::fs::remove_file(&hold).unwrap();
+    let other = other.expect("the second tenant's link waited on the first tenant's flight");
+    assert_same(&expected, &other, "the second tenant's link");
+    assert_same(&expected, &leader.join().unwrap(), "the first tenant's link");
+    assert_eq!(d.stat("fallbacks"), 0, "{}", d.stats());
 }

@@ -433,8 +433,11 @@ impl Linker {
 
     /// `text` as a caller on another host may read it: the daemon's own
     /// paths (its toolkits, its cache and scratch directories) named by
-    /// their role, as its remote `Ping` and `Stats` do.
-    pub fn redact(&self, text: &str) -> String {
+    /// their role, as its remote `Ping` and `Stats` do. A place inside what
+    /// the caller `said` itself (its arguments, cwd, environment) is left as
+    /// it is wherever it appears: were it redacted, the answer would tell the
+    /// caller that its guess (`-L<guess>/../..`) is one of the daemon's paths.
+    pub fn redact(&self, text: &str, said: &[&str]) -> String {
         let mut places: Vec<(String, &str)> =
             self.config.toolkits.iter().map(|t| (t.to_string_lossy().into_owned(), "<toolkit>")).collect();
         places.push((self.config.cache_dir.to_string_lossy().into_owned(), "<cache-dir>"));
@@ -442,7 +445,9 @@ impl Linker {
         places.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         let mut out = text.to_owned();
         for (place, role) in places.iter().filter(|(p, _)| p.len() > 1) {
-            out = out.replace(place.as_str(), role);
+            if !said.iter().any(|s| s.contains(place.as_str())) {
+                out = out.replace(place.as_str(), role);
+            }
         }
         scrub_scratch_names(&out)
     }

@@ -271,13 +271,15 @@ impl<'a> Link<'a> {
         // is admitted only while no foreground link holds a permit.
         let give_back = || drop(planning.borrow_mut().take());
         // A link whose files come over its caller's stream (a remote shim)
-        // leads or joins flights of such links only: its caller answers
-        // file requests at its own pace, up to the reply timeout, and a local
-        // link must never wait on that.
+        // leads or joins flights of such links of the same caller only: its
+        // caller answers file requests at its own pace, up to the reply
+        // timeout, and a local link or another tenant's must never wait on
+        // that.
         let flight = if req.shared_fs {
             keys.content
         } else {
-            crate::cache::KeyBuilder::new("flight-of-streamed-links").key(&keys.content).finish()
+            let caller = req.caller.unwrap_or_default();
+            crate::cache::KeyBuilder::new("flight-of-streamed-links").key(&keys.content).bytes(&caller).finish()
         };
         let entry = cache.flights.run_or_wait(flight, give_back, || {
             let outcome = if linker.verifier.mismatched(&keys.content) {

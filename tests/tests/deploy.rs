@@ -40,6 +40,46 @@ fn text(out: &Output) -> String {
 }
 
 /// A copy of `file` in `dir` with `edit` applied (which must change it).
+/// checkov's policies (offline: `--skip-download`) pass on deploy/'s
+/// Kubernetes manifests and Dockerfiles, with the skips each file names and
+/// explains; a Deployment that lets its container escalate privileges, or
+/// a Dockerfile without a HEALTHCHECK, fails.
+#[test]
+fn the_deploy_files_pass_checkov() {
+    let Some(bin) = validators() else { return };
+    let checkov = |dir: &Path| {
+        Command::new(bin.join("checkov"))
+            .args(["--quiet", "--compact", "--skip-download", "--framework", "kubernetes", "dockerfile", "-d"])
+            .arg(dir)
+            .output()
+            .unwrap()
+    };
+    let out = checkov(&deploy(""));
+    let report = text(&out);
+    assert!(out.status.success(), "checkov on deploy/:\n{report}");
+    assert!(report.contains("kubernetes scan results") && report.contains("dockerfile scan results"), "{report}");
+    let dir = TempDir::new("deploy-checkov");
+    broken(dir.path(), &deploy("kubernetes/deployment.yaml"), |s| {
+        s.replace("allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true")
+    });
+    let out = checkov(dir.path());
+    assert!(
+        !out.status.success() && text(&out).contains("CKV_K8S_20"),
+        "an escalating container passed:\n{}",
+        text(&out)
+    );
+    let dir = TempDir::new("deploy-checkov-docker");
+    broken(dir.path(), &deploy("Dockerfile"), |s| {
+        s.lines().filter(|l| !l.starts_with("HEALTHCHECK")).map(|l| format!("{l}\n")).collect()
+    });
+    let out = checkov(dir.path());
+    assert!(
+        !out.status.success() && text(&out).contains("CKV_DOCKER_2"),
+        "a Dockerfile without HEALTHCHECK passed:\n{}",
+        text(&out)
+    );
+}
+
 fn broken(dir: &Path, file: &Path, edit: impl Fn(&str) -> String) -> PathBuf {
     let original = std::fs::read_to_string(file).unwrap();
     let changed = edit(&original);

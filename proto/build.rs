@@ -29,7 +29,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // `Event.body` serialises as the kind's message itself.
     build = build.type_attribute(".nvlinkd.v1.Event.body", "#[derive(serde::Serialize)] #[serde(untagged)]");
-    for field in ["symbol", "symbol_demangled", "object", "object_path", "member", "first_defined"] {
+    for field in
+        ["symbol", "symbol_demangled", "object", "object_path", "member", "first_defined", "source_file", "line"]
+    {
         build = build.field_attribute(
             format!(".nvlinkd.v1.DiagnosticEvent.{field}"),
             "#[serde(skip_serializing_if = \"Option::is_none\")]",

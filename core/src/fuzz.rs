@@ -42,6 +42,10 @@ pub fn elf(data: &[u8]) {
     if let Ok(img) = CubinImage::parse(data) {
         let _ = img.serialize();
     }
+    // Line tables, as diagnostics read them from a link's objects.
+    for symbol in ["", "_Z6helperi", "k"] {
+        let _ = crate::input::lines::locate(data, symbol);
+    }
     let _ = tkinfo::parse(data);
     if let Ok(t) = StrTab::parse(data) {
         let _ = t.to_bytes();

@@ -9,8 +9,10 @@ editor shows every device link of a project without parsing nvlink's text:
   `$/progress` begin (the output's name), report (the phase running, with
   its time), end (how it ended);
 - its diagnostics are `textDocument/publishDiagnostics`, keyed by the file
-  they name (the object, or the archive of a member; the link's output when
-  they name none), replaced by the next link of the same output;
+  they name: the source file and line the daemon read from the object's line
+  tables (nvcc -lineinfo or -G), else the object (or the archive of a member;
+  the link's output when they name none) at its first line; replaced by the
+  next link of the same output;
 - the editor's `window/workDoneProgress/cancel` cancels the link
   (`nvlinkd cancel ID`).
 
@@ -98,17 +100,18 @@ class Bridge:
             message = "exit %d, %s, %.0f ms" % (e["exit_code"], e["engine"], e["ms"])
         if self.problem_matcher:
             for d in info["diagnostics"]:
-                path = d.get("object_path") or (info["key"] if info["key"].startswith("/") else info["cwd"])
-                print("%s:1:1: %s: %s [%s]" % (path, d["severity"], d["message"], d["code"]), flush=True)
+                fallback = info["key"] if info["key"].startswith("/") else info["cwd"]
+                path, line = place(d, info["cwd"], fallback)
+                print("%s:%d:1: %s: %s [%s]" % (path, line + 1, d["severity"], d["message"], d["code"]), flush=True)
             return
         self.progress(link, {"kind": "end", "message": message})
         # One publication per file; files of the previous link of this output
         # that have no diagnostics now are cleared.
         by_file = {}
         for d in info["diagnostics"]:
-            path = d.get("object_path") or info["key"]
+            path, line = place(d, info["cwd"], info["key"])
             by_file.setdefault(path, []).append({
-                "range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}},
+                "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": 0}},
                 "severity": SEVERITY.get(d["severity"], 3),
                 "source": d["tool"],
                 "code": d["code"],
@@ -150,6 +153,15 @@ class Bridge:
         if self.socket:
             cmd += ["--socket", self.socket]
         return cmd + list(args[1:])
+
+
+def place(d, cwd, fallback):
+    """A diagnostic's file and 0-based line: its source line where the daemon
+    found one, else its object (or `fallback`) at the first line."""
+    source = d.get("source_file")
+    if source:
+        return os.path.join(cwd, source), max(d.get("line", 1) - 1, 0)
+    return d.get("object_path") or fallback, 0
 
 
 def main():

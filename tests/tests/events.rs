@@ -182,6 +182,67 @@ fn a_diagnostic_names_the_archive_and_member_apart() {
     assert_eq!((d0["severity"].as_str(), d0["tool"].as_str()), (Some("error"), Some("nvlink")));
 }
 
+/// A diagnostic gives the source file and line of its symbol where the
+/// object has line tables (nvcc `-lineinfo` or `-G`): for an undefined
+/// reference, the line of the call; for a multiple definition, the line of
+/// the definition; in an archive's member too. Without line tables they are
+/// absent. The sources are written here and compiled by the real nvcc; the
+/// lines expected are found by their text.
+#[test]
+fn a_diagnostic_gives_the_source_line_from_the_objects_line_tables() {
+    let dir = TempDir::new("diag-lines");
+    let main = "__device__ int helper(int x);\n\n__global__ void k(int *p) {\n    p[0] = helper(p[1]);\n}\n";
+    let def = "// helpers\n\n__device__ int helper(int x) {\n    return x + 1;\n}\n";
+    std::fs::write(dir.path().join("main.cu"), main).unwrap();
+    std::fs::write(dir.path().join("def.cu"), def).unwrap();
+    let line_of = |text: &str, needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() as u64 + 1;
+    let nvcc = nvlinkd_tests::env::cuda_home().join("bin/nvcc");
+    for (src, obj, flag) in
+        [("main.cu", "main.o", "-lineinfo"), ("def.cu", "def.o", "-G"), ("main.cu", "plain.o", "-O3")]
+    {
+        let ok = Command::new(&nvcc)
+            .args(["-arch=sm_90", "-dc", flag, src, "-o", obj])
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "nvcc {flag} {src}");
+    }
+    assert!(Command::new("ar").args(["rcs", "libdef.a", "def.o"]).current_dir(dir.path()).status().unwrap().success());
+    let d = Daemon::start();
+    let mut ev = Events::follow(&d);
+    let out = TempDir::new("diag-lines-out");
+    let cases = [
+        ("--arch=sm_90 main.o -o {OUT}/a.cubin", "a.cubin", Some(("main.cu", line_of(main, "helper(p[1])")))),
+        ("--arch=sm_90 def.o def.o -o {OUT}/b.cubin", "b.cubin", Some(("def.cu", line_of(def, "int helper(int x) {")))),
+        (
+            "--arch=sm_90 def.o libdef.a -o {OUT}/c.cubin",
+            "c.cubin",
+            Some(("def.cu", line_of(def, "int helper(int x) {"))),
+        ),
+        ("--arch=sm_90 plain.o -o {OUT}/d.cubin", "d.cubin", None),
+    ];
+    for (args, output, want) in cases {
+        let expected = run(&real_nvlink(), &inv(args, dir.path(), &TempDir::new("diag-lines-ref")), &[]);
+        let got = run(&shim(), &inv(args, dir.path(), &out), &d.shim_env());
+        assert_eq!((got.code, &got.stderr), (expected.code, &expected.stderr), "{args}: not nvlink's answer");
+        let id = ev.started(output);
+        ev.of("link_finished", id);
+        let diags = ev.all("diagnostic", id);
+        let first = diags.iter().find(|v| v["symbol"] == "_Z6helperi").unwrap_or_else(|| panic!("{args}: {diags:#?}"));
+        match want {
+            Some((file, line)) => {
+                let path = dir.path().join(file);
+                assert_eq!(
+                    (first["source_file"].as_str(), first["line"].as_u64()),
+                    (path.to_str(), Some(line)),
+                    "{args}: {first}"
+                );
+            }
+            None => assert!(first.get("source_file").is_none() && first.get("line").is_none(), "{args}: {first}"),
+        }
+    }
+}
+
 /// The example editor bridge (`examples/editor/nvlinkd-lsp-bridge.py`), run
 /// as an editor runs it, against a real daemon: LSP messages on its stdout.
 struct Bridge {

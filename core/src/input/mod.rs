@@ -9,6 +9,7 @@ pub mod cubin;
 pub mod files;
 pub mod host;
 pub mod libsearch;
+pub mod lines;
 pub mod load;
 pub mod memo;
 pub mod ptx;

@@ -18,9 +18,11 @@
 //! names them, `member` where the object is an archive's member
 //! (`archive:member`, as nvlink writes it), `first_defined` where the message
 //! names a second object, `object_path` where the object is a file of the
-//! link's working directory. `source_file` and `line` are not known yet (the
-//! objects' line tables are not read): they are absent. Under LTO nvlink
-//! names the object `lto.cubin`, which is no file: `object_path` is absent.
+//! link's working directory. `source_file` and `line` come from that file's
+//! line tables (`-lineinfo`, `-G`; `nvlinkd_core::input::lines`): where the
+//! object defines the symbol, else where its code first uses it. Under LTO
+//! nvlink names the object `lto.cubin`, which is no file: `object_path`,
+//! `source_file` and `line` are absent.
 
 use std::path::Path;
 
@@ -134,6 +136,11 @@ impl Diagnostic {
             let p = cwd.map(|c| c.join(o)).filter(|p| o != "lto.cubin" && p.is_file())?;
             Some(p.to_string_lossy().into_owned())
         });
+        let source = object_path
+            .as_deref()
+            .zip(self.symbol.as_deref())
+            .and_then(|(path, symbol)| source_line(Path::new(path), self.member.as_deref(), symbol));
+        let (source_file, line) = source.map(|s| (s.file, s.line)).unzip();
         nvlinkd_proto::v1::DiagnosticEvent {
             severity: self.severity.to_owned(),
             tool: self.tool.to_owned(),
@@ -145,7 +152,23 @@ impl Diagnostic {
             object_path,
             member: self.member.clone(),
             first_defined: self.first_defined.clone(),
+            source_file,
+            line,
         }
+    }
+}
+
+/// The largest object whose line tables are read for a diagnostic.
+const SOURCE_LINE_MAX_BYTES: u64 = 256 << 20;
+
+/// Where the object (or archive member) at `path` defines or uses `symbol`.
+fn source_line(path: &Path, member: Option<&str>, symbol: &str) -> Option<nvlinkd_core::input::lines::SourceLine> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).ok()?.take(SOURCE_LINE_MAX_BYTES).read_to_end(&mut bytes).ok()?;
+    match member {
+        Some(m) => nvlinkd_core::input::lines::locate_in_member(&bytes, m, symbol),
+        None => nvlinkd_core::input::lines::locate(&bytes, symbol),
     }
 }
 

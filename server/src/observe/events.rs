@@ -757,6 +757,8 @@ mod tests {
                 object_path: some(),
                 member: some(),
                 first_defined: some(),
+                source_file: some(),
+                line: Some(1),
                 ..Default::default()
             }),
             Body::LinkFinished(Default::default()),

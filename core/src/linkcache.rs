@@ -227,8 +227,14 @@ pub fn keys(
     mode: Mode,
     fs: &dyn InputFs,
     hashes: &HashMemo,
+    own_nvvm: Option<&Path>,
 ) -> Option<LinkKeys> {
     if spec.time.is_some() || spec.uidx_file.is_some() {
+        return None;
+    }
+    // ptxas reads an options file of its own (`-Xptxas --options-file=F`):
+    // its contents are not in the key, so such a link is not cached.
+    if spec.xptxas.iter().any(|v| ptxas_options_file(v)) {
         return None;
     }
     let mut k = KeyBuilder::new("link");
@@ -281,6 +287,7 @@ pub fn keys(
             k.bytes(&hashes.digest(fs, &candidate.path, crate::input::host::key_digest).ok()?);
         }
     }
+    nvvm_key(&mut k, req, spec, mode, fs, hashes, own_nvvm)?;
     let content = k.finish();
     let mut named = KeyBuilder::new("link-named");
     named.key(&content).bytes(req.cwd.as_os_str().as_encoded_bytes());
@@ -288,6 +295,58 @@ pub fn keys(
         named.str(a);
     }
     Some(LinkKeys { content, named: named.finish() })
+}
+
+/// Whether an `-Xptxas` value names ptxas's options file (`--options-file`,
+/// `-optf`, with `=` or as the next value).
+fn ptxas_options_file(value: &str) -> bool {
+    let name = value.trim_start_matches('-');
+    let name = name.split_once('=').map_or(name, |(n, _)| n);
+    value.starts_with('-') && matches!(name, "options-file" | "optf")
+}
+
+/// Under LTO nvlink loads the libNVVM under `-nvvmpath` (and its
+/// libdevice): which one, or that there is none (`elfLink linker library
+/// load error`), is the link's answer too. Where the daemon shares the
+/// caller's files: the toolkit's own `nvvm` (the toolkit's identity is in the
+/// key), else those files by content. For a remote caller: its answer to the
+/// stat the routed link's sandbox mirrors (none, one, or not answered: an
+/// older shim), asked here, before the link takes a plan permit, so a
+/// caller's slow answer holds no permit (the link's view remembers it).
+fn nvvm_key(
+    k: &mut KeyBuilder,
+    req: &Request,
+    spec: &Spec,
+    mode: Mode,
+    fs: &dyn InputFs,
+    hashes: &HashMemo,
+    own_nvvm: Option<&Path>,
+) -> Option<()> {
+    let Some(given) = spec.nvvmpath.as_deref().filter(|_| mode.is_lto()) else { return Some(()) };
+    let dir = crate::fs::absolute(&req.cwd, given);
+    k.str("nvvmpath");
+    if !req.shared_fs {
+        k.u64(match (req.nvvm_stat, crate::fs::has_libnvvm(fs, &dir)) {
+            (false, _) => 2,
+            (true, true) => 1,
+            (true, false) => 0,
+        });
+        return Some(());
+    }
+    let real = |p: &Path| std::fs::canonicalize(p).ok();
+    if own_nvvm.and_then(real).is_some_and(|own| real(&dir) == Some(own)) {
+        k.str("own");
+        return Some(());
+    }
+    for lib in ["lib64/libnvvm.so", "lib/libnvvm.so", "libdevice/libdevice.10.bc"] {
+        let path = dir.join(lib);
+        k.str(lib);
+        match fs.stat(&path) {
+            Ok(st) if !st.is_dir => k.bytes(&hashes.digest(fs, &path, crate::input::host::key_digest).ok()?),
+            _ => k.u64(0),
+        };
+    }
+    Some(())
 }
 
 /// The keys the daemon's whole-link cache gives `req`, with the files read
@@ -304,7 +363,7 @@ pub fn keys_of(req: &Request) -> Option<LinkKeys> {
     if matches!(mode, Mode::Help | Mode::Version | Mode::HostLinkerScript(_)) {
         return None;
     }
-    keys(&[0; 32], req, &spec, mode, &fs, &HashMemo::default())
+    keys(&[0; 32], req, &spec, mode, &fs, &HashMemo::default(), None)
 }
 
 /// The outputs of an outcome, by role.
@@ -371,7 +430,7 @@ mod tests {
         let req = Request { args, cwd: cwd.to_owned(), ..Default::default() };
         let spec = Spec::from_parsed(crate::cli::parse::parse(&req.args, &LocalFs, cwd).unwrap(), cwd, None).unwrap();
         let mode = spec.mode().unwrap();
-        keys(&[7; 32], &req, &spec, mode, &MemoFs::new(&LocalFs), &HashMemo::default())
+        keys(&[7; 32], &req, &spec, mode, &MemoFs::new(&LocalFs), &HashMemo::default(), None)
     }
 
     /// A name with a trailing `/` or `/.` is its own name: the kernel fails it
@@ -446,6 +505,20 @@ mod tests {
         // But the files nvlink would read are not the key's any more.
         assert!(!memo.unchanged_on_disk());
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_link_naming_a_ptxas_options_file_has_no_key() {
+        assert!(
+            ptxas_options_file("--options-file=popts") && ptxas_options_file("-optf") && ptxas_options_file("-optf=x")
+        );
+        assert!(!ptxas_options_file("-O1") && !ptxas_options_file("optf") && !ptxas_options_file("--opt-level=1"));
+        let dir = std::env::temp_dir().join(format!("nvlinkd-ptxas-optf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x.o"), b"not an object, but a file").unwrap();
+        assert!(keys_of(&dir, "--arch=sm_90 -Xptxas -O1 x.o -o y.cubin").is_some());
+        assert!(keys_of(&dir, "--arch=sm_90 -Xptxas --options-file=popts x.o -o y.cubin").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

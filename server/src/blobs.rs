@@ -30,10 +30,16 @@ use tracing::warn;
 
 pub type Digest = [u8; 32];
 
+/// Whom a flight belongs to (`Request::caller`; zeros where the daemon does
+/// not tell its callers apart).
+pub type Caller = [u8; 32];
+
 pub struct BlobStore {
     store: Store,
-    /// Blobs on their way from a shim, by digest.
-    flights: Mutex<HashMap<Digest, Arc<Flight>>>,
+    /// Blobs on their way from a shim, by digest and by the remote caller
+    /// that sends them: a link waits only on its own caller's uploads, never
+    /// on another tenant's, who may announce a blob and never send it.
+    flights: Mutex<HashMap<(Digest, Caller), Arc<Flight>>>,
     /// Announced files read from the store.
     pub hits: AtomicU64,
     /// Announced files the store lacked (asked of the shim).
@@ -93,25 +99,25 @@ impl BlobStore {
     /// Who fetches a blob the store lacks: this link (it must ask its shim,
     /// then [`BlobStore::land`] the bytes), or another link already (wait for
     /// its flight).
-    pub fn claim(&self, digest: &Digest) -> Claim {
+    pub fn claim(&self, digest: &Digest, caller: &Caller) -> Claim {
         let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = flights.get(digest) {
+        if let Some(f) = flights.get(&(*digest, *caller)) {
             return Claim::Wait(f.clone());
         }
         let f = Arc::new(Flight::default());
-        flights.insert(*digest, f.clone());
+        flights.insert((*digest, *caller), f.clone());
         Claim::Own(f)
     }
 
     /// The end of an owned flight: `data` (the shim's reply, if any) is kept
     /// when it is `size` bytes that hash to `digest`; waiters are woken.
-    pub fn land(&self, digest: &Digest, size: u64, data: Option<Vec<u8>>, flight: &Flight) {
+    pub fn land(&self, digest: &Digest, caller: &Caller, size: u64, data: Option<Vec<u8>>, flight: &Flight) {
         let landed = match data.map(Arc::<[u8]>::from) {
             None => Landed::Failed,
             Some(d) if self.keep(digest, size, &d) => Landed::Stored,
             Some(_) => Landed::Rejected,
         };
-        self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(digest);
+        self.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&(*digest, *caller));
         flight.finish(landed);
     }
 

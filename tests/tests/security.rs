@@ -2156,3 +2156,154 @@ fn a_remote_link_never_waits_on_another_tenants_flight() {
     assert_same(&expected, &leader.join().unwrap(), "the first tenant's link");
     assert_eq!(d.stat("fallbacks"), 0, "{}", d.stats());
 }
+
+/// A token holder that announces a file (a real input's digest and size) and
+/// never sends it holds no other tenant's link: blob uploads are waited on
+/// per caller, so the other token's link needing the same bytes asks its own
+/// shim and is answered promptly, with nvlink's bytes. (In an adversarial run
+/// it waited the reply timeout, 58.7 s.)
+#[test]
+fn a_blob_another_tenant_announced_and_never_sent_holds_no_link() {
+    use nvlinkd_proto::v1::AnnouncedFile;
+    let pki = Pki::new();
+    let (d, port) = tls_daemon(&pki, &["--reply-timeout", "30s"]);
+    let addr = format!("https://127.0.0.1:{port}");
+    let inputs = TempDir::new("sec-blob-tenant-in");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), inputs.path().join(f)).unwrap();
+    }
+    let out = TempDir::new("sec-blob-tenant-out");
+    let link = inv(LINK, inputs.path(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let rt = runtime();
+    // The first tenant: its link announces both inputs by their true digests
+    // and sizes, and never answers the daemon's requests for them.
+    let held = rt.block_on(async {
+        let files = ["accumulate.o", "scale.o"]
+            .iter()
+            .map(|f| {
+                let data = std::fs::read(inputs.path().join(f)).unwrap();
+                AnnouncedFile {
+                    path: format!("/silent/{f}"),
+                    exists: true,
+                    is_dir: false,
+                    size: data.len() as u64,
+                    blake3: blake3::hash(&data).as_bytes().to_vec(),
+                }
+            })
+            .collect();
+        let args = ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "out.cubin"].map(String::from).to_vec();
+        let start = Start { args, cwd: "/silent".into(), files, ..Default::default() };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        tokio::spawn(async move {
+            let request = with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN);
+            if let Ok(r) = client.link(request).await {
+                let mut answers = r.into_inner();
+                while let Ok(Some(_)) = answers.message().await {}
+            }
+        });
+        tx
+    });
+    // Admitted (its slot taken), it then waits for its own upload.
+    d.wait_stat("remote_links", 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let other = run(&shim(), &link, &other_token_env(&pki, &addr, "never"));
+    let took = t0.elapsed();
+    assert_same(&expected, &other, "the other tenant's link");
+    assert!(took < Duration::from_secs(15), "the other tenant's link waited {took:?} on the first one's upload");
+    drop(held);
+    rt.shutdown_background();
+}
+
+/// A thin archive's members are files nvlink reads beside it, which the
+/// daemon neither keys nor mirrors: its links are the caller's nvlink's,
+/// never cached, so a changed member is seen (a cubin linked from the old
+/// member was served after it changed), and a remote caller gets nvlink's
+/// answer (its members were missing from the daemon's sandbox).
+#[test]
+fn a_thin_archives_members_are_read_by_the_callers_nvlink() {
+    let dir = TempDir::new("sec-thin");
+    for f in ["mathlib_main.o", "mathlib_1.o", "mathlib_2.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    let ar =
+        Command::new("ar").args(["rcT", "libthin.a", "mathlib_1.o", "mathlib_2.o"]).current_dir(dir.path()).status();
+    assert!(ar.unwrap().success());
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let addr = format!("https://127.0.0.1:{port}");
+    let out = TempDir::new("sec-thin-out");
+    let link = inv("--arch=sm_90 mathlib_main.o libthin.a -o {OUT}/out.cubin", dir.path(), &out);
+    for change in [false, true] {
+        if change {
+            // A member that no longer defines what mathlib_main.o calls.
+            std::fs::copy(corpus::dir().join("accumulate.o"), dir.path().join("mathlib_2.o")).unwrap();
+        }
+        let expected = run(&real_nvlink(), &link, &[]);
+        assert_eq!(expected.code != 0, change, "{}", String::from_utf8_lossy(&expected.stderr));
+        let mut env = d.shim_env();
+        env.push(("NVLINKD_FALLBACK".into(), "auto".into()));
+        assert_same(&expected, &run(&shim(), &link, &env), &format!("a local link, member changed: {change}"));
+        assert_same(&expected, &run(&shim(), &link, &pki.shim_env(&addr, "auto")), "a remote link");
+    }
+    assert_eq!(d.stat("cache_hits"), 0, "a thin archive's link was served from the cache: {}", d.stats());
+}
+
+/// Under LTO nvlink loads the libNVVM under `-nvvmpath`: whether there is
+/// one, and which, is part of the key. Locally, a link routed for an
+/// `-nvvmpath` of its own sees the library go (nvlink: `elfLink linker library
+/// load error`) instead of being served the cubin linked while it was there.
+/// Remotely, a caller whose `-nvvmpath` (relative, the same argument) has no
+/// libNVVM gets nvlink's error, and another caller with the same command
+/// line and inputs whose directory has one still links (it was served the
+/// first one's error from the cache).
+#[test]
+fn the_libnvvm_under_nvvmpath_is_part_of_the_key() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let addr = format!("https://127.0.0.1:{port}");
+    let nvvm_of = |dir: &Path| {
+        std::fs::create_dir_all(dir.join("lib64")).unwrap();
+        std::fs::copy(cuda_home().join("nvvm/lib64/libnvvm.so"), dir.join("lib64/libnvvm.so")).unwrap();
+        let libdevice = dir.join("libdevice");
+        std::fs::create_dir_all(&libdevice).unwrap();
+        std::fs::copy(cuda_home().join("nvvm/libdevice/libdevice.10.bc"), libdevice.join("libdevice.10.bc")).unwrap();
+    };
+    let twins: Vec<TempDir> = (0..2).map(|i| TempDir::new(&format!("sec-nvvm-{i}"))).collect();
+    for t in &twins {
+        for f in ["accumulate_lto.o", "scale_lto.o"] {
+            std::fs::copy(corpus::dir().join(f), t.path().join(f)).unwrap();
+        }
+        std::fs::create_dir_all(t.path().join("nv")).unwrap();
+    }
+    let args = format!(
+        "--arch=sm_90 -dlto -nvvmpath=nv -L{} accumulate_lto.o scale_lto.o -lcudadevrt -o {{OUT}}/out.cubin",
+        cuda_home().join("lib").display()
+    );
+    let out = TempDir::new("sec-nvvm-out");
+    // Locally: with the library, then without.
+    let local = inv(&args, twins[0].path(), &out);
+    nvvm_of(&twins[0].path().join("nv"));
+    for present in [true, false] {
+        if !present {
+            std::fs::remove_file(twins[0].path().join("nv/lib64/libnvvm.so")).unwrap();
+        }
+        let expected = run(&real_nvlink(), &local, &[]);
+        assert_eq!(expected.code == 0, present, "{}", String::from_utf8_lossy(&expected.stderr));
+        assert_same(
+            &expected,
+            &run(&shim(), &local, &d.shim_env()),
+            &format!("a local link, libNVVM there: {present}"),
+        );
+    }
+    // Remotely: the first caller's directory has none, the second's has one.
+    nvvm_of(&twins[1].path().join("nv"));
+    for t in &twins {
+        let link = inv(&args, t.path(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        assert_same(&expected, &run(&shim(), &link, &pki.shim_env(&addr, "never")), "a remote link");
+    }
+}

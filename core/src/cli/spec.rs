@@ -43,6 +43,13 @@ pub enum Mode {
     LtoEmitPtx,
 }
 
+impl Mode {
+    /// Modes C to E: nvlink loads libNVVM (from `-nvvmpath`).
+    pub fn is_lto(self) -> bool {
+        matches!(self, Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx)
+    }
+}
+
 /// Everything nvlink's options say, typed.
 #[derive(Clone, Debug, Default)]
 pub struct Spec {

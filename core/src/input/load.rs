@@ -308,8 +308,13 @@ impl LoadContext<'_> {
     fn archive(&self, shown: &str, data: Bytes) -> Result<Library, LoadError> {
         let (thin, members) =
             archive::members(&data).or_else(|_| unsupported(Reason::Input, format!("{shown}: malformed archive")))?;
+        // A thin archive's members are files beside it that nvlink reads and
+        // the daemon neither keys nor mirrors: the caller's nvlink links it.
         if thin {
-            return unsupported(Reason::Input, format!("{shown}: thin archive"));
+            return unsupported(
+                Reason::InputDeclined,
+                format!("{shown}: a thin archive (its members are read by nvlink)"),
+            );
         }
         /// What one member contributes.
         enum Member {
@@ -539,7 +544,19 @@ impl LoadContext<'_> {
             return Ok((vec![module], warnings));
         }
         if members.iter().any(|m| m.kind == MemberKind::LtoIr) {
-            return fatal("LTO objects found, use -dlto");
+            // nvlink's fatal is for IR it could link (not newer than the
+            // target) without -dlto; IR only for newer archs (with -dlto or
+            // not) it passes over with the arch warning and links the rest
+            // ("Ignoring -dlto option because no LTO objects found"), which
+            // is not reproduced here.
+            let usable = members.iter().any(|m| m.kind == MemberKind::LtoIr && m.arch <= self.target.sm);
+            if !self.lto && usable {
+                return fatal("LTO objects found, use -dlto");
+            }
+            return unsupported(
+                Reason::Arch,
+                format!("{name}: LTO IR only for archs newer than {}", self.target.name()),
+            );
         }
         if !in_archive && !self.suppress_arch_warning {
             warnings.push(Diagnostic::warning(format!("SM Arch ('{}') not found in '{name}'", self.target.name())));

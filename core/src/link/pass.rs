@@ -313,7 +313,9 @@ impl<'a> Link<'a> {
     fn keys(&self, mode: Mode) -> Option<linkcache::LinkKeys> {
         let linker = self.linker;
         self.ctl.obs.in_step(Step::Keys, || {
-            linkcache::keys(&linker.key_identity(&self.tk), self.req, &self.spec, mode, self.fs, &linker.hashes)
+            let own_nvvm = self.tk.root.join("nvvm");
+            let identity = linker.key_identity(&self.tk);
+            linkcache::keys(&identity, self.req, &self.spec, mode, self.fs, &linker.hashes, Some(&own_nvvm))
         })
     }
 
@@ -354,7 +356,7 @@ impl<'a> Link<'a> {
     /// release) it must hold a libNVVM on the caller's side, which the
     /// routed link's sandbox then reproduces (`engine/sandbox.rs`).
     fn foreign_nvvm(&self, mode: Mode) -> Option<Declined> {
-        if !matches!(mode, Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx) {
+        if !mode.is_lto() {
             return None;
         }
         let given = self.spec.nvvmpath.as_deref()?;
@@ -449,8 +451,12 @@ impl<'a> Link<'a> {
                 return Err(Box::new(self.linker.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }
             Err(LoadError::Declined(why)) => {
-                // An input only nvlink itself may read (a FIFO, a device): not
-                // even the real-nvlink engine runs it here.
+                // An input only nvlink itself may read (a FIFO, a device, a
+                // thin archive's members): not even the real-nvlink engine
+                // runs it here, and nothing is stored.
+                if why.reason == Reason::InputDeclined {
+                    return Err(Box::new(self.linker.fall_back(why)));
+                }
                 if let Some(declined) = fs.declined() {
                     debug!(reason = %why.reason, why = %why.detail, "plan not reproduced in process");
                     return Err(Box::new(self.linker.fall_back(Declined::new(Reason::InputDeclined, declined))));

@@ -347,7 +347,11 @@ impl Service {
         // for here, before the link takes a thread (a shim that never sends
         // them holds none).
         let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_contents(linker.contents().clone());
-        let fs = if announced.is_empty() { fs } else { fs.with_announced(announced, blobs.clone()).await };
+        let fs = if announced.is_empty() {
+            fs
+        } else {
+            fs.with_announced(announced, blobs.clone(), req.caller.unwrap_or_default()).await
+        };
         tokio::task::spawn_blocking(move || {
             let _active = active;
             let _slot = slot;

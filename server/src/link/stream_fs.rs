@@ -530,7 +530,12 @@ impl LinkFs {
     /// the link ends at its first read). A flight of another link's that does
     /// not land in time is left to the link, which asks its own shim when it
     /// reads the file.
-    pub async fn with_announced(mut self, files: HashMap<OsString, Announced>, blobs: Arc<BlobStore>) -> Self {
+    pub async fn with_announced(
+        mut self,
+        files: HashMap<OsString, Announced>,
+        blobs: Arc<BlobStore>,
+        caller: crate::blobs::Caller,
+    ) -> Self {
         let Source::Stream(st) = &mut self.source else { return self };
         let mut seen = std::collections::HashSet::new();
         let mut missing = Vec::new();
@@ -547,7 +552,7 @@ impl LinkFs {
             return self;
         }
         for (path, size, digest) in missing {
-            let flight = match blobs.claim(&digest) {
+            let flight = match blobs.claim(&digest, &caller) {
                 Claim::Wait(f) => {
                     st.flights.insert(digest, (f, false));
                     continue;
@@ -572,7 +577,7 @@ impl LinkFs {
                 // Hashing and the disk write are blocking work; the reply's
                 // room is given back once the blob store has it.
                 let _ = tokio::task::spawn_blocking(move || {
-                    blobs.land(&digest, size, data.map(Vec::from), &flight);
+                    blobs.land(&digest, &caller, size, data.map(Vec::from), &flight);
                     drop(held);
                 })
                 .await;

@@ -91,8 +91,8 @@ impl Policy {
             }
             // An input named '': nvlink's open of it fails, and so does the
             // daemon's read of what it resolves to (the directory, `cwd/`).
-            if t.is_empty() {
-                p.reads.insert(resolve(t));
+            if t.is_empty() || t.ends_with('=') {
+                p.reads.insert(resolve(""));
             }
             for v in values {
                 for piece in std::iter::once(v).chain(v.split(',')).filter(|s| !s.is_empty()) {
@@ -117,6 +117,9 @@ impl Policy {
             }
             // The value: after `=`, else the next token.
             let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned());
+            if value.as_deref() == Some("") && name == "nvvmpath" {
+                p.nvvm.extend(NVVM_LIBRARIES.iter().map(|l| resolve("").join(l)));
+            }
             // `-o ''`: nvlink cannot open it, and the shim's write of what the
             // daemon resolves it to (`cwd/`, a directory) fails the same way.
             if value.as_deref() == Some("") && OUTPUTS.contains(&name) {
@@ -280,6 +283,9 @@ mod tests {
         assert!(p.may_read(Path::new("/w/")), "the daemon's read of the input named '' fails as nvlink's open");
         assert!(p.may_write(Path::new("/w/"), false), "so does the shim's write of -o ''");
         assert_eq!(p.output(), Some(Path::new("/w/")));
+        let p = Policy::new(&args(&["--arch=sm_90", "--uidx-file=", "-dlto", "-nvvmpath=", "a.o"]), cwd, None, None);
+        assert!(p.may_read(Path::new("/w/")), "--uidx-file= reads what '' resolves to");
+        assert!(p.may_stat(Path::new("/w/lib64/libnvvm.so")), "-nvvmpath= looks in the directory");
         let p = Policy::new(&args(&["--arch=sm_90", "a.o", "-o", "x.cubin"]), cwd, None, None);
         assert!(!p.may_read(Path::new("/w/")), "no empty name, no reading the directory");
         assert!(!p.may_write(Path::new("/w/"), false));

@@ -590,9 +590,20 @@ fn write_output(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
         Ok(m) if !m.is_file() && !m.is_dir() => write_in_place(&target, pieces),
         Ok(m) if m.is_file() => match nvlinkd_fs::write_pieces_atomically(&target, pieces) {
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => write_in_place(&target, pieces),
-            written => written.map_err(|_| WriteFailed::Open),
+            written => written.map_err(|e| failed(&e)),
         },
-        _ => nvlinkd_fs::write_pieces_atomically(&target, pieces).map_err(|_| WriteFailed::Open),
+        _ => nvlinkd_fs::write_pieces_atomically(&target, pieces).map_err(|e| failed(&e)),
+    }
+}
+
+/// How a write of an output failed: a full disk (or quota, or file size
+/// limit) is nvlink's "Internal error: writing file", as its `fopen` of the
+/// file succeeds before its write fails; anything else is its open failing.
+/// (nvlink leaves a truncated file there; the shim leaves none.)
+fn failed(e: &std::io::Error) -> WriteFailed {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => WriteFailed::Write,
+        _ => WriteFailed::Open,
     }
 }
 

@@ -186,15 +186,16 @@ mkdir -p adir.o
 # Damaged objects: truncated, and a host object whose fatbin payload is corrupted.
 head -c 3000 accumulate.o > truncated.o
 # Damaged archives nvlink refuses (`object` reads them): the symbol table cut
-# short, its size past the end, BSD-style member names without GNU's '/'.
-head -c 100 lib/libdevmath.a > lib/libdevmath_cut.a
+# short, its size past the end, BSD-style member names without GNU's '/'. In
+# their own directory: lib/ has a recompiled twin.
+mkdir -p badar && head -c 100 lib/libdevmath.a > badar/libdevmath_cut.a
 python3 - <<'PY'
 import re
 data = open("lib/libdevmath.a", "rb").read()
 sized = bytearray(data)
 sized[56:66] = b"99999999  "
-open("lib/libdevmath_symsize.a", "wb").write(sized)
-open("lib/libdevmath_bsd.a", "wb").write(re.sub(rb"(mathlib_\d\.o)/", rb"\1 ", data))
+open("badar/libdevmath_symsize.a", "wb").write(sized)
+open("badar/libdevmath_bsd.a", "wb").write(re.sub(rb"(mathlib_\d\.o)/", rb"\1 ", data))
 PY
 python3 - <<'PY'
 data = bytearray(open("accumulate.o", "rb").read())

@@ -312,3 +312,36 @@ fn an_input_changing_during_a_link_never_stores_under_the_wrong_key() {
     assert!(d.stat("nvlink_process") >= 1, "the partial LTO link did not run the real nvlink");
     assert!(d.stat("uncached_changed_inputs") >= 2, "the changed inputs were not noticed");
 }
+
+/// An output on a full filesystem: nvlink's exit status and message
+/// (`Internal error: writing file`: its open succeeds, its write fails), not
+/// "Could not open output file", for executable and `-r` links. (nvlink
+/// leaves a truncated file; the shim leaves none, so the files are not
+/// compared. Whole-program LTO says `fwrite failed` and `--emit-ptx` exits 0
+/// with an empty file: not reproduced yet.)
+#[test]
+fn an_output_on_a_full_disk_fails_as_nvlinks_write_does() {
+    let work = TempDir::new("fullout");
+    let Some(_fs) = Tmpfs::mount(&work.path().join("out"), "size=2m") else { return };
+    let d = Daemon::start();
+    let out_dir = work.path().join("out");
+    fill(&out_dir);
+    for (args, what) in [
+        ("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", "a small output"),
+        ("--arch=sm_90 -r tmpl_a.o tmpl_b.o scale.o -o {OUT}/out.cubin", "a relocatable output"),
+    ] {
+        let args = args.replace("{OUT}", &out_dir.display().to_string());
+        let link = Invocation::templated(&args, corpus::dir(), &TempDir::new("fullout-unused"));
+        let expected = run(&real_nvlink(), &link, &[]);
+        let _ = std::fs::remove_file(out_dir.join("out.cubin"));
+        let actual = run(&shim(), &link, &d.shim_env());
+        let _ = std::fs::remove_file(out_dir.join("out.cubin"));
+        assert_eq!(expected.code, 1, "{what}: {}", String::from_utf8_lossy(&expected.stderr));
+        assert_eq!(
+            (actual.code, &actual.stderr),
+            (expected.code, &expected.stderr),
+            "{what}: {}",
+            String::from_utf8_lossy(&actual.stderr)
+        );
+    }
+}

@@ -333,6 +333,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("dlto-without-nvvmpath-no-inputs", "--arch=sm_90 -dlto -report-arch -o {OUT}/out.cubin", ""),
     ("dlto-without-nvvmpath", "--arch=sm_90 -dlto accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("lto-ir-without-dlto", "--arch=sm_90 accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
+    // LTO IR only for a newer arch than the target: nvlink warns and links
+    // the rest, with -dlto or without (not the "use -dlto" fatal).
+    ("lto-ir-newer-than-target", "--arch=sm_80 -dlto -nvvmpath={NVVM} accumulate_lto.o scale.o -o {OUT}/out.cubin", ""),
+    ("lto-ir-newer-without-dlto", "--arch=sm_80 accumulate_lto.o scale.o -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch", "--arch=sm_80 accumulate_2arch.o scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm100", "--arch=sm_100 scale.cubin -o {OUT}/out.cubin", ""),
     ("cubin-arch-mismatch-sm90a", "--arch=sm_90a scale_sm100.cubin -o {OUT}/out.cubin", ""),
@@ -346,10 +350,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ("empty-output-name", "--arch=sm_90 accumulate.o scale.o -o {EMPTY}", ""),
     ("empty-input-name", "--arch=sm_90 accumulate.o {EMPTY} scale.o -o {OUT}/out.cubin", ""),
     ("empty-time-name", "--arch=sm_90 accumulate.o scale.o -time {EMPTY} -o {OUT}/out.cubin", ""),
+    ("empty-nvvmpath", "--arch=sm_90 -dlto -nvvmpath= accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("empty-options-file-names", "-optf ,link.opts, -optf {EMPTY} -o {OUT}/out.cubin", ""),
-    ("archive-symtab-cut-short", "--arch=sm_90 mathlib_main.o lib/libdevmath_cut.a -o {OUT}/out.cubin", ""),
-    ("archive-symtab-past-end", "--arch=sm_90 -Llib mathlib_main.o -ldevmath_symsize -o {OUT}/out.cubin", ""),
-    ("archive-bsd-names", "--arch=sm_90 -Llib mathlib_main.o -ldevmath_bsd -o {OUT}/out.cubin", ""),
+    ("archive-symtab-cut-short", "--arch=sm_90 dynsmem.o badar/libdevmath_cut.a -o {OUT}/out.cubin", ""),
+    ("archive-symtab-past-end", "--arch=sm_90 -Lbadar dynsmem.o -ldevmath_symsize -o {OUT}/out.cubin", ""),
+    ("archive-bsd-names", "--arch=sm_90 -Lbadar dynsmem.o -ldevmath_bsd -o {OUT}/out.cubin", ""),
     ("corrupted-fatbin", "--arch=sm_90 corrupt_fatbin.o scale.o -o {OUT}/out.cubin", ""),
     // A SASS member that does not decompress: nvlink's error, then as if the
     // object had no code for the target (its PTX unused); -w keeps both.
@@ -690,7 +695,11 @@ const ROUTED: &[(&str, &str)] = &[
     ("archive-symtab-cut-short", "input"),
     ("archive-symtab-past-end", "input"),
     ("archive-bsd-names", "input"),
+    // LTO IR only for newer archs: nvlink's warnings and the rest linked.
+    ("lto-ir-newer-than-target", "arch"),
+    ("lto-ir-newer-without-dlto", "arch"),
     // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
+    ("empty-nvvmpath", "lto_options"),
     ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];
 

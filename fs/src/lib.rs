@@ -9,6 +9,11 @@
 //! blocking nor read whole, and the link is handed back to the real nvlink. This
 //! crate has no dependency but `libc`, so the shim stays small and the core
 //! stays free of the gRPC stack.
+//!
+//! [`owner`] holds the other rule both sides share: whose a file or directory
+//! they trust may be, and what other users may do with it.
+
+pub mod owner;
 
 use std::io;
 use std::path::Path;

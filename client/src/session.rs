@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use nvlinkd_fs::owner;
 use nvlinkd_proto::paths;
 use nvlinkd_proto::shared::{self, RELEVANT_ENV, SHIM_WINDOW_BYTES};
 use nvlinkd_proto::v1::{
@@ -732,29 +733,24 @@ fn remote_targets(list: &str) -> Vec<Target> {
 }
 
 /// The bearer token of `NVLINKD_TOKEN_FILE` (its first line that is not a
-/// comment), from a file no other user can read or change: owned by this user
-/// or root, nothing for others (group reading is allowed: CI runners and
-/// Kubernetes share a secret with a group). Another user who could read it
-/// would link on the farm as this user.
+/// comment), from a file no other user can read or change
+/// ([`owner::Rule::GROUP_SECRET`]): owned by this user or root, nothing for
+/// others (group reading is allowed: CI runners and Kubernetes share a secret
+/// with a group). Another user who could read it would link on the farm as
+/// this user.
 fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, String> {
     use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
     let Some(file) = std::env::var_os(paths::ENV_TOKEN_FILE).filter(|v| !v.is_empty()) else { return Ok(None) };
     let shown = Path::new(&file).display();
     let cannot = |e: std::io::Error| format!("cannot read {} {shown}: {e}", paths::ENV_TOKEN_FILE);
     let mut f = std::fs::File::open(&file).map_err(cannot)?;
     let m = f.metadata().map_err(cannot)?;
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if m.uid() != me && m.uid() != 0 {
-        return Err(format!("{} {shown} belongs to uid {}, not to this user ({me})", paths::ENV_TOKEN_FILE, m.uid()));
-    }
-    if m.mode() & 0o027 != 0 {
-        return Err(format!(
-            "{} {shown} (mode {:03o}) can be read or changed by other users: chmod 600 {shown}",
-            paths::ENV_TOKEN_FILE,
-            m.mode() & 0o777
-        ));
+    match owner::Rule::GROUP_SECRET.check(&m) {
+        Err(why @ owner::Refusal::Owner { .. }) => return Err(format!("{} {shown} {why}", paths::ENV_TOKEN_FILE)),
+        Err(why @ owner::Refusal::Mode { .. }) => {
+            return Err(format!("{} {shown} {why}: chmod 600 {shown}", paths::ENV_TOKEN_FILE))
+        }
+        Ok(()) => {}
     }
     let mut text = String::new();
     f.read_to_string(&mut text).map_err(cannot)?;

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::{Linker, LinkerConfig};
+use nvlinkd_fs::owner;
 use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::TcpListener;
@@ -197,14 +198,16 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     }
     let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
     let Ok(m) = std::fs::symlink_metadata(dir) else { return Ok(()) };
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = owner::euid();
     let parent_of = |p: &Path| p.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned();
-    let foreign_parent =
-        |p: &Path| std::fs::metadata(parent_of(p)).ok().map(|pm| pm.uid()).filter(|&u| u != me && u != 0);
+    let mine_or_roots = owner::Rule::owned_by(owner::Owners::MeOrRoot);
+    let foreign_parent = |p: &Path| match std::fs::metadata(parent_of(p)).map(|pm| mine_or_roots.check(&pm)) {
+        Ok(Err(owner::Refusal::Owner { uid, .. })) => Some(uid),
+        _ => None,
+    };
     if m.file_type().is_symlink() {
-        if m.uid() != me && m.uid() != 0 {
-            return Err(format!("cache directory {shown} is a symlink of uid {}: refusing", m.uid()));
+        if let Err(owner::Refusal::Owner { uid, .. }) = mine_or_roots.check(&m) {
+            return Err(format!("cache directory {shown} is a symlink of uid {uid}: refusing"));
         }
         if let Some(u) = foreign_parent(dir) {
             return Err(format!("cache directory {shown} is a symlink in a directory of uid {u}: refusing"));
@@ -217,11 +220,10 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     if !m.is_dir() {
         return Ok(());
     }
-    if m.uid() != me {
+    if let Err(why) = owner::Rule::owned_by(owner::Owners::Me).check(&m) {
         return Err(format!(
-            "cache directory {shown} belongs to uid {}, not to this user ({me}): refusing (another user could \
-             write what links answer); give --cache-dir a directory of your own",
-            m.uid()
+            "cache directory {shown} {why}: refusing (another user could write what links answer); give \
+             --cache-dir a directory of your own"
         ));
     }
     if let Some(u) = foreign_parent(dir) {
@@ -236,11 +238,10 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     // `v2` or `toolkits` link would take the store or the toolkit identity
     // elsewhere).
     let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir).map(|d| d.flatten().collect()).unwrap_or_default();
-    if m.mode() & 0o022 != 0 && !entries.is_empty() {
+    if let (Err(owner::Refusal::Mode { mode, .. }), false) = (owner::Rule::OWN_DIR.check(&m), entries.is_empty()) {
         return Err(format!(
-            "cache directory {shown} (mode {:03o}) could be written by other users and is not empty: what is in it \
-             may be theirs; empty it or give --cache-dir a new directory",
-            m.mode() & 0o777
+            "cache directory {shown} (mode {mode:03o}) could be written by other users and is not empty: what is \
+             in it may be theirs; empty it or give --cache-dir a new directory"
         ));
     }
     // Two levels down (the store's shards: `v2/<xx>`), the same: nothing

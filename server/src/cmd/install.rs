@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use nvlinkd_fs::owner;
 use nvlinkd_proto::paths::{OverlayRecord, IN_PLACE_DIR, OVERLAY_RECORD};
 
 fn io(what: &str, p: &Path, e: std::io::Error) -> String {
@@ -67,31 +68,26 @@ fn replace_file(
 /// the `nvcc` and `nvlink` the build runs, so whoever can write it (or its
 /// parent, or owns a symlink to it) could put their own there, and a file
 /// planted in it could redirect what the install writes. It must be this
-/// user's, not writable by group or others, in a directory of this user or root.
+/// user's, not writable by group or others ([`owner::Rule::OWN_DIR`]), in a
+/// directory of this user or root ([`check_above`]).
 fn check_own_dir(dir: &Path, what: &str) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
     let shown = dir.display();
     let own = "give --prefix a directory of your own";
     let link = dir.symlink_metadata().map_err(|e| io("cannot read", dir, e))?;
-    if link.file_type().is_symlink() && link.uid() != me && link.uid() != 0 {
-        return Err(format!("{what} {shown} is a symlink of uid {}: refusing; {own}", link.uid()));
+    if link.file_type().is_symlink() {
+        if let Err(owner::Refusal::Owner { uid, .. }) = owner::Rule::owned_by(owner::Owners::MeOrRoot).check(&link) {
+            return Err(format!("{what} {shown} is a symlink of uid {uid}: refusing; {own}"));
+        }
     }
     let m = std::fs::metadata(dir).map_err(|e| io("cannot read", dir, e))?;
-    if m.uid() != me {
-        return Err(format!(
-            "{what} {shown} belongs to uid {}, not to this user ({me}): that user could replace the overlay's \
-             tools; {own}",
-            m.uid()
-        ));
-    }
-    if m.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{what} {shown} (mode {:03o}) can be changed by other users, who could replace the overlay's \
-             tools: chmod go-w {shown}",
-            m.mode() & 0o777
-        ));
+    match owner::Rule::OWN_DIR.check(&m) {
+        Err(why @ owner::Refusal::Owner { .. }) => {
+            return Err(format!("{what} {shown} {why}: that user could replace the overlay's tools; {own}"))
+        }
+        Err(why @ owner::Refusal::Mode { .. }) => {
+            return Err(format!("{what} {shown} {why}, who could replace the overlay's tools: chmod go-w {shown}"))
+        }
+        Ok(()) => {}
     }
     let real = std::fs::canonicalize(dir).map_err(|e| io("cannot read", dir, e))?;
     match real.parent() {
@@ -100,35 +96,18 @@ fn check_own_dir(dir: &Path, what: &str) -> Result<(), String> {
     }
 }
 
-/// Every directory from `from` up: whoever can write one of them (without the
-/// sticky bit, which keeps others from renaming what is ours, as in /tmp) or
-/// owns it could move `dir` (the overlay's) away and put another in its place.
+/// Every directory from `from` up ([`owner::dirs_above`]): whoever can write
+/// one of them (without the sticky bit, which keeps others from renaming what
+/// is ours, as in /tmp) or owns it could move `dir` (the overlay's) away and
+/// put another in its place.
 fn check_above(from: &Path, what: &str, dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    let shown = dir.display();
-    let own = "give --prefix a directory of your own";
-    for above in from.ancestors() {
-        let p = std::fs::metadata(above).map_err(|e| io("cannot read", above, e))?;
-        let sticky = p.mode() & 0o1000 != 0;
-        if p.uid() != me && p.uid() != 0 {
-            return Err(format!(
-                "{what} {shown} is under {}, a directory of uid {} (who could replace it): refusing; {own}",
-                above.display(),
-                p.uid()
-            ));
+    match owner::dirs_above(from) {
+        Ok(None) => Ok(()),
+        Ok(Some(above)) => {
+            Err(format!("{what} {} is under {above}: refusing; give --prefix a directory of your own", dir.display()))
         }
-        if p.mode() & 0o022 != 0 && !sticky {
-            return Err(format!(
-                "{what} {shown} is under {} (mode {:03o}), which other users can write (and so replace the \
-                 overlay): refusing; {own}",
-                above.display(),
-                p.mode() & 0o7777
-            ));
-        }
+        Err(e) => Err(io("cannot read the directories above", from, e)),
     }
-    Ok(())
 }
 
 /// `create_dir_all(dir)`; what it creates gets no write access for group or
@@ -328,13 +307,11 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
 fn check_keep_dir(keep: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = keep.symlink_metadata() else { return Ok(()) };
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
     let shown = keep.display();
     if m.file_type().is_symlink() || !m.is_dir() {
         return Err(format!("{shown} is not a directory (a symlink or a file): refusing; remove it first"));
     }
-    if m.uid() != me || m.mode() & 0o022 != 0 {
+    if owner::Rule::OWN_DIR.check(&m).is_err() {
         return Err(format!(
             "{shown} belongs to uid {} (mode {:03o}): another user could change what the install keeps there; \
              refusing",

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use nvlinkd_core::stats::TokenFigures;
+use nvlinkd_fs::owner;
 
 use super::incoming::LogLimit;
 
@@ -311,10 +312,9 @@ fn same_version(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 /// in the file: refused. `acl`: the file's access ACL, if it has one.
 fn check_private(f: &Path, what: &str, m: &std::fs::Metadata, acl: Option<&[AclEntry]>) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = owner::euid();
     let f = f.display();
-    match not_private(m.uid(), m.gid(), m.mode(), acl, euid, &daemons_group) {
+    match not_private(m.uid(), m.gid(), m.mode(), acl, euid, &owner::own_group) {
         None => Ok(()),
         Some(NotPrivate::Owner(uid)) => Err(format!(
             "{what} {f} belongs to uid {uid}, not to the daemon's user (uid {euid}) or root: that user could \
@@ -387,7 +387,8 @@ fn parse_acl(b: &[u8]) -> Option<Vec<AclEntry>> {
 }
 
 /// The rule of [`check_private`] on a file's owner, group, mode and access
-/// ACL, for a daemon of user `euid` whose private groups `daemons_group` tells.
+/// ACL, for a daemon of user `euid` whose private groups `daemons_group` tells:
+/// [`owner::Rule::SECRET`], whose group bits an ACL replaces.
 fn not_private(
     uid: u32,
     gid: u32,
@@ -396,128 +397,34 @@ fn not_private(
     euid: u32,
     daemons_group: &dyn Fn(u32) -> bool,
 ) -> Option<NotPrivate> {
-    let mode = mode & 0o777;
-    if uid != euid && uid != 0 {
-        return Some(NotPrivate::Owner(uid));
-    }
-    if mode & 0o007 != 0 {
-        return Some(NotPrivate::Mode(mode));
-    }
     // With an ACL, the mode's group bits are its mask: the owning group and
     // every named entry are judged one by one instead.
-    if let Some(acl) = acl.filter(|a| a.iter().any(|e| e.tag == ACL_MASK)) {
-        for e in acl {
-            let (r, w) = (e.perm & 4 != 0, e.perm & 2 != 0);
-            let bad = match e.tag {
-                ACL_USER => (r || w) && e.id != euid && e.id != 0,
-                ACL_GROUP_OBJ if uid == euid => r || w,
-                ACL_GROUP_OBJ => w || r && !daemons_group(gid),
-                ACL_GROUP => w || r && !daemons_group(e.id),
-                _ => false,
+    let acl = acl.filter(|a| a.iter().any(|e| e.tag == ACL_MASK));
+    let rule = if acl.is_some() { owner::Rule { refused: 0o007, ..owner::Rule::SECRET } } else { owner::Rule::SECRET };
+    match rule.judge(uid, gid, mode, euid, daemons_group) {
+        Err(owner::Refusal::Owner { uid, .. }) => return Some(NotPrivate::Owner(uid)),
+        Err(owner::Refusal::Mode { mode, .. }) => return Some(NotPrivate::Mode(mode & 0o777)),
+        Ok(()) => {}
+    }
+    for e in acl.unwrap_or_default() {
+        let (r, w) = (e.perm & 4 != 0, e.perm & 2 != 0);
+        let bad = match e.tag {
+            ACL_USER => (r || w) && e.id != euid && e.id != 0,
+            ACL_GROUP_OBJ if uid == euid => r || w,
+            ACL_GROUP_OBJ => w || r && !daemons_group(gid),
+            ACL_GROUP => w || r && !daemons_group(e.id),
+            _ => false,
+        };
+        if bad {
+            let who = match e.tag {
+                ACL_USER => format!("user {}", e.id),
+                ACL_GROUP_OBJ => format!("group {gid}"),
+                _ => format!("group {}", e.id),
             };
-            if bad {
-                let who = match e.tag {
-                    ACL_USER => format!("user {}", e.id),
-                    ACL_GROUP_OBJ => format!("group {gid}"),
-                    _ => format!("group {}", e.id),
-                };
-                return Some(NotPrivate::Acl(who));
-            }
-        }
-        return None;
-    }
-    // The daemon's own file: for it alone. Root's: written by root alone,
-    // read by a group only where that group is the daemon's own.
-    let group =
-        if uid == euid { mode & 0o070 } else { mode & 0o030 | if daemons_group(gid) { 0 } else { mode & 0o040 } };
-    (group != 0).then_some(NotPrivate::Mode(mode))
-}
-
-/// Whether `gid` is one of the daemon's groups (effective or supplementary)
-/// that no other user is in, as the user and group databases say: neither
-/// listed as a member nor having it as primary group. The daemon's own group
-/// is, and a pod's `fsGroup` (listed nowhere); a shared group (`users`,
-/// `docker`, a team's) is not, nor root's group for a daemon that is not root.
-fn daemons_group(gid: u32) -> bool {
-    // SAFETY: getegid and geteuid cannot fail; getgroups writes at most `n` entries.
-    let (egid, euid) = unsafe { (libc::getegid(), libc::geteuid()) };
-    let mine = gid == egid || {
-        // SAFETY: as above.
-        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-        let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
-        // SAFETY: as above.
-        let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
-        groups.truncate(n.max(0) as usize);
-        groups.contains(&gid)
-    };
-    if !mine {
-        return false;
-    }
-    let members = group_members(gid);
-    let me = if members.is_empty() { None } else { user_name(euid) };
-    members.iter().all(|m| Some(m) == me.as_ref()) && !others_primary(gid, euid)
-}
-
-/// Whether a user other than `euid` has `gid` as primary group.
-fn others_primary(gid: u32, euid: u32) -> bool {
-    // getpwent walks one process-wide cursor.
-    static WALK: Mutex<()> = Mutex::new(());
-    let _one = WALK.lock().unwrap_or_else(|p| p.into_inner());
-    let mut found = false;
-    // SAFETY: the walk is serialised above; each entry is read before the next call.
-    unsafe {
-        libc::setpwent();
-        loop {
-            let pw = libc::getpwent();
-            if pw.is_null() {
-                break;
-            }
-            if (*pw).pw_gid == gid && (*pw).pw_uid != euid {
-                found = true;
-                break;
-            }
-        }
-        libc::endpwent();
-    }
-    found
-}
-
-/// The user names the group database lists in group `gid` (none if unknown).
-fn group_members(gid: u32) -> Vec<String> {
-    let mut buf = vec![0 as libc::c_char; 1 << 16];
-    // SAFETY: an all-zero `group` is a valid value to be filled in.
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; the strings it fills point into `buf`.
-    let rc = unsafe { libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut found) };
-    if rc != 0 || found.is_null() || grp.gr_mem.is_null() {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let mut at = grp.gr_mem;
-    // SAFETY: gr_mem is a null-terminated array of C strings in `buf`.
-    unsafe {
-        while !(*at).is_null() {
-            out.push(std::ffi::CStr::from_ptr(*at).to_string_lossy().into_owned());
-            at = at.add(1);
+            return Some(NotPrivate::Acl(who));
         }
     }
-    out
-}
-
-/// The name of user `uid` in the user database, if it has one.
-fn user_name(uid: u32) -> Option<String> {
-    let mut buf = vec![0 as libc::c_char; 1 << 14];
-    // SAFETY: an all-zero `passwd` is a valid value to be filled in.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; the strings it fills point into `buf`.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
-    if rc != 0 || found.is_null() {
-        return None;
-    }
-    // SAFETY: pw_name is a C string in `buf`.
-    Some(unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_string_lossy().into_owned())
+    None
 }
 
 fn bearer(value: &str) -> Option<&str> {
@@ -720,14 +627,6 @@ mod tests {
             Some(NotPrivate::Acl("group 0".into())),
             "root's group reads it"
         );
-    }
-
-    /// A group is another user's too where it is that user's primary group
-    /// (the group file lists no such member): root's group is root's.
-    #[test]
-    fn a_primary_group_of_another_user_is_shared() {
-        assert!(others_primary(0, 4_242_424), "root's group is root's primary group");
-        assert!(!others_primary(4_242_424, 0), "nobody's primary group");
     }
 
     /// The ACL as the kernel stores it, parsed; a mode-only file has none.

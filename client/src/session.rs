@@ -736,8 +736,10 @@ fn remote_targets(list: &str) -> Vec<Target> {
 /// comment), from a file no other user can read or change
 /// ([`owner::Rule::GROUP_SECRET`]): owned by this user or root, nothing for
 /// others (group reading is allowed: CI runners and Kubernetes share a secret
-/// with a group). Another user who could read it would link on the farm as
-/// this user.
+/// with a group), in directories no other user can write unless sticky
+/// ([`owner::dirs_above`], of the file a symlink leads to: else the file could
+/// be swapped). Another user who could read it would link on the farm as this
+/// user.
 fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, String> {
     use std::io::Read;
     let Some(file) = std::env::var_os(paths::ENV_TOKEN_FILE).filter(|v| !v.is_empty()) else { return Ok(None) };
@@ -751,6 +753,13 @@ fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Asci
             return Err(format!("{} {shown} {why}: chmod 600 {shown}", paths::ENV_TOKEN_FILE))
         }
         Ok(()) => {}
+    }
+    let real = std::fs::canonicalize(&file).map_err(cannot)?;
+    if let Some(above) = real.parent().map(owner::dirs_above).transpose().map_err(cannot)?.flatten() {
+        return Err(format!(
+            "{} {shown} is under {above}: keep it in a directory only this user or root can change",
+            paths::ENV_TOKEN_FILE
+        ));
     }
     let mut text = String::new();
     f.read_to_string(&mut text).map_err(cannot)?;

@@ -136,6 +136,47 @@ fn a_token_file_others_can_read_is_refused_at_start() {
     }
 }
 
+/// A secret in a directory other users can write (without the sticky bit)
+/// could be swapped for theirs between two reads: serve refuses a token file
+/// there at start, naming the directory, also through a symlink from a
+/// private directory (the directories of the file it leads to are judged);
+/// the shim refuses its `NVLINKD_TOKEN_FILE` there before any connection.
+#[test]
+fn a_token_file_in_a_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key) = (pki.file("cert.pem"), pki.file("key.pem"));
+    let open = pki.dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let said = format!("{} (mode 777), which other users can write", open.canonicalize().unwrap().display());
+    let tokens = open.join("tokens");
+    nvlinkd_tests::env::write_private(&tokens, &std::fs::read(pki.file("tokens")).unwrap());
+    let link = pki.dir.path().join("tokens-link");
+    std::os::unix::fs::symlink(&tokens, &link).unwrap();
+    for file in [&tokens, &link] {
+        let file = file.display().to_string();
+        let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &file]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "nvlinkd served a token file in a directory anyone can write: {stderr}");
+        assert!(stderr.contains(&file) && stderr.contains(&said), "{stderr}");
+    }
+
+    let client_token = open.join("client-token");
+    nvlinkd_tests::env::write_private(&client_token, &std::fs::read(pki.file("client-token")).unwrap());
+    let out = TempDir::new("sec-open-dir-token");
+    let mut env = pki.shim_env(&format!("https://127.0.0.1:{}", free_port()), "never");
+    env.iter_mut()
+        .filter(|(k, _)| k == paths::ENV_TOKEN_FILE)
+        .for_each(|(_, v)| *v = client_token.display().to_string());
+    let refused = run(&shim(), &inv(LINK, corpus::dir(), &out), &env);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_ne!(refused.code, 0);
+    assert!(stderr.contains(paths::ENV_TOKEN_FILE) && stderr.contains(&said), "{stderr}");
+    assert!(refused.files.is_empty(), "output written without an answer");
+}
+
 #[test]
 fn hostile_clients_are_refused_and_the_daemon_stays_up() {
     let pki = Pki::new();

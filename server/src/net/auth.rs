@@ -262,7 +262,8 @@ const READ_TRIES: u32 = 3;
 
 /// The bytes of the secrets' file `f` (named by option `what`), if no other
 /// user can read or change it ([`check_private`], on the file a symlink leads
-/// to) and it did not change while it was read: its size and times are the
+/// to) nor swap it ([`check_dirs`], the directories it is in) and it did not
+/// change while it was read: its size and times are the
 /// same before and after, and a second read gives the same bytes. A file
 /// being rewritten in place (SIGHUP arriving mid-write) is read again, up to
 /// [`READ_TRIES`] times, then refused.
@@ -282,6 +283,7 @@ fn read_private_with(f: &Path, what: &str, between: &mut dyn FnMut()) -> Result<
         let mut file = std::fs::File::open(f).map_err(cannot)?;
         let before = file.metadata().map_err(cannot)?;
         check_private(f, what, &before, access_acl(&file).map_err(cannot)?.as_deref())?;
+        check_dirs(f, what)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(cannot)?;
         between();
@@ -325,6 +327,25 @@ fn check_private(f: &Path, what: &str, m: &std::fs::Metadata, acl: Option<&[AclE
         )),
         Some(NotPrivate::Acl(who)) => Err(format!(
             "{what} {f} has an access ACL that lets {who} read or change it: setfacl -b {f} and chmod 600 {f}"
+        )),
+    }
+}
+
+/// Whether no other user could swap the secrets' file `f`: every directory
+/// on the way to the file it names (symlinks resolved) is the daemon's user's
+/// or root's and written by nobody else, or sticky ([`owner::dirs_above`]; a
+/// sticky directory such as /tmp or Kubernetes' secret volume keeps others
+/// from renaming what is not theirs, and [`check_private`] has the file be
+/// the daemon's user's or root's).
+fn check_dirs(f: &Path, what: &str) -> Result<(), String> {
+    let cannot = |e: std::io::Error| format!("cannot read {what} {}: {e}", f.display());
+    let real = std::fs::canonicalize(f).map_err(cannot)?;
+    let Some(dir) = real.parent() else { return Ok(()) };
+    match owner::dirs_above(dir).map_err(cannot)? {
+        None => Ok(()),
+        Some(above) => Err(format!(
+            "{what} {} is under {above}: keep it in a directory only the daemon's user or root can change",
+            f.display()
         )),
     }
 }
@@ -442,6 +463,15 @@ mod tests {
     impl Drop for Scratch {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// A scratch directory, removed with what is in it when dropped.
+    struct ScratchDir(PathBuf);
+
+    impl Drop for ScratchDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
@@ -577,6 +607,45 @@ mod tests {
         if unsafe { libc::geteuid() } == 0 && std::os::unix::fs::chown(&f.0, Some(nobody), None).is_ok() {
             let e = Auth::load(&f.0).err().expect("another user's token file was taken");
             assert!(e.contains("uid 65534") && e.contains("chmod 600"), "{e}");
+        }
+    }
+
+    /// A secret in a directory others can write (not sticky) could be
+    /// swapped for theirs between two reads: refused, naming the directory,
+    /// also through a symlink from a directory of the daemon's own (the
+    /// directories judged are those of the file it leads to). In a sticky
+    /// directory (/tmp) others cannot rename the daemon's file: taken.
+    #[test]
+    fn a_secret_in_a_directory_others_can_write_is_refused_unless_sticky() {
+        let scratch = file("");
+        let top = PathBuf::from(format!("{}.d", scratch.0.display()));
+        let open = top.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        let _top = ScratchDir(top.clone());
+        chmod(&top, 0o700);
+        let tokens = open.join("tokens");
+        std::fs::write(&tokens, "ci:secret-0123456789\n").unwrap();
+        chmod(&tokens, 0o600);
+        let link = top.join("tokens-link");
+        std::os::unix::fs::symlink(&tokens, &link).unwrap();
+        for mode in [0o777, 0o775, 0o757] {
+            chmod(&open, mode);
+            for p in [&tokens, &link] {
+                let e = read_private(p, "--token-file").err().unwrap_or_else(|| panic!("{mode:o}: taken"));
+                let open = open.canonicalize().unwrap();
+                assert!(e.contains(&format!("{} (mode {mode:03o})", open.display())), "{mode:o}: {e}");
+                assert!(e.contains("which other users can write") && !e.contains("secret-"), "{e}");
+            }
+        }
+        for mode in [0o1777, 0o755, 0o700] {
+            chmod(&open, mode);
+            assert!(read_private(&tokens, "--token-file").is_ok() && Auth::load(&link).is_ok(), "{mode:o} refused");
+        }
+        // A directory of another user's (where this process may give one
+        // away: as root) could be changed by them: refused.
+        if unsafe { libc::geteuid() } == 0 && std::os::unix::fs::chown(&open, Some(65534), None).is_ok() {
+            let e = read_private(&tokens, "--token-file").expect_err("a secret in another user's directory was taken");
+            assert!(e.contains("a directory of uid 65534"), "{e}");
         }
     }
 

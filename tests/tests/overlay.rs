@@ -243,6 +243,34 @@ fn in_place_install_refuses_managed_and_read_only_toolkits() {
     assert!(!root.join("bin/.nvlinkd").exists());
 }
 
+/// `install --in-place` into a toolkit whose `bin/` other users can write:
+/// it goes on (the toolkit is the operator's to share), but says on stderr
+/// that they could replace the shim, naming the directory and who; a `bin/`
+/// of this user's alone gets no warning.
+#[test]
+fn in_place_install_into_a_bin_others_can_write_warns() {
+    use std::os::unix::fs::PermissionsExt;
+    let work = TempDir::new("inpl-open");
+    let root = private_toolkit(work.path());
+    let bin = root.join("bin");
+    let shown = bin.canonicalize().unwrap().display().to_string();
+    for (mode, who) in [(0o755, None), (0o775, Some("the members of group")), (0o777, Some("every user"))] {
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(mode)).unwrap();
+        let st = nvlinkd_cmd(&["install", "--in-place"], &root);
+        let msg = String::from_utf8_lossy(&st.stderr);
+        assert!(st.status.success(), "{mode:o}: {msg}");
+        match who {
+            None => assert!(!msg.contains("warning"), "{mode:o}: {msg}"),
+            Some(who) => {
+                let said = format!("nvlinkd: warning: {shown} (mode {mode:03o}) can be written by {who}");
+                assert!(msg.contains(&said) && msg.contains(&format!("{shown}/nvlink")), "{mode:o}: {msg}");
+            }
+        }
+    }
+    let st = nvlinkd_cmd(&["uninstall"], &root);
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+}
+
 /// `nvlinkd exec` run from an overlay links for the overlay's toolkit (its
 /// record), with no `CUDA_HOME` in its environment: nvlink's result.
 #[test]

@@ -249,6 +249,9 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
     let dpkg_owner = refuse_managed(&root, &nvlink)?;
     check_writable(&bin)?;
     check_keep_dir(&keep)?;
+    if let Some(warning) = others_can_replace(&nvlink) {
+        eprintln!("nvlinkd: warning: {warning}");
+    }
     let fresh = !real.is_file();
     if fresh {
         if !is_real_nvlink(&nvlink) {
@@ -298,6 +301,40 @@ pub fn install_in_place(cuda_home: &Path) -> Result<String, String> {
         real.display(),
         if diverted { ", diverted there with dpkg-divert" } else { "" },
         root.display()
+    ))
+}
+
+/// Who else could replace the shim at `nvlink` (the toolkit's `bin/nvlink`),
+/// in words, if anyone: a user who owns `bin/` or a directory above it, or
+/// who can write one that is not sticky ([`owner::dirs_above`]), could put
+/// their own nvlink there, and every build with the toolkit would run it.
+/// The install goes on (the toolkit is the operator's to share), with a
+/// warning naming the directory, who, and the fix.
+fn others_can_replace(nvlink: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let above = owner::dirs_above(nvlink.parent()?).ok()??;
+    let dir = above.dir.display();
+    let named = |name: Option<String>| name.map(|n| format!(" ({n})")).unwrap_or_default();
+    let (who, fix) = match above.why {
+        owner::Refusal::Owner { uid, .. } => (
+            format!("{dir} belongs to uid {uid}{}", named(owner::user_name(uid))),
+            format!("chown {} {dir}", owner::euid()),
+        ),
+        owner::Refusal::Mode { mode, .. } if mode & 0o002 != 0 => {
+            (format!("{dir} (mode {mode:03o}) can be written by every user"), format!("chmod go-w {dir}"))
+        }
+        owner::Refusal::Mode { mode, .. } => {
+            let gid = std::fs::metadata(&above.dir).map(|m| m.gid()).ok()?;
+            let group = named(owner::group(gid).map(|(name, _)| name));
+            (
+                format!("{dir} (mode {mode:03o}) can be written by the members of group {gid}{group}"),
+                format!("chmod g-w {dir}"),
+            )
+        }
+    };
+    Some(format!(
+        "{who}, who could replace the shim {} and so what every build with this toolkit links: {fix}",
+        nvlink.display()
     ))
 }
 

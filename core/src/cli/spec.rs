@@ -180,14 +180,14 @@ impl Spec {
                 _ => s.unmodelled.push(o.id),
             }
         }
-        s.files = LinkFiles::of(&parsed, &s.library_paths, &s.libraries, cwd, library_path);
         let named = |v: Option<&str>| v.map(|given| Named::resolved(cwd, given));
-        s.files.written = Written {
+        let written = Written {
             output: named(s.output.as_deref()),
             register: named(s.register_link_binaries.as_deref()),
             time: named(s.time.as_deref().filter(|t| *t != "-")),
             uidx: named(s.uidx_file.as_deref()),
         };
+        s.files = LinkFiles::of(&parsed, &s.library_paths, &s.libraries, cwd, library_path, written);
         s.parsed = parsed;
         Ok(s)
     }

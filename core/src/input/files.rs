@@ -71,13 +71,14 @@ pub struct LinkFiles {
 
 impl LinkFiles {
     /// Resolve what `parsed` names against `cwd` and the caller's
-    /// `LIBRARY_PATH`.
+    /// `LIBRARY_PATH`; `written`, what the link writes, already resolved.
     pub fn of(
         parsed: &Parsed,
         library_paths: &[String],
         libraries: &[String],
         cwd: &Path,
         library_path: Option<&str>,
+        written: Written,
     ) -> LinkFiles {
         let named = |given: &str| Named::resolved(cwd, given);
         let dirs = libsearch::search_dirs(library_paths, library_path);
@@ -92,7 +93,7 @@ impl LinkFiles {
                 .collect(),
             options_files: parsed.options_files.iter().map(|f| named(f)).collect(),
             search_dirs: dirs.iter().map(|d| named(d)).collect(),
-            written: Written::default(),
+            written,
         }
     }
 

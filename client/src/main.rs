@@ -25,6 +25,11 @@ mod warn;
 
 use std::process::ExitCode;
 
+/// The environment variables nvlink reads (its binary's `getenv` names)
+/// besides `LIBRARY_PATH` and `TMPDIR`.
+const NVLINK_ENV: &[&str] =
+    &["FINALIZER_USE_LEGACY_ELF_BUILDER", "FINALIZER_CUBIE", "CUDA_DEVCODE_CACHE", "CUDA_DEVCODE_PATH"];
+
 fn main() -> ExitCode {
     let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
         Ok(a) => a,
@@ -44,6 +49,12 @@ fn main() -> ExitCode {
         if policy::names_caller_descriptors(&args, &cwd) {
             return fallback::exec_real(&tk, &args, "the command line names the caller's own descriptors");
         }
+    }
+    // Variables nvlink itself reads that change its answer (its finalizer's
+    // ELF builder and dump file, its device-code cache): only the real
+    // nvlink honours them, and no key holds them.
+    if let Some(name) = NVLINK_ENV.iter().find(|n| std::env::var_os(n).is_some()) {
+        return fallback::exec_real(&tk, &args, &format!("{name} is set (nvlink reads it)"));
     }
     // A host linker script comes from the caller's host tools (`gcc`, `ld`):
     // with a remote daemon, the real nvlink makes it here.

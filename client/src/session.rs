@@ -737,8 +737,8 @@ fn remote_targets(list: &str) -> Vec<Target> {
 /// ([`owner::Rule::GROUP_SECRET`]): owned by this user or root, nothing for
 /// others (group reading is allowed: CI runners and Kubernetes share a secret
 /// with a group), in directories no other user can write unless sticky
-/// ([`owner::dirs_above`], of the file a symlink leads to: else the file could
-/// be swapped). Another user who could read it would link on the farm as this
+/// ([`owner::secret_dirs`]: of the name, of each symlink on the way and of
+/// the file: else the file could be swapped, or a link re-pointed). Another user who could read it would link on the farm as this
 /// user.
 fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>, String> {
     use std::io::Read;
@@ -754,8 +754,7 @@ fn token() -> Result<Option<tonic::metadata::MetadataValue<tonic::metadata::Asci
         }
         Ok(()) => {}
     }
-    let real = std::fs::canonicalize(&file).map_err(cannot)?;
-    if let Some(above) = real.parent().map(owner::dirs_above).transpose().map_err(cannot)?.flatten() {
+    if let Some(above) = owner::secret_dirs(Path::new(&file)).map_err(cannot)? {
         return Err(format!(
             "{} {shown} is under {above}: keep it in a directory only this user or root can change",
             paths::ENV_TOKEN_FILE

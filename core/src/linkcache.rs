@@ -234,7 +234,7 @@ pub fn keys(
     }
     // ptxas reads an options file of its own (`-Xptxas --options-file=F`):
     // its contents are not in the key, so such a link is not cached.
-    if spec.xptxas.iter().any(|v| ptxas_options_file(v)) {
+    if spec.ptxas_reads_options_file() {
         return None;
     }
     let mut k = KeyBuilder::new("link");
@@ -295,14 +295,6 @@ pub fn keys(
         named.str(a);
     }
     Some(LinkKeys { content, named: named.finish() })
-}
-
-/// Whether an `-Xptxas` value names ptxas's options file (`--options-file`,
-/// `-optf`, with `=` or as the next value).
-fn ptxas_options_file(value: &str) -> bool {
-    let name = value.trim_start_matches('-');
-    let name = name.split_once('=').map_or(name, |(n, _)| n);
-    value.starts_with('-') && matches!(name, "options-file" | "optf")
 }
 
 /// Under LTO nvlink loads the libNVVM under `-nvvmpath` (and its
@@ -509,10 +501,12 @@ mod tests {
 
     #[test]
     fn a_link_naming_a_ptxas_options_file_has_no_key() {
-        assert!(
-            ptxas_options_file("--options-file=popts") && ptxas_options_file("-optf") && ptxas_options_file("-optf=x")
-        );
-        assert!(!ptxas_options_file("-O1") && !ptxas_options_file("optf") && !ptxas_options_file("--opt-level=1"));
+        use crate::cli::spec::names_options_file as named;
+        for v in ["--options-file=popts", "-optf", "-optf=x", "--options-file F", " -optf=F", "-O3 --options-file=F"] {
+            assert!(named(v), "{v}");
+        }
+        assert!(named("-Xptxas=--options-file=F") && named("-O1,-optf,F"));
+        assert!(!named("-O1") && !named("optf") && !named("--opt-level=1") && !named("popts"));
         let dir = std::env::temp_dir().join(format!("nvlinkd-ptxas-optf-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("x.o"), b"not an object, but a file").unwrap();

@@ -173,6 +173,33 @@ pub fn dirs_above(from: &Path) -> std::io::Result<Option<Above>> {
     Ok(None)
 }
 
+/// [`dirs_above`] for a secret's file as named (`path`, maybe relative, maybe
+/// a symlink): the directories of `path` itself, of every symlink on the way
+/// to the file, and of the file. A symlink in a directory others can write
+/// could be pointed elsewhere (at another private file of this user or root,
+/// read as the secret) as surely as the file could be swapped.
+pub fn secret_dirs(path: &Path) -> std::io::Result<Option<Above>> {
+    let mut p = std::path::absolute(path)?;
+    // As the kernel does, give up after 40 links.
+    for _ in 0..40 {
+        if let Some(above) = p.parent().map(dirs_above).transpose()?.flatten() {
+            return Ok(Some(above));
+        }
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            _ => break,
+        }
+    }
+    let real = std::fs::canonicalize(path)?;
+    real.parent().map(dirs_above).transpose().map(Option::flatten)
+}
+
 /// This process's effective user id.
 pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -362,6 +389,35 @@ mod tests {
         std::fs::create_dir_all(&p).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
         Scratch(p.canonicalize().unwrap())
+    }
+
+    /// A secret named through a symlink: the link's directory is judged too
+    /// (another user could re-point a link in a directory they can write at
+    /// another private file), and so is the file's; a link in a private
+    /// directory to a file in a private directory passes.
+    #[test]
+    fn a_symlink_to_a_secret_in_a_directory_others_can_write_is_named() {
+        let s = scratch("secret-link");
+        let (private, open) = (s.0.join("private"), s.0.join("open"));
+        for d in [&private, &open] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(private.join("tokens"), "secret\n").unwrap();
+        std::os::unix::fs::symlink(private.join("tokens"), open.join("tokens")).unwrap();
+        std::os::unix::fs::symlink("tokens", private.join("again")).unwrap();
+        assert_eq!(secret_dirs(&private.join("tokens")).unwrap(), None);
+        assert_eq!(
+            secret_dirs(&private.join("again")).unwrap(),
+            None,
+            "a link beside the file, in a private directory"
+        );
+        let found = secret_dirs(&open.join("tokens")).unwrap().expect("the link's open directory was not named");
+        assert_eq!(found.dir, open);
+        // A link in a private directory to a file in the open one.
+        std::fs::rename(private.join("tokens"), open.join("real")).unwrap();
+        std::os::unix::fs::symlink(open.join("real"), private.join("to-open")).unwrap();
+        assert_eq!(secret_dirs(&private.join("to-open")).unwrap().map(|a| a.dir), Some(open));
     }
 
     /// A directory on the way that others can write is named; made sticky,

@@ -807,3 +807,32 @@ fn a_toolkit_changed_under_a_running_daemon_is_not_served_old_answers() {
     assert_eq!(d.reason_count("fallback_reasons", "toolkit_changed"), 1, "{}", d.stats());
     assert_eq!(d.stat("cache_hits"), 1, "an old answer was served: {}", d.stats());
 }
+
+/// Variables nvlink itself reads and no key holds (`FINALIZER_CUBIE`, which
+/// dumps the finalizer's input and says so on stdout;
+/// `FINALIZER_USE_LEGACY_ELF_BUILDER`, another ELF builder) make the shim
+/// run the real nvlink: its stdout, files and bytes, and no request reaches
+/// the daemon.
+#[test]
+fn variables_nvlink_reads_make_the_shim_run_nvlink() {
+    let d = Daemon::start();
+    let out = TempDir::new("nvlink-env");
+    let link = inv("--arch=sm_90 dynsmem_ptx.o -o {OUT}/p.cubin", &out);
+    for (name, value) in [
+        ("FINALIZER_CUBIE", out.path().join("cubie.out").display().to_string()),
+        ("FINALIZER_USE_LEGACY_ELF_BUILDER", "1".to_owned()),
+    ] {
+        let env = vec![(name.to_owned(), value)];
+        let expected = run(&real_nvlink(), &link, &env);
+        assert_eq!(expected.code, 0, "{name}: {}", String::from_utf8_lossy(&expected.stderr));
+        let mut shim_env = d.shim_env();
+        shim_env.extend(env);
+        let actual = run(&shim(), &link, &shim_env);
+        assert_eq!(
+            (actual.code, &actual.stdout, &actual.stderr, &actual.files),
+            (expected.code, &expected.stdout, &expected.stderr, &expected.files),
+            "{name}"
+        );
+    }
+    assert_eq!(d.stat("requests"), 0, "a link with nvlink's own variables reached the daemon");
+}

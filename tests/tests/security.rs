@@ -2348,3 +2348,70 @@ fn the_libnvvm_under_nvvmpath_is_part_of_the_key() {
         assert_same(&expected, &run(&shim(), &link, &pki.shim_env(&addr, "never")), "a remote link");
     }
 }
+
+/// A remote caller that answers one file request slowly holds no plan
+/// permit meanwhile: what its link may ask is asked before the link takes
+/// one. Here a `-time` link (never cached, so it used to read its inputs
+/// under the permit) stalls its reply for `scale.o` 20 s on a daemon with
+/// one plan permit per class; a local link meanwhile is answered promptly,
+/// with nvlink's bytes. (A token holder held every cache-miss link 35 s.)
+#[test]
+fn a_slow_remote_reply_holds_no_plan_permit() {
+    use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
+    let pki = Pki::new();
+    let (d, port) = tls_daemon(&pki, &["--jobs", "1", "--reply-timeout", "60s"]);
+    let rt = runtime();
+    let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = stalled.clone();
+    let slow = rt.spawn(async move {
+        let args = ["--arch=sm_90", "accumulate.o", "scale.o", "-time", "t.csv", "-o", "out.cubin"];
+        let start = Start {
+            args: args.map(String::from).to_vec(),
+            cwd: corpus::dir().display().to_string(),
+            answers_nvvm_stat: true,
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        let request = with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN);
+        let mut inbound = client.link(request).await.unwrap().into_inner();
+        while let Ok(Some(ServerMessage { msg: Some(m) })) = inbound.message().await {
+            let server_message::Msg::File(req) = m else { continue };
+            let path = std::path::PathBuf::from(&req.path);
+            if path.ends_with("scale.o") && req.op() == file_request::Op::Read {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(20)).await;
+            }
+            let result = match req.op() {
+                file_request::Op::Stat => match std::fs::metadata(&path) {
+                    Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+                file_request::Op::Read => match std::fs::read(&path) {
+                    Ok(data) => file_reply::Result::Data(data.into()),
+                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
+                },
+            };
+            let reply = FileReply { id: req.id, result: Some(result), more: false };
+            if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stalled.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the slow link never asked for scale.o: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = TempDir::new("sec-slow-reply-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    let local = run(&shim(), &link, &d.shim_env());
+    let took = t0.elapsed();
+    assert_same(&expected, &local, "a local link beside a stalled remote one");
+    assert!(took < Duration::from_secs(10), "the local link waited {took:?} on the stalled remote link's permit");
+    slow.abort();
+    rt.shutdown_background();
+}

@@ -43,6 +43,30 @@ pub enum Mode {
     LtoEmitPtx,
 }
 
+/// Whether `value` (an argument, or an `-Xptxas` value) names an options
+/// file in any of its words: `--options-file`, `-optf`, `-options-file`,
+/// `--optf`, alone (the file follows) or with `=F`; words are split on
+/// whitespace and commas, as nvlink splits the values it hands its tools,
+/// and the value after an `=` counts too (`-Xptxas=--options-file=F`).
+pub fn names_options_file(value: &str) -> bool {
+    let flag = |w: &str| {
+        let name = w.trim_start_matches('-');
+        let name = name.split_once('=').map_or(name, |(n, _)| n);
+        w.starts_with('-') && matches!(name, "options-file" | "optf")
+    };
+    value
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .any(|w| flag(w) || w.split_once('=').is_some_and(|(_, v)| flag(v)))
+}
+
+impl Spec {
+    /// Whether the link's ptxas reads an options file of its own, whose
+    /// contents no key holds and no sandbox mirrors.
+    pub fn ptxas_reads_options_file(&self) -> bool {
+        self.xptxas.iter().any(|v| names_options_file(v))
+    }
+}
+
 impl Mode {
     /// Modes C to E: nvlink loads libNVVM (from `-nvvmpath`).
     pub fn is_lto(self) -> bool {

@@ -165,9 +165,11 @@ fn write_file(root: &Path, at: &Path, data: &[u8]) -> Result<(), SandboxError> {
     f.write_all(data).map_err(env_fault)
 }
 
-/// Whether a command line names an options file (`-optf`, `--options-file`).
+/// Whether a command line names an options file: nvlink's (`-optf`,
+/// `--options-file`), or one its ptxas reads (`-Xptxas --options-file=F`,
+/// however spelled: nvlink splits an `-Xptxas` value on spaces and commas).
 pub fn names_an_options_file(args: &[String]) -> bool {
-    args.iter().any(|a| ["-optf", "--options-file"].iter().any(|o| a == o || a.starts_with(&format!("{o}="))))
+    args.iter().any(|a| crate::cli::spec::names_options_file(a))
 }
 
 /// One thing a sandbox holds (paths under its root).

@@ -217,6 +217,7 @@ impl<'a> Link<'a> {
     /// stored result; identical links in flight are computed once.
     fn device_link(&self, mode: Mode) -> Outcome {
         let (linker, req) = (self.linker, self.req);
+        self.ask_caller_first(mode);
         let Some(cache) = &linker.cache else {
             let _planning = match self.admit_plan() {
                 Ok(p) => p,
@@ -317,6 +318,40 @@ impl<'a> Link<'a> {
             let identity = linker.key_identity(&self.tk);
             linkcache::keys(&identity, self.req, &self.spec, mode, self.fs, &linker.hashes, Some(&own_nvvm))
         })
+    }
+
+    /// A caller that does not share this filesystem (a remote shim) answers
+    /// file requests at its own pace: what the link may ask it (its inputs
+    /// and `-l` candidates read, the search directories, `-time` and
+    /// `--uidx-file` names, the libNVVM under `-nvvmpath`) is asked here,
+    /// before any plan permit, and the link's view ([`MemoFs`]) keeps the
+    /// answers, so a slow caller holds nothing another link waits for.
+    fn ask_caller_first(&self, mode: Mode) {
+        let (fs, req, files) = (self.fs, self.req, &self.spec.files);
+        if req.shared_fs {
+            return;
+        }
+        fs.prefetch(&files.input_paths());
+        for input in &files.inputs {
+            let _ = fs.read(&input.path);
+        }
+        for dir in &files.search_dirs {
+            let _ = fs.stat(&dir.path);
+        }
+        for candidate in files.libraries.iter().flat_map(|l| &l.candidates) {
+            if fs.stat(&candidate.path).is_ok_and(|st| !st.is_dir) {
+                let _ = fs.read(&candidate.path);
+            }
+        }
+        if let Some(time) = &files.written.time {
+            let _ = fs.stat(&time.path);
+        }
+        if let Some(uidx) = &files.written.uidx {
+            let _ = fs.read(&uidx.path);
+        }
+        if let Some(given) = self.spec.nvvmpath.as_deref().filter(|_| mode.is_lto() && req.nvvm_stat) {
+            let _ = crate::fs::has_libnvvm(fs, &absolute(&req.cwd, given));
+        }
     }
 
     /// Pass 3, lookup: the stored answer under the keys (the named key's

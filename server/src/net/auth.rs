@@ -332,16 +332,15 @@ fn check_private(f: &Path, what: &str, m: &std::fs::Metadata, acl: Option<&[AclE
 }
 
 /// Whether no other user could swap the secrets' file `f`: every directory
-/// on the way to the file it names (symlinks resolved) is the daemon's user's
+/// on the way to it, to each symlink on the way, and to the file they lead
+/// to ([`owner::secret_dirs`]) is the daemon's user's
 /// or root's and written by nobody else, or sticky ([`owner::dirs_above`]; a
 /// sticky directory such as /tmp or Kubernetes' secret volume keeps others
 /// from renaming what is not theirs, and [`check_private`] has the file be
 /// the daemon's user's or root's).
 fn check_dirs(f: &Path, what: &str) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot read {what} {}: {e}", f.display());
-    let real = std::fs::canonicalize(f).map_err(cannot)?;
-    let Some(dir) = real.parent() else { return Ok(()) };
-    match owner::dirs_above(dir).map_err(cannot)? {
+    match owner::secret_dirs(f).map_err(cannot)? {
         None => Ok(()),
         Some(above) => Err(format!(
             "{what} {} is under {above}: keep it in a directory only the daemon's user or root can change",

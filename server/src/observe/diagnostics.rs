@@ -131,7 +131,9 @@ impl Diagnostic {
 
     /// The event's fields: every field of the module docs that is known.
     /// `cwd`: the link's working directory (for `object_path`).
-    pub fn event(&self, cwd: Option<&Path>) -> nvlinkd_proto::v1::DiagnosticEvent {
+    /// The object's line tables are read only if `lines` (a link's first
+    /// [`SOURCE_LINE_LOOKUPS`] diagnostics: each reads its object again).
+    pub fn event(&self, cwd: Option<&Path>, lines: bool) -> nvlinkd_proto::v1::DiagnosticEvent {
         let object_path = self.object.as_ref().and_then(|o| {
             let p = cwd.map(|c| c.join(o)).filter(|p| o != "lto.cubin" && p.is_file())?;
             Some(p.to_string_lossy().into_owned())
@@ -139,6 +141,7 @@ impl Diagnostic {
         let source = object_path
             .as_deref()
             .zip(self.symbol.as_deref())
+            .filter(|_| lines)
             .and_then(|(path, symbol)| source_line(Path::new(path), self.member.as_deref(), symbol));
         let (source_file, line) = source.map(|s| (s.file, s.line)).unzip();
         nvlinkd_proto::v1::DiagnosticEvent {
@@ -157,6 +160,10 @@ impl Diagnostic {
         }
     }
 }
+
+/// How many of a link's diagnostics get `source_file` and `line` (a link
+/// with thousands of undefined references would read its objects that often).
+pub const SOURCE_LINE_LOOKUPS: usize = 64;
 
 /// The largest object whose line tables are read for a diagnostic.
 const SOURCE_LINE_MAX_BYTES: u64 = 256 << 20;
@@ -300,9 +307,9 @@ mod tests {
 
     #[test]
     fn symbols_are_demangled_within_bounds() {
-        let f = parse("nvlink error   : Undefined reference to '_ZN1D1fEi' in 'a.o'").event(None);
+        let f = parse("nvlink error   : Undefined reference to '_ZN1D1fEi' in 'a.o'").event(None, true);
         assert_eq!(f.symbol_demangled.as_deref(), Some("D::f(int)"));
-        let f = parse("nvlink error   : Undefined reference to 'plain_c' in 'a.o'").event(None);
+        let f = parse("nvlink error   : Undefined reference to 'plain_c' in 'a.o'").event(None, true);
         assert!(f.symbol_demangled.is_none(), "{f:?}");
         // Not a name, or too long: no demangled name, no panic.
         assert_eq!(demangle("_Z"), None);

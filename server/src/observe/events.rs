@@ -279,8 +279,9 @@ impl Hub {
             // A remote caller's directory is on its machine, not this one:
             // its objects are not resolved here.
             let here = meta.as_ref().filter(|m| m.origin != "remote").map(|m| m.cwd.as_path());
-            for d in diagnostics::of_output(f.stdout, f.stderr) {
-                self.publish(link, Body::Diagnostic(d.event(here)));
+            for (i, d) in diagnostics::of_output(f.stdout, f.stderr).iter().enumerate() {
+                let lines = i < diagnostics::SOURCE_LINE_LOOKUPS;
+                self.publish(link, Body::Diagnostic(d.event(here, lines)));
             }
             let outputs = match (&f.written, &meta) {
                 (Some(w), _) => paths(w),
@@ -477,7 +478,10 @@ pub fn lagged(missed: u64) -> Event {
 pub fn diagnostic_fields(stdout: &[u8], stderr: &[u8], cwd: Option<&Path>) -> Vec<Value> {
     diagnostics::of_output(stdout, stderr)
         .iter()
-        .map(|d: &Diagnostic| fields_of(&Body::Diagnostic(d.event(cwd))))
+        .enumerate()
+        .map(|(i, d): (usize, &Diagnostic)| {
+            fields_of(&Body::Diagnostic(d.event(cwd, i < diagnostics::SOURCE_LINE_LOOKUPS)))
+        })
         .collect()
 }
 

@@ -505,7 +505,7 @@ mod tests {
         for v in ["--options-file=popts", "-optf", "-optf=x", "--options-file F", " -optf=F", "-O3 --options-file=F"] {
             assert!(named(v), "{v}");
         }
-        assert!(named("-Xptxas=--options-file=F") && named("-O1,-optf,F"));
+        assert!(named("-Xptxas=--options-file=F") && named("-O1,-optf,F") && named("--apply-controls=ctl"));
         assert!(!named("-O1") && !named("optf") && !named("--opt-level=1") && !named("popts"));
         let dir = std::env::temp_dir().join(format!("nvlinkd-ptxas-optf-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

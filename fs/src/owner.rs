@@ -187,6 +187,11 @@ pub fn secret_dirs(path: &Path) -> std::io::Result<Option<Above>> {
         }
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
+                // Another user's link, even in a sticky directory, is theirs
+                // to re-point.
+                if let Err(why) = Rule::owned_by(Owners::MeOrRoot).check(&m) {
+                    return Ok(Some(Above { dir: p, why }));
+                }
                 let target = std::fs::read_link(&p)?;
                 p = match p.parent() {
                     Some(dir) => dir.join(target),
@@ -414,6 +419,18 @@ mod tests {
         );
         let found = secret_dirs(&open.join("tokens")).unwrap().expect("the link's open directory was not named");
         assert_eq!(found.dir, open);
+        // Another user's link in a sticky directory: theirs to re-point.
+        let sticky = s.0.join("sticky");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::os::unix::fs::symlink(private.join("tokens"), sticky.join("theirs")).unwrap();
+        std::os::unix::fs::symlink(private.join("tokens"), sticky.join("mine")).unwrap();
+        assert_eq!(secret_dirs(&sticky.join("mine")).unwrap(), None, "this user's link in a sticky directory");
+        if euid() == 0 {
+            std::os::unix::fs::lchown(sticky.join("theirs"), Some(65534), None).unwrap();
+            let found = secret_dirs(&sticky.join("theirs")).unwrap().expect("another user's link was not named");
+            assert_eq!(found.dir, sticky.join("theirs"));
+        }
         // A link in a private directory to a file in the open one.
         std::fs::rename(private.join("tokens"), open.join("real")).unwrap();
         std::os::unix::fs::symlink(open.join("real"), private.join("to-open")).unwrap();

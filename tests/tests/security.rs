@@ -2351,26 +2351,52 @@ fn the_libnvvm_under_nvvmpath_is_part_of_the_key() {
 
 /// A remote caller that answers one file request slowly holds no plan
 /// permit meanwhile: what its link may ask is asked before the link takes
-/// one. Here a `-time` link (never cached, so it used to read its inputs
-/// under the permit) stalls its reply for `scale.o` 20 s on a daemon with
-/// one plan permit per class; a local link meanwhile is answered promptly,
-/// with nvlink's bytes. (A token holder held every cache-miss link 35 s.)
+/// one. On a daemon with one plan permit per class, a remote link stalls one
+/// reply 20 s, and a local link meanwhile is answered promptly with nvlink's
+/// bytes. The stalled questions: an input of a `-time` link (never cached,
+/// it read its inputs under the permit: a token holder held every
+/// cache-miss link 35 s), the `-time` file of a routed link, and the libNVVM
+/// stat of a routed link naming `-nvvmpath` (both asked while mirroring).
 #[test]
 fn a_slow_remote_reply_holds_no_plan_permit() {
+    use nvlinkd_proto::v1::FileRequest;
+    let work = TempDir::new("sec-slow-reply");
+    std::fs::write(work.path().join("t.csv"), b"").unwrap();
+    std::fs::create_dir_all(work.path().join("nv/lib64")).unwrap();
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), work.path().join(f)).unwrap();
+    }
+    type Stall = fn(&FileRequest) -> bool;
+    let cases: [(&[&str], Stall); 3] = [
+        (&["--arch=sm_90", "accumulate.o", "scale.o", "-time", "t.csv", "-o", "out.cubin"], |r| {
+            r.path.ends_with("/scale.o") && r.op() == nvlinkd_proto::v1::file_request::Op::Read
+        }),
+        (&["--arch=sm_90", "--preserve-relocs", "accumulate.o", "scale.o", "-time", "t.csv", "-o", "out.cubin"], |r| {
+            r.path.ends_with("/t.csv") && r.op() == nvlinkd_proto::v1::file_request::Op::Read
+        }),
+        (&["--arch=sm_90", "--preserve-relocs", "-nvvmpath=nv", "accumulate.o", "scale.o", "-o", "out.cubin"], |r| {
+            r.path.ends_with("libnvvm.so")
+        }),
+    ];
+    for (args, stall) in cases {
+        slow_reply_beside_a_local_link(work.path(), args, stall);
+    }
+}
+
+fn slow_reply_beside_a_local_link(cwd: &Path, args: &[&str], stall: fn(&nvlinkd_proto::v1::FileRequest) -> bool) {
     use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
     let pki = Pki::new();
     let (d, port) = tls_daemon(&pki, &["--jobs", "1", "--reply-timeout", "60s"]);
     let rt = runtime();
     let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = stalled.clone();
+    let start = Start {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        cwd: cwd.display().to_string(),
+        answers_nvvm_stat: true,
+        ..Default::default()
+    };
     let slow = rt.spawn(async move {
-        let args = ["--arch=sm_90", "accumulate.o", "scale.o", "-time", "t.csv", "-o", "out.cubin"];
-        let start = Start {
-            args: args.map(String::from).to_vec(),
-            cwd: corpus::dir().display().to_string(),
-            answers_nvvm_stat: true,
-            ..Default::default()
-        };
         let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(64);
         tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
         let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
@@ -2378,11 +2404,10 @@ fn a_slow_remote_reply_holds_no_plan_permit() {
         let mut inbound = client.link(request).await.unwrap().into_inner();
         while let Ok(Some(ServerMessage { msg: Some(m) })) = inbound.message().await {
             let server_message::Msg::File(req) = m else { continue };
-            let path = std::path::PathBuf::from(&req.path);
-            if path.ends_with("scale.o") && req.op() == file_request::Op::Read {
-                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            if stall(&req) && !seen.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_secs(20)).await;
             }
+            let path = std::path::PathBuf::from(&req.path);
             let result = match req.op() {
                 file_request::Op::Stat => match std::fs::metadata(&path) {
                     Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
@@ -2401,9 +2426,11 @@ fn a_slow_remote_reply_holds_no_plan_permit() {
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     while !stalled.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(Instant::now() < deadline, "the slow link never asked for scale.o: {}", d.stats());
+        assert!(Instant::now() < deadline, "{args:?}: the slow link never asked what it stalls: {}", d.stats());
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Its questions asked, it takes its permit; then the local link.
+    std::thread::sleep(Duration::from_millis(300));
     let out = TempDir::new("sec-slow-reply-out");
     let link = inv(LINK, corpus::dir(), &out);
     let expected = run(&real_nvlink(), &link, &[]);
@@ -2411,7 +2438,7 @@ fn a_slow_remote_reply_holds_no_plan_permit() {
     let local = run(&shim(), &link, &d.shim_env());
     let took = t0.elapsed();
     assert_same(&expected, &local, "a local link beside a stalled remote one");
-    assert!(took < Duration::from_secs(10), "the local link waited {took:?} on the stalled remote link's permit");
+    assert!(took < Duration::from_secs(10), "{args:?}: the local link waited {took:?} on the stalled remote link");
     slow.abort();
     rt.shutdown_background();
 }

@@ -43,16 +43,17 @@ pub enum Mode {
     LtoEmitPtx,
 }
 
-/// Whether `value` (an argument, or an `-Xptxas` value) names an options
-/// file in any of its words: `--options-file`, `-optf`, `-options-file`,
-/// `--optf`, alone (the file follows) or with `=F`; words are split on
+/// Whether `value` (an argument, or an `-Xptxas` value) names a file of
+/// options a tool reads in any of its words: `--options-file`, `-optf`
+/// (nvlink's and ptxas's), ptxas's `--apply-controls`, alone (the file
+/// follows) or with `=F`; words are split on
 /// whitespace and commas, as nvlink splits the values it hands its tools,
 /// and the value after an `=` counts too (`-Xptxas=--options-file=F`).
 pub fn names_options_file(value: &str) -> bool {
     let flag = |w: &str| {
         let name = w.trim_start_matches('-');
         let name = name.split_once('=').map_or(name, |(n, _)| n);
-        w.starts_with('-') && matches!(name, "options-file" | "optf")
+        w.starts_with('-') && matches!(name, "options-file" | "optf" | "apply-controls")
     };
     value
         .split(|c: char| c.is_whitespace() || c == ',')

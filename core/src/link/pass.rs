@@ -217,7 +217,7 @@ impl<'a> Link<'a> {
     /// stored result; identical links in flight are computed once.
     fn device_link(&self, mode: Mode) -> Outcome {
         let (linker, req) = (self.linker, self.req);
-        self.ask_caller_first(mode);
+        self.ask_caller_first();
         let Some(cache) = &linker.cache else {
             let _planning = match self.admit_plan() {
                 Ok(p) => p,
@@ -326,7 +326,7 @@ impl<'a> Link<'a> {
     /// `--uidx-file` names, the libNVVM under `-nvvmpath`) is asked here,
     /// before any plan permit, and the link's view ([`MemoFs`]) keeps the
     /// answers, so a slow caller holds nothing another link waits for.
-    fn ask_caller_first(&self, mode: Mode) {
+    fn ask_caller_first(&self) {
         let (fs, req, files) = (self.fs, self.req, &self.spec.files);
         if req.shared_fs {
             return;
@@ -338,18 +338,21 @@ impl<'a> Link<'a> {
         for dir in &files.search_dirs {
             let _ = fs.stat(&dir.path);
         }
-        for candidate in files.libraries.iter().flat_map(|l| &l.candidates) {
-            if fs.stat(&candidate.path).is_ok_and(|st| !st.is_dir) {
-                let _ = fs.read(&candidate.path);
+        // What the sandbox mirrors besides the inputs (`Mirror::capture`): a
+        // stat, then the bytes of a file.
+        let written = &files.written;
+        let candidates = files.libraries.iter().flat_map(|l| &l.candidates);
+        for named in candidates.chain(&written.time).chain(&written.uidx) {
+            if fs.stat(&named.path).is_ok_and(|st| !st.is_dir) {
+                let _ = fs.read(&named.path);
             }
         }
-        if let Some(time) = &files.written.time {
-            let _ = fs.stat(&time.path);
+        // Under -dlto an existing registration file is left alone (`regbin.rs`).
+        if let Some(register) = written.register.as_ref().filter(|_| self.spec.lto) {
+            let _ = fs.stat(&register.path);
         }
-        if let Some(uidx) = &files.written.uidx {
-            let _ = fs.read(&uidx.path);
-        }
-        if let Some(given) = self.spec.nvvmpath.as_deref().filter(|_| mode.is_lto() && req.nvvm_stat) {
+        // The libNVVM under -nvvmpath: the key's (LTO) and the sandbox's (any mode).
+        if let Some(given) = self.spec.nvvmpath.as_deref().filter(|_| req.nvvm_stat) {
             let _ = crate::fs::has_libnvvm(fs, &absolute(&req.cwd, given));
         }
     }

@@ -350,7 +350,6 @@ const CASES: &[(&str, &str, &str)] = &[
     ("empty-output-name", "--arch=sm_90 accumulate.o scale.o -o {EMPTY}", ""),
     ("empty-input-name", "--arch=sm_90 accumulate.o {EMPTY} scale.o -o {OUT}/out.cubin", ""),
     ("empty-time-name", "--arch=sm_90 accumulate.o scale.o -time {EMPTY} -o {OUT}/out.cubin", ""),
-    ("empty-nvvmpath", "--arch=sm_90 -dlto -nvvmpath= accumulate_lto.o scale_lto.o -o {OUT}/out.cubin", ""),
     ("empty-options-file-names", "-optf ,link.opts, -optf {EMPTY} -o {OUT}/out.cubin", ""),
     ("archive-symtab-cut-short", "--arch=sm_90 dynsmem.o badar/libdevmath_cut.a -o {OUT}/out.cubin", ""),
     ("archive-symtab-past-end", "--arch=sm_90 -Lbadar dynsmem.o -ldevmath_symsize -o {OUT}/out.cubin", ""),
@@ -699,7 +698,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("lto-ir-newer-than-target", "arch"),
     ("lto-ir-newer-without-dlto", "arch"),
     // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
-    ("empty-nvvmpath", "lto_options"),
     ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];
 

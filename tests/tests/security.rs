@@ -690,7 +690,7 @@ fn a_client_cannot_store_a_result_under_another_links_key() {
 /// and 87 s in an adversarial run.)
 #[test]
 fn a_local_link_never_waits_on_a_streamed_link_of_the_same_key() {
-    use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
+    use nvlinkd_proto::v1::{server_message, ServerMessage};
     let hold_dir = TempDir::new("sec-flight-hold");
     let hold = hold_dir.path().join("hold");
     std::fs::write(&hold, b"").unwrap();
@@ -718,18 +718,7 @@ fn a_local_link_never_waits_on_a_streamed_link_of_the_same_key() {
                     }
                     _ => continue,
                 };
-                let path = corpus::dir().join(&req.path);
-                let result = match req.op() {
-                    file_request::Op::Stat => match std::fs::metadata(&path) {
-                        Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
-                        Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                    },
-                    file_request::Op::Read => match std::fs::read(&path) {
-                        Ok(data) => file_reply::Result::Data(data.into()),
-                        Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                    },
-                };
-                let reply = FileReply { id: req.id, result: Some(result), more: false };
+                let reply = answer_from_disk(&req, &corpus::dir().join(&req.path));
                 if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
                     break;
                 }
@@ -738,12 +727,7 @@ fn a_local_link_never_waits_on_a_streamed_link_of_the_same_key() {
         })
     });
     // The streamed link leads the flight and is held storing its entry.
-    let storing = hold.with_file_name("hold.storing");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !storing.exists() {
-        assert!(Instant::now() < deadline, "the streamed link never stored: {}", d.stats());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    held_storing(&d, &hold, "the streamed link");
     let expected = run(&real_nvlink(), &invocation, &[]);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (local, env) = (invocation.clone(), d.shim_env());
@@ -2181,12 +2165,7 @@ fn a_remote_link_never_waits_on_another_tenants_flight() {
     let expected = run(&real_nvlink(), &link, &[]);
     let (first, env) = (link.clone(), pki.shim_env(&addr, "never"));
     let leader = std::thread::spawn(move || run(&shim(), &first, &env));
-    let storing = hold.with_file_name("hold.storing");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !storing.exists() {
-        assert!(Instant::now() < deadline, "the first tenant's link never stored: {}", d.stats());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    held_storing(&d, &hold, "the first tenant's link");
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (second, env) = (link.clone(), other_token_env(&pki, &addr, "never"));
     std::thread::spawn(move || done_tx.send(run(&shim(), &second, &env)));
@@ -2384,7 +2363,7 @@ fn a_slow_remote_reply_holds_no_plan_permit() {
 }
 
 fn slow_reply_beside_a_local_link(cwd: &Path, args: &[&str], stall: fn(&nvlinkd_proto::v1::FileRequest) -> bool) {
-    use nvlinkd_proto::v1::{file_reply, file_request, server_message, FileError, FileReply, FileStat, ServerMessage};
+    use nvlinkd_proto::v1::{server_message, ServerMessage};
     let pki = Pki::new();
     let (d, port) = tls_daemon(&pki, &["--jobs", "1", "--reply-timeout", "60s"]);
     let rt = runtime();
@@ -2407,18 +2386,7 @@ fn slow_reply_beside_a_local_link(cwd: &Path, args: &[&str], stall: fn(&nvlinkd_
             if stall(&req) && !seen.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_secs(20)).await;
             }
-            let path = std::path::PathBuf::from(&req.path);
-            let result = match req.op() {
-                file_request::Op::Stat => match std::fs::metadata(&path) {
-                    Ok(m) => file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }),
-                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                },
-                file_request::Op::Read => match std::fs::read(&path) {
-                    Ok(data) => file_reply::Result::Data(data.into()),
-                    Err(e) => file_reply::Result::Error(FileError { kind: 0, message: e.to_string() }),
-                },
-            };
-            let reply = FileReply { id: req.id, result: Some(result), more: false };
+            let reply = answer_from_disk(&req, Path::new(&req.path));
             if tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await.is_err() {
                 break;
             }
@@ -2441,4 +2409,29 @@ fn slow_reply_beside_a_local_link(cwd: &Path, args: &[&str], stall: fn(&nvlinkd_
     assert!(took < Duration::from_secs(10), "{args:?}: the local link waited {took:?} on the stalled remote link");
     slow.abort();
     rt.shutdown_background();
+}
+
+/// A well-behaved shim's reply to the daemon's file request: the stat or the
+/// bytes of `path` on this machine, or why not.
+fn answer_from_disk(req: &nvlinkd_proto::v1::FileRequest, path: &Path) -> nvlinkd_proto::v1::FileReply {
+    use nvlinkd_proto::v1::{file_reply, file_request, FileError, FileReply, FileStat};
+    let error = |e: std::io::Error| file_reply::Result::Error(FileError { kind: 0, message: e.to_string() });
+    let result = match req.op() {
+        file_request::Op::Stat => std::fs::metadata(path)
+            .map(|m| file_reply::Result::Stat(FileStat { is_dir: m.is_dir(), size: m.len() }))
+            .unwrap_or_else(error),
+        file_request::Op::Read => std::fs::read(path).map(|d| file_reply::Result::Data(d.into())).unwrap_or_else(error),
+    };
+    FileReply { id: req.id, result: Some(result), more: false }
+}
+
+/// Wait until a link is held storing its entry (`NVLINKD_TEST_HOLD_STORE`
+/// at `hold` marks `hold.storing`).
+fn held_storing(d: &Daemon, hold: &Path, which: &str) {
+    let storing = hold.with_file_name("hold.storing");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !storing.exists() {
+        assert!(Instant::now() < deadline, "{which} never stored: {}", d.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -142,14 +142,14 @@ impl NobodyDaemon {
         // Sticky, as /tmp: the daemon accepts a shared socket directory only so.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         std::fs::set_permissions(pki.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        for f in ["cert.pem", "key.pem"] {
-            std::fs::set_permissions(pki.file(f), std::fs::Permissions::from_mode(0o644)).unwrap();
-        }
-        // The token file must be the daemon's user's alone.
+        std::fs::set_permissions(pki.file("cert.pem"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        // The key and the token file must be the daemon's user's alone.
         const NOBODY: u32 = 65534;
-        if let Err(e) = std::os::unix::fs::chown(pki.file("tokens"), Some(NOBODY), None) {
-            eprintln!("skipped: cannot give the token file to nobody ({e})");
-            return None;
+        for f in ["key.pem", "tokens"] {
+            if let Err(e) = std::os::unix::fs::chown(pki.file(f), Some(NOBODY), None) {
+                eprintln!("skipped: cannot give {f} to nobody ({e})");
+                return None;
+            }
         }
         let port = free_port();
         let spawned = Command::new("setpriv")

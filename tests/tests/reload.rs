@@ -162,6 +162,15 @@ fn sighup_with_a_bad_file_keeps_the_old_ones_and_says_why() {
             why: "--tls-key",
         },
         BadFile {
+            what: "a key other users can read",
+            make: Box::new(|| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(pki.file("key.pem"), std::fs::Permissions::from_mode(0o644)).unwrap()
+            }),
+            kept: "TLS files not reloaded",
+            why: "chmod 600",
+        },
+        BadFile {
             what: "a certificate that is not PEM",
             make: Box::new(|| pki.replace("cert.pem", b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n")),
             kept: "TLS files not reloaded",

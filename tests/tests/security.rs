@@ -136,6 +136,23 @@ fn a_token_file_others_can_read_is_refused_at_start() {
     }
 }
 
+/// The listener's private key is a secret as the token file is: a key other
+/// users can read or change is refused at start, saying `chmod 600 FILE`.
+#[test]
+fn a_tls_key_others_can_read_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (cert, key, tokens) = (pki.file("cert.pem"), pki.file("key.pem"), pki.file("tokens"));
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = serve_output(&["--listen", &listen, "--tls-cert", &cert, "--tls-key", &key, "--token-file", &tokens]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "nvlinkd served with a key of mode {mode:o}: {stderr}");
+        assert!(stderr.contains("--tls-key") && stderr.contains(&format!("chmod 600 {key}")), "{mode:o}: {stderr}");
+    }
+}
+
 /// A secret in a directory other users can write (without the sticky bit)
 /// could be swapped for theirs between two reads: serve refuses a token file
 /// there at start, naming the directory, also through a symlink from a

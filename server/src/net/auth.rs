@@ -320,7 +320,7 @@ fn check_private(f: &Path, what: &str, m: &std::fs::Metadata, acl: Option<&[AclE
         None => Ok(()),
         Some(NotPrivate::Owner(uid)) => Err(format!(
             "{what} {f} belongs to uid {uid}, not to the daemon's user (uid {euid}) or root: that user could \
-             change its tokens; chown {euid} {f} and chmod 600 {f}"
+             change it; chown {euid} {f} and chmod 600 {f}"
         )),
         Some(NotPrivate::Mode(mode)) => Err(format!(
             "{what} {f} (mode {mode:03o}) can be read or changed by other users than the daemon's: chmod 600 {f}"

@@ -98,7 +98,8 @@ fn certificates(what: &str, p: &Path) -> Result<Vec<CertificateDer<'static>>, St
 fn server_config(files: &TlsFiles) -> Result<ServerConfig, String> {
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     let chain = certificates("--tls-cert", &files.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&read("--tls-key", &files.key)?)
+    // The key as ssh takes a private key: the daemon's user's (or root's) alone.
+    let key = PrivateKeyDer::from_pem_slice(&super::auth::read_private(&files.key, "--tls-key")?)
         .map_err(|e| format!("--tls-key {}: no private key in it ({e})", files.key.display()))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

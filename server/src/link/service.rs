@@ -228,7 +228,7 @@ impl Service {
         // meanwhile leaves the queue.
         let slot = match &remote {
             Some(remote) => {
-                let admit = self.remote_links.admit(remote.caller, &remote.peer);
+                let admit = self.remote_links.admit(remote.caller, &remote.peer, prost::Message::encoded_len(&start));
                 tokio::pin!(admit);
                 Some(loop {
                     tokio::select! {

@@ -545,14 +545,18 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
             None => write_output(&path, &out.pieces),
         };
         if let Err(failed) = written {
-            // nvlink's words: the file as the command line named it, no OS error.
+            // nvlink's words: the file as the command line named it, no OS
+            // error, after what it printed while linking.
             let _ = std::io::stdout().write_all(&result.stdout);
             let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().write_all(&result.stderr);
             match failed {
                 WriteFailed::Open => {
                     let named = nvlinkd_fs::as_named(&path, args, cwd);
                     eprintln!("nvlink fatal   : {}", nvlinkd_fs::cannot_open(out.append, &named))
                 }
+                // nvlink's `fwrite` of a whole-program LTO cubin says so.
+                WriteFailed::Write if out.path == result.fwrite_output => eprintln!("nvlink fatal   : fwrite failed"),
                 WriteFailed::Write => eprintln!("nvlink fatal   : Internal error: writing file"),
             }
             return Ok(1);

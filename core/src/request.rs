@@ -96,7 +96,17 @@ pub struct Outcome {
     pub engine: EngineKind,
     /// Why the in-process engine did not serve the link, when it did not.
     pub routed: Option<Declined>,
+    /// The output nvlink writes with `fwrite`: a whole-program LTO link's
+    /// cubin. On a full disk nvlink says [`NO_ROOM_FWRITE`] of it and
+    /// [`NO_ROOM`] of every other output.
+    pub fwrite_output: Option<PathBuf>,
 }
+
+/// nvlink's fatal message when an output cannot be written for want of room
+/// (a full disk, a quota, the file size limit).
+pub const NO_ROOM: &str = "Internal error: writing file";
+/// The same, for the output of [`Outcome::fwrite_output`].
+pub const NO_ROOM_FWRITE: &str = "fwrite failed";
 
 impl Outcome {
     /// An answer of `engine`: exit status, messages and the files to write.
@@ -107,7 +117,7 @@ impl Outcome {
         stderr: Vec<u8>,
         outputs: Vec<OutputFile>,
     ) -> Self {
-        Outcome { exit_code, stdout, stderr, outputs, fallback: None, engine, routed: None }
+        Outcome { exit_code, stdout, stderr, outputs, fallback: None, engine, routed: None, fwrite_output: None }
     }
 
     /// "Run the real nvlink yourself", and why.

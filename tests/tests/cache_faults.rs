@@ -329,6 +329,13 @@ fn an_output_on_a_full_disk_fails_as_nvlinks_write_does() {
     for (args, what) in [
         ("--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin", "a small output"),
         ("--arch=sm_90 -r tmpl_a.o tmpl_b.o scale.o -o {OUT}/out.cubin", "a relocatable output"),
+        // nvlink writes a whole-program LTO cubin with fwrite ("fwrite failed"),
+        // a partial LTO one as any other ("Internal error: writing file").
+        (
+            "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin",
+            "a whole-program LTO output",
+        ),
+        ("--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale.o -o {OUT}/out.cubin", "partial LTO"),
     ] {
         let args = args.replace("{OUT}", &out_dir.display().to_string());
         let link = Invocation::templated(&args, corpus::dir(), &TempDir::new("fullout-unused"));
@@ -344,4 +351,17 @@ fn an_output_on_a_full_disk_fails_as_nvlinks_write_does() {
             String::from_utf8_lossy(&actual.stderr)
         );
     }
+    // The one deliberate difference: nvlink's `--emit-ptx` on a full disk
+    // leaves an empty PTX file and exits 0; the shim fails as a write does,
+    // and leaves no file.
+    let args = format!("--arch=sm_90 -dlto --emit-ptx -nvvmpath={{NVVM}} saxpy_lto.o -o {}/out.ptx", out_dir.display());
+    let link = Invocation::templated(&args, corpus::dir(), &TempDir::new("fullout-unused"));
+    let expected = run(&real_nvlink(), &link, &[]);
+    let empty = std::fs::metadata(out_dir.join("out.ptx")).map(|m| m.len());
+    let _ = std::fs::remove_file(out_dir.join("out.ptx"));
+    assert_eq!((expected.code, empty.ok()), (0, Some(0)), "nvlink's --emit-ptx on a full disk changed");
+    let actual = run(&shim(), &link, &d.shim_env());
+    assert_eq!(actual.code, 1, "{}", String::from_utf8_lossy(&actual.stderr));
+    assert_eq!(String::from_utf8_lossy(&actual.stderr), "nvlink fatal   : Internal error: writing file\n");
+    assert!(!out_dir.join("out.ptx").exists(), "the shim left a file");
 }

@@ -124,12 +124,15 @@ impl<'a> Link<'a> {
             Mode::Help | Mode::Version => None,
             _ => self.claim_output(),
         };
-        let outcome = match mode {
+        let mut outcome = match mode {
             Mode::Help => self.linker.frontend(0, self.tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.linker.frontend(0, self.tk.release.banner.clone().into_bytes(), Vec::new()),
             Mode::HostLinkerScript(kind) => self.host_linker_script(kind),
             _ => self.device_link(mode),
         };
+        if mode == Mode::LtoWhole && whole_program(spec, &outcome) {
+            outcome.fwrite_output = spec.files.written.output.as_ref().map(|o| o.path.clone());
+        }
         // The real nvlink engine prints the parse warnings itself.
         if outcome.engine == EngineKind::NvlinkProcess {
             outcome
@@ -744,4 +747,18 @@ impl Drop for OutputClaim<'_> {
             map.remove(&self.key);
         }
     }
+}
+
+/// Whether a successful `-dlto` link was whole-program LTO, nvlink writing
+/// the cubin nvJitLink made with `fwrite`: nvlink says when it does partial
+/// LTO instead (an input without LTO IR, every engine and cache entry keeps
+/// the line) or ignores `-dlto` (no LTO IR at all). Under `--disable-infos`
+/// nothing tells, and the link counts as not whole-program.
+fn whole_program(spec: &Spec, o: &Outcome) -> bool {
+    let says = |what: &[u8]| o.stderr.windows(what.len()).any(|w| w == what);
+    o.exit_code == 0
+        && o.fallback.is_none()
+        && !spec.disable_infos
+        && !says(b"so doing partial LTO")
+        && !says(b"Ignoring -dlto option")
 }

@@ -46,10 +46,12 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
             Err(_) => nvlinkd_fs::cannot_open(f.append, &nvlinkd_fs::as_named(&f.path, &req.args, &req.cwd)),
             Ok(mut h) => match h.write_all(&f.data).and_then(|()| h.flush()) {
                 Ok(()) => continue,
-                Err(_) => "Internal error: writing file".into(),
+                Err(_) if out.fwrite_output.as_ref() == Some(&f.path) => nvlinkd_core::request::NO_ROOM_FWRITE.into(),
+                Err(_) => nvlinkd_core::request::NO_ROOM.into(),
             },
         };
         let _ = std::io::stdout().write_all(&out.stdout);
+        let _ = std::io::stderr().write_all(&out.stderr);
         eprintln!("nvlink fatal   : {fatal}");
         return ExitCode::from(1);
     }

@@ -474,6 +474,10 @@ impl Service {
                                 outputs: Vec::new(),
                                 fallback: o.fallback.is_some(),
                                 fallback_reason: o.fallback.map(|d| d.detail).unwrap_or_default(),
+                                fwrite_output: o
+                                    .fwrite_output
+                                    .map(|p| p.to_string_lossy().into_owned())
+                                    .unwrap_or_default(),
                                 ..Default::default()
                             };
                             // The caller's nvlink is of a release this daemon has no toolkit for.
@@ -619,6 +623,7 @@ fn link_result(o: &Outcome) -> LinkResult {
             .collect(),
         fallback: o.fallback.is_some(),
         fallback_reason: o.fallback.as_ref().map(|d| d.detail.clone()).unwrap_or_default(),
+        fwrite_output: o.fwrite_output.as_ref().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -171,13 +171,33 @@ pub(crate) fn is_cuda_elf(data: &[u8]) -> bool {
 
 impl<'a> Elf<'a> {
     pub fn parse(data: &'a [u8]) -> Result<Self, ElfError> {
+        Self::parse_as(data, false)
+    }
+
+    /// A host object, as nvlink's host-object reader takes one (measured with
+    /// damaged copies of nvcc's objects): `EI_VERSION` is not looked at, a
+    /// section name past the string table names nothing (the section stays,
+    /// matched by no name), and a `SHT_NOBITS` section's offset is not
+    /// checked against the file's size.
+    pub fn parse_host(data: &'a [u8]) -> Result<Self, ElfError> {
+        Self::parse_as(data, true)
+    }
+
+    fn parse_as(data: &'a [u8], host: bool) -> Result<Self, ElfError> {
         if !is_elf(data) {
             return Err(ElfError::NotElf);
         }
         if data.len() < 6 || data[4] != elf::ELFCLASS64.0 || data[5] != elf::ELFDATA2LSB.0 {
             return Err(ElfError::UnsupportedClass);
         }
-        let hdr = elf::FileHeader64::<LE>::parse(data).map_err(|_| ElfError::Malformed("file header"))?;
+        // `object` checks EI_VERSION; nvlink's host reader does not.
+        let mut header = [0u8; std::mem::size_of::<elf::FileHeader64<LE>>()];
+        let n = header.len().min(data.len());
+        header[..n].copy_from_slice(&data[..n]);
+        if host {
+            header[6] = elf::EV_CURRENT.0;
+        }
+        let hdr = elf::FileHeader64::<LE>::parse(&header[..n]).map_err(|_| ElfError::Malformed("file header"))?;
         let e = LE;
         let sections_table = hdr.sections(e, data).map_err(|_| ElfError::Malformed("section headers"))?;
         let mut sections = Vec::with_capacity(sections_table.len());
@@ -188,8 +208,15 @@ impl<'a> Elf<'a> {
                 // `from_utf8` checks ASCII a word at a time; the lossy
                 // conversion walks byte by byte, and a CUB object has over
                 // a thousand section names of up to 400 bytes.
-                .map(|n| std::str::from_utf8(n).map_or_else(|_| String::from_utf8_lossy(n).into_owned(), str::to_owned))
-                .map_err(|_| ElfError::Malformed("section name"))?;
+                .map(|n| {
+                    std::str::from_utf8(n).map_or_else(|_| String::from_utf8_lossy(n).into_owned(), str::to_owned)
+                });
+            let name = match name {
+                Ok(name) => name,
+                // Matched by no name nvlink looks for.
+                Err(_) if host => String::new(),
+                Err(_) => return Err(ElfError::Malformed("section name")),
+            };
             let s = Section {
                 name,
                 sh_name,
@@ -204,7 +231,7 @@ impl<'a> Elf<'a> {
                 entsize: sh.sh_entsize(e),
             };
             let end = s.offset.checked_add(s.file_size()).ok_or(ElfError::Malformed("section range"))?;
-            if end > data.len() as u64 {
+            if end > data.len() as u64 && !(host && s.sh_type == SHT_NOBITS) {
                 return Err(ElfError::Malformed("section extends past end of file"));
             }
             sections.push(s);

@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use crate::elf::{Elf, EM_CUDA, ET_REL, SHT_SYMTAB};
+use object::elf;
 
 /// Device names host code refers to, as glob patterns (`_Z10accumulate*`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -232,6 +233,54 @@ pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
         pi += 1;
     }
     pi == p.len()
+}
+
+/// Why nvlink's host-object reader would not take a host object that parses.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// It says "Could not find fatbin" (measured).
+    Fatal,
+    /// Something damaged whose answer was not measured: nvlink answers.
+    Unmeasured(&'static str),
+}
+
+/// What nvlink's reader checks of a host object's sections beyond their
+/// ranges (measured on damaged copies of nvcc's objects): the section-name
+/// table is `SHT_STRTAB`; every `SHT_RELA` section has 24-byte entries and
+/// links to a `SHT_SYMTAB`; a symbol table's entry size is not 0. A symbol
+/// table of another entry size than 24 it reads with that stride, which is
+/// left to nvlink.
+pub(crate) fn refused(elf: &Elf<'_>) -> Option<Refused> {
+    const ENTRY: u64 = 24;
+    if elf.sections.get(elf.shstrndx).is_none_or(|s| s.sh_type != elf::SHT_STRTAB.0) {
+        return Some(Refused::Fatal);
+    }
+    for s in &elf.sections {
+        if s.sh_type == elf::SHT_RELA.0 {
+            let to_symtab = elf.sections.get(s.link as usize).is_some_and(|t| t.sh_type == SHT_SYMTAB);
+            if s.entsize != ENTRY || !to_symtab {
+                return Some(Refused::Fatal);
+            }
+        }
+        if s.sh_type == SHT_SYMTAB && s.entsize == 0 {
+            return Some(Refused::Fatal);
+        }
+        if s.sh_type == SHT_SYMTAB && s.entsize != ENTRY {
+            return Some(Refused::Unmeasured("a symbol table of another entry size than 24"));
+        }
+    }
+    // Each relocation's symbol is one of its table's (`size / 24` of them).
+    for s in elf.sections.iter().filter(|s| s.sh_type == elf::SHT_RELA.0) {
+        let symbols = elf.sections[s.link as usize].size / ENTRY;
+        let beyond = elf.section_data(s).chunks_exact(ENTRY as usize).any(|r| {
+            let info = u64::from_le_bytes(r[8..16].try_into().expect("an 8-byte field"));
+            info >> 32 >= symbols
+        });
+        if beyond {
+            return Some(Refused::Fatal);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

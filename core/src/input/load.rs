@@ -451,15 +451,29 @@ impl LoadContext<'_> {
 
     /// The device code of a host object: `None` when it has none (skipped).
     fn host_object(&self, name: &str, data: &[u8], in_archive: bool) -> Result<Option<Loaded<Unit>>, LoadError> {
-        let elf = match Elf::parse(data) {
-            Ok(e) => e,
-            Err(_) => {
-                return Err(LoadError::Fatal(vec![
-                    Diagnostic::fatal(format!("Could not find fatbin in '{name}'")),
-                    Diagnostic::fatal("elfLink internal error"),
-                ]))
-            }
+        let no_fatbin = || {
+            Err(LoadError::Fatal(vec![
+                Diagnostic::fatal(format!("Could not find fatbin in '{name}'")),
+                Diagnostic::fatal("elfLink internal error"),
+            ]))
         };
+        let elf = match Elf::parse_host(data) {
+            Ok(e) => e,
+            Err(_) => return no_fatbin(),
+        };
+        match crate::input::host::refused(&elf) {
+            Some(crate::input::host::Refused::Fatal) if !in_archive => return no_fatbin(),
+            Some(crate::input::host::Refused::Fatal) => {
+                return unsupported(
+                    Reason::Input,
+                    format!("{name}: a host object nvlink's reader refuses, in an archive"),
+                )
+            }
+            Some(crate::input::host::Refused::Unmeasured(what)) => {
+                return unsupported(Reason::Input, format!("{name}: a host object with {what}"))
+            }
+            None => {}
+        }
         let host = HostObject::read(&elf);
         // An object without linkable device code contributes nothing, but its
         // host code may still reference device code: without host-reference

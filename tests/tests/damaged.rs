@@ -1,0 +1,155 @@
+//! Damaged host objects get nvlink's answer: copies of an object nvcc made,
+//! each with one field of its ELF headers or relocations changed, linked by
+//! the real nvlink and through a daemon (`--verify=off`, so the answer
+//! compared is the daemon's own). The damage is the kind measured in
+//! `core/src/input/host.rs` (`refused`) and `core/src/elf.rs`
+//! (`Elf::parse_host`): what nvlink's host-object reader refuses ("Could not
+//! find fatbin") and what it takes although a strict ELF reader would not.
+
+use nvlinkd_tests::compare;
+use nvlinkd_tests::corpus;
+use nvlinkd_tests::daemon::Daemon;
+use nvlinkd_tests::env::{real_nvlink, shim, TempDir};
+use nvlinkd_tests::run::{run, Invocation};
+
+const EHDR_SHOFF: usize = 0x28;
+const EHDR_SHENTSIZE: usize = 0x3a;
+const EHDR_SHSTRNDX: usize = 0x3e;
+
+/// A section header's fields, by offset in the 64-byte header.
+const SH_NAME: usize = 0x00;
+const SH_TYPE: usize = 0x04;
+const SH_OFFSET: usize = 0x18;
+const SH_SIZE: usize = 0x20;
+const SH_LINK: usize = 0x28;
+const SH_ENTSIZE: usize = 0x38;
+
+const SHT_PROGBITS: u64 = 1;
+const SHT_SYMTAB: u32 = 2;
+const SHT_RELA: u32 = 4;
+const SHT_NOBITS: u32 = 8;
+
+struct Section {
+    header: usize,
+    name: String,
+    sh_type: u32,
+    offset: usize,
+    size: usize,
+    link: u32,
+}
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    u16::from_le_bytes([b[at], b[at + 1]]) as usize
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> usize {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
+}
+
+/// The sections of a well-formed 64-bit little-endian ELF file.
+fn sections(b: &[u8]) -> Vec<Section> {
+    let (shoff, entsize) = (u64_at(b, EHDR_SHOFF), u16_at(b, EHDR_SHENTSIZE));
+    let count = u16_at(b, EHDR_SHENTSIZE + 2);
+    let names = u64_at(b, shoff + u16_at(b, EHDR_SHSTRNDX) * entsize + SH_OFFSET);
+    (0..count)
+        .map(|i| {
+            let header = shoff + i * entsize;
+            let at = names + u32_at(b, header + SH_NAME) as usize;
+            let end = at + b[at..].iter().position(|&c| c == 0).unwrap();
+            Section {
+                header,
+                name: String::from_utf8_lossy(&b[at..end]).into_owned(),
+                sh_type: u32_at(b, header + SH_TYPE),
+                offset: u64_at(b, header + SH_OFFSET),
+                size: u64_at(b, header + SH_SIZE),
+                link: u32_at(b, header + SH_LINK),
+            }
+        })
+        .collect()
+}
+
+/// `b` with the `width`-byte little-endian field at `at` set to `value`.
+fn with(b: &[u8], at: usize, width: usize, value: u64) -> Vec<u8> {
+    let mut b = b.to_vec();
+    b[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
+    b
+}
+
+/// The damaged copies of host object `b`, named.
+fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let secs = sections(b);
+    let count = secs.len() as u64;
+    let symtab = secs.iter().position(|s| s.sh_type == SHT_SYMTAB).expect("a symbol table");
+    let symbols = (secs[symtab].size / 24) as u64;
+    let shstrtab = u16_at(b, EHDR_SHSTRNDX);
+    let mut out = vec![("EI_VERSION 0".to_owned(), with(b, 6, 1, 0))];
+    let mut add = |what: String, bytes: Vec<u8>| out.push((what, bytes));
+    for (i, s) in secs.iter().enumerate().skip(1) {
+        let n = &s.name;
+        add(format!("{n}: name past the string table"), with(b, s.header + SH_NAME, 4, 0xf_ffff));
+        if s.sh_type == SHT_RELA {
+            for link in [0, count + 9, u64::from(s.link) + 1] {
+                add(format!("{n}: sh_link {link}"), with(b, s.header + SH_LINK, 4, link));
+            }
+            for entsize in [0, 7, 25, 48] {
+                add(format!("{n}: sh_entsize {entsize}"), with(b, s.header + SH_ENTSIZE, 8, entsize));
+            }
+            if s.size >= 24 {
+                // The first relocation's symbol: the last one, then one past it.
+                for sym in [symbols - 1, symbols, 1000] {
+                    add(format!("{n}: symbol {sym} of {symbols}"), with(b, s.offset + 12, 4, sym));
+                }
+                add(format!("{n}: type 0xff"), with(b, s.offset + 8, 4, 0xff));
+            }
+        }
+        if i == symtab {
+            for entsize in [0, 7, 48] {
+                add(format!("{n}: sh_entsize {entsize}"), with(b, s.header + SH_ENTSIZE, 8, entsize));
+            }
+            add(format!("{n}: SHT_PROGBITS"), with(b, s.header + SH_TYPE, 4, SHT_PROGBITS));
+        }
+        if i == shstrtab {
+            add(format!("{n}: SHT_PROGBITS"), with(b, s.header + SH_TYPE, 4, SHT_PROGBITS));
+        }
+        // An offset past the end: nvlink checks it, but not a NOBITS section's.
+        if s.size == 0 || s.sh_type == SHT_NOBITS {
+            add(format!("{n}: offset past the end"), with(b, s.header + SH_OFFSET, 8, b.len() as u64 + 4096));
+        }
+    }
+    out
+}
+
+#[test]
+fn damaged_host_objects_get_nvlinks_answer() {
+    let object = std::fs::read(corpus::dir().join("accumulate.o")).expect("the corpus object");
+    let cases = damaged(&object);
+    assert!(cases.len() > 80, "{} cases", cases.len());
+    let d = Daemon::start_with(&["--verify=off"]);
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_FALLBACK".into(), "never".into()));
+    let cwd = TempDir::new("damaged");
+    std::fs::copy(corpus::dir().join("scale.o"), cwd.path().join("scale.o")).unwrap();
+    let mut differing = Vec::new();
+    let (mut refused, mut linked) = (0, 0);
+    for (what, bytes) in &cases {
+        std::fs::write(cwd.path().join("m.o"), bytes).unwrap();
+        let out = TempDir::new("damaged-out");
+        let link = Invocation::templated("--arch=sm_90 m.o scale.o -o {OUT}/out.cubin", cwd.path(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        let actual = run(&shim(), &link, &env);
+        let cmp = compare::runs(&expected, &actual);
+        if !(cmp.problems.is_empty() && cmp.identical) {
+            differing.push(format!("{what}: {:?}", cmp.problems));
+        }
+        if expected.code == 0 {
+            linked += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    eprintln!("damaged host objects: {} cases, nvlink linked {linked} and refused {refused}", cases.len());
+    assert!(linked > 0 && refused > 0, "the damage no longer tells nvlink's reader's rules apart");
+    assert!(differing.is_empty(), "{} of {} differ:\n{}", differing.len(), cases.len(), differing.join("\n"));
+}

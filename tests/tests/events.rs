@@ -182,6 +182,62 @@ fn a_diagnostic_names_the_archive_and_member_apart() {
     assert_eq!((d0["severity"].as_str(), d0["tool"].as_str()), (Some("error"), Some("nvlink")));
 }
 
+/// Under LTO nvlink reports an undefined reference in `'lto.cubin'` (and its
+/// ptxas an unresolved extern in no object), the module NVVM made of every
+/// input: the diagnostic's `object` is the input whose LTO IR names the
+/// symbol, an archive's member apart, with its path; the message stays
+/// nvlink's line.
+#[test]
+fn an_lto_diagnostic_names_the_input_that_uses_the_symbol() {
+    let d = Daemon::start();
+    let mut ev = Events::follow(&d);
+    let dir = TempDir::new("diag-lto");
+    for f in ["accumulate_lto.o", "saxpy_lto.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    let ar = Command::new("ar").args(["rcs", "libacc.a", "accumulate_lto.o"]).current_dir(dir.path()).status().unwrap();
+    assert!(ar.success());
+    let out = TempDir::new("diag-lto-out");
+    let cases = [
+        (
+            "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} saxpy_lto.o accumulate_lto.o -lcudadevrt -o {OUT}/a.cubin",
+            "a.cubin",
+            "nvlink",
+            "accumulate_lto.o",
+            None,
+        ),
+        (
+            "--arch=sm_90 -dlto -nvvmpath={NVVM} saxpy_lto.o accumulate_lto.o -o {OUT}/b.cubin",
+            "b.cubin",
+            "ptxas",
+            "accumulate_lto.o",
+            None,
+        ),
+        (
+            "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} saxpy_lto.o libacc.a -lcudadevrt -o {OUT}/c.cubin",
+            "c.cubin",
+            "nvlink",
+            "libacc.a",
+            Some("accumulate_lto.o"),
+        ),
+    ];
+    for (args, output, tool, object, member) in cases {
+        let expected = run(&real_nvlink(), &inv(args, dir.path(), &TempDir::new("diag-lto-ref")), &[]);
+        let got = run(&shim(), &inv(args, dir.path(), &out), &d.shim_env());
+        assert_eq!((got.code, &got.stderr), (expected.code, &expected.stderr), "{args}: not nvlink's answer");
+        let said = String::from_utf8_lossy(&expected.stderr);
+        assert!(said.contains("_Z5scalef"), "{args}: nvlink no longer reports the reference: {said}");
+        let id = ev.started(output);
+        ev.of("link_finished", id);
+        let diags = ev.all("diagnostic", id);
+        let d0 = diags.iter().find(|v| v["symbol"] == "_Z5scalef").unwrap_or_else(|| panic!("{args}: {diags:#?}"));
+        assert!(said.contains(d0["message"].as_str().unwrap()), "{d0} is not nvlink's line");
+        assert_eq!(d0["tool"].as_str(), Some(tool), "{args}: {d0}");
+        assert_eq!((d0["object"].as_str(), d0["member"].as_str()), (Some(object), member), "{args}: {d0}");
+        assert_eq!(d0["object_path"].as_str(), Some(dir.path().join(object).to_str().unwrap()), "{d0}");
+    }
+}
+
 /// A diagnostic gives the source file and line of its symbol where the
 /// object has line tables (nvcc `-lineinfo` or `-G`): for an undefined
 /// reference, the line of the call; for a multiple definition, the line of

@@ -40,6 +40,40 @@ pub fn locate_in_member(archive: &[u8], member: &str, symbol: &str) -> Option<So
     members.iter().filter(|m| m.name == member).find_map(|m| locate(m.data?, symbol))
 }
 
+/// Whether the LTO code of `object` (a host object's device code) names
+/// `symbol`. Under LTO nvlink and its ptxas report a symbol of the one module
+/// NVVM made of every input (`'lto.cubin'`, or no object at all): the input a
+/// diagnostic comes from is the one whose code names the symbol. NVVM's LTO
+/// IR is not plain bitcode (its names cannot be read), so the PTX nvcc keeps
+/// beside it (`-dlto`'s default, `compute_XX`) is read: it declares every
+/// function and variable a module uses. An object with LTO IR alone is not
+/// found, and a name inside a longer name matches too: best effort.
+pub fn lto_code_names(object: &[u8], symbol: &str) -> bool {
+    let needle = symbol.as_bytes();
+    let has_lto = |m: &[crate::fatbin::Member<'_>]| m.iter().any(|m| m.kind == crate::fatbin::MemberKind::LtoIr);
+    !needle.is_empty()
+        && ptx_beside_lto(object, has_lto).iter().any(|ptx| ptx.windows(needle.len()).any(|w| w == needle))
+}
+
+/// The first member of `archive` whose LTO code names `symbol`.
+pub fn lto_member_naming(archive: &[u8], symbol: &str) -> Option<String> {
+    let (_, members) = super::archive::members(archive).ok()?;
+    members.iter().find(|m| m.data.is_some_and(|d| lto_code_names(d, symbol))).map(|m| m.name.clone())
+}
+
+/// The PTX of a host object's device code, where `lto` says its members
+/// hold LTO IR.
+fn ptx_beside_lto(object: &[u8], lto: impl Fn(&[crate::fatbin::Member<'_>]) -> bool) -> Vec<Cow<'_, [u8]>> {
+    let Ok(elf) = Elf::parse_host(object) else { return Vec::new() };
+    let host = super::host::HostObject::read(&elf);
+    let Some(fatbin) = host.relfatbin else { return Vec::new() };
+    let Ok(members) = crate::fatbin::parse(fatbin) else { return Vec::new() };
+    if !lto(&members) {
+        return Vec::new();
+    }
+    members.iter().filter(|m| m.kind == crate::fatbin::MemberKind::Ptx).filter_map(|m| m.contents().ok()).collect()
+}
+
 /// The relocatable cubins of `object`: itself, or every cubin of a host
 /// object's device code (`__nv_relfatbin`).
 fn cubins(object: &[u8]) -> Vec<Cow<'_, [u8]>> {

@@ -165,7 +165,7 @@ fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: O
                 let _ = err.write_all(&out.stdout);
                 let _ = err.write_all(&out.stderr);
                 exit_code = out.status.code().unwrap_or(-1);
-                diagnostics = diagnostic_fields(&out.stdout, &out.stderr, Some(cwd));
+                diagnostics = diagnostic_fields(&out.stdout, &out.stderr, Some(cwd), args);
             }
             Err(e) => {
                 errors.push(e);
@@ -173,7 +173,7 @@ fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: O
             }
         }
     } else {
-        diagnostics = diagnostic_fields(&r.stdout, &r.stderr, Some(cwd));
+        diagnostics = diagnostic_fields(&r.stdout, &r.stderr, Some(cwd), args);
         for f in &r.outputs {
             let path = Path::new(&f.path);
             let done = if f.append { append(path, &f.data) } else { nvlinkd_fs::write_atomically(path, &f.data) };

@@ -21,8 +21,12 @@
 //! link's working directory. `source_file` and `line` come from that file's
 //! line tables (`-lineinfo`, `-G`; `nvlinkd_core::input::lines`): where the
 //! object defines the symbol, else where its code first uses it. Under LTO
-//! nvlink names the object `lto.cubin`, which is no file: `object_path`,
-//! `source_file` and `line` are absent.
+//! nvlink names the object `lto.cubin` (and its ptxas names none), the module
+//! NVVM made of every input: `object` (and `member`) is then the input whose
+//! LTO code names the symbol ([`Diagnostic::locate_lto`]; read from the PTX
+//! nvcc keeps beside the LTO IR), `object_path` its path, and `source_file`
+//! and `line` are absent; where no input is found (LTO IR alone), `object`
+//! stays `lto.cubin`, which is no file.
 
 use std::path::Path;
 
@@ -129,6 +133,31 @@ impl Diagnostic {
         Some(d)
     }
 
+    /// Under LTO, the input (or archive member) whose LTO code names this
+    /// diagnostic's symbol, in place of nvlink's `lto.cubin` or ptxas's no
+    /// object. `args`: the link's command line, run in `cwd` (its named
+    /// inputs are read; libraries found by `-l` are not).
+    pub fn locate_lto(&mut self, cwd: &Path, args: &[String]) {
+        let lto_module = match self.object.as_deref() {
+            Some(o) => o == "lto.cubin",
+            None => self.tool == "ptxas",
+        };
+        let Some(symbol) = self.symbol.as_deref().filter(|_| lto_module) else { return };
+        let Ok(parsed) = nvlinkd_core::cli::parse::parse(args, &nvlinkd_core::fs::LocalFs, cwd) else { return };
+        for input in &parsed.inputs {
+            let Some(bytes) = read_bounded(&cwd.join(input)) else { continue };
+            if bytes.starts_with(b"!<arch>\n") {
+                if let Some(member) = nvlinkd_core::input::lines::lto_member_naming(&bytes, symbol) {
+                    (self.object, self.member) = (Some(input.clone()), Some(member));
+                    return;
+                }
+            } else if nvlinkd_core::input::lines::lto_code_names(&bytes, symbol) {
+                (self.object, self.member) = (Some(input.clone()), None);
+                return;
+            }
+        }
+    }
+
     /// The event's fields: every field of the module docs that is known.
     /// `cwd`: the link's working directory (for `object_path`).
     /// The object's line tables are read only if `lines` (a link's first
@@ -168,11 +197,17 @@ pub const SOURCE_LINE_LOOKUPS: usize = 64;
 /// The largest object whose line tables are read for a diagnostic.
 const SOURCE_LINE_MAX_BYTES: u64 = 256 << 20;
 
-/// Where the object (or archive member) at `path` defines or uses `symbol`.
-fn source_line(path: &Path, member: Option<&str>, symbol: &str) -> Option<nvlinkd_core::input::lines::SourceLine> {
+/// The first [`SOURCE_LINE_MAX_BYTES`] of the file at `path`.
+fn read_bounded(path: &Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut bytes = Vec::new();
     std::fs::File::open(path).ok()?.take(SOURCE_LINE_MAX_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Where the object (or archive member) at `path` defines or uses `symbol`.
+fn source_line(path: &Path, member: Option<&str>, symbol: &str) -> Option<nvlinkd_core::input::lines::SourceLine> {
+    let bytes = read_bounded(path)?;
     match member {
         Some(m) => nvlinkd_core::input::lines::locate_in_member(&bytes, m, symbol),
         None => nvlinkd_core::input::lines::locate(&bytes, symbol),

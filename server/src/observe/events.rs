@@ -124,6 +124,8 @@ pub struct LinkMeta {
     pub origin: &'static str,
     /// Its control handle (cancel by id), for links this daemon may cancel.
     pub cancel: Option<Cancel>,
+    /// Its command line (the inputs of its diagnostics under LTO).
+    pub args: Vec<String>,
 }
 
 impl std::fmt::Debug for LinkMeta {
@@ -244,7 +246,14 @@ impl Hub {
     pub fn started(&self, s: Started<'_>) {
         let outputs = named_outputs(s.args, s.cwd);
         let speculative = matches!(s.origin, "speculative" | "watch");
-        let meta = LinkMeta { cwd: s.cwd.to_owned(), outputs, speculative, origin: s.origin, cancel: s.cancel };
+        let meta = LinkMeta {
+            cwd: s.cwd.to_owned(),
+            outputs,
+            speculative,
+            origin: s.origin,
+            cancel: s.cancel,
+            args: s.args.to_vec(),
+        };
         // A command line may be megabytes (options files expanded): the
         // backlog of a stuck reader keeps every event, so the arguments an
         // event carries are bounded.
@@ -279,8 +288,11 @@ impl Hub {
             // A remote caller's directory is on its machine, not this one:
             // its objects are not resolved here.
             let here = meta.as_ref().filter(|m| m.origin != "remote").map(|m| m.cwd.as_path());
-            for (i, d) in diagnostics::of_output(f.stdout, f.stderr).iter().enumerate() {
+            for (i, mut d) in diagnostics::of_output(f.stdout, f.stderr).into_iter().enumerate() {
                 let lines = i < diagnostics::SOURCE_LINE_LOOKUPS;
+                if let (Some(cwd), Some(m), true) = (here, &meta, lines) {
+                    d.locate_lto(cwd, &m.args);
+                }
                 self.publish(link, Body::Diagnostic(d.event(here, lines)));
             }
             let outputs = match (&f.written, &meta) {
@@ -475,12 +487,16 @@ pub fn lagged(missed: u64) -> Event {
 
 /// The diagnostics of an output, as `diagnostic` events' fields (for `nvlinkd
 /// watch`'s lines).
-pub fn diagnostic_fields(stdout: &[u8], stderr: &[u8], cwd: Option<&Path>) -> Vec<Value> {
+pub fn diagnostic_fields(stdout: &[u8], stderr: &[u8], cwd: Option<&Path>, args: &[String]) -> Vec<Value> {
     diagnostics::of_output(stdout, stderr)
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(i, d): (usize, &Diagnostic)| {
-            fields_of(&Body::Diagnostic(d.event(cwd, i < diagnostics::SOURCE_LINE_LOOKUPS)))
+        .map(|(i, mut d): (usize, Diagnostic)| {
+            let lines = i < diagnostics::SOURCE_LINE_LOOKUPS;
+            if let (Some(cwd), true) = (cwd, lines) {
+                d.locate_lto(cwd, args);
+            }
+            fields_of(&Body::Diagnostic(d.event(cwd, lines)))
         })
         .collect()
 }

@@ -19,8 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(["proto/nvlinkd.proto"], ["proto"])?;
     // File contents travel as `bytes::Bytes`: decoded without a copy (a slice
     // of the received buffer) and sent in pieces that share one output.
-    let mut build =
-        tonic_prost_build::configure().bytes(".nvlinkd.v1.OutputFile.data").bytes(".nvlinkd.v1.FileReply.data");
+    // The codec bounds a `Start`'s decoded size before decoding it (`codec.rs`).
+    let mut build = tonic_prost_build::configure()
+        .codec_path("crate::codec::Codec")
+        .bytes(".nvlinkd.v1.OutputFile.data")
+        .bytes(".nvlinkd.v1.FileReply.data");
     // The events' kinds serialise to their JSON view (docs/events.md): the
     // fields in order, an unnamed optional field absent where a diagnostic
     // names nothing, null elsewhere.

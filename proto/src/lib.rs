@@ -23,5 +23,6 @@ pub fn pieces(data: &bytes::Bytes) -> impl Iterator<Item = (bytes::Bytes, bool)>
     (0..n).map(move |i| (data.slice(i * CHUNK_BYTES..data.len().min((i + 1) * CHUNK_BYTES)), i + 1 < n))
 }
 
+pub mod codec;
 pub mod paths;
 pub mod shared;

@@ -587,7 +587,22 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             let tcp = crate::net::incoming::guarded(listener, connection_limits, connections.clone());
             // A few streams per connection, and pings that find peers gone
             // (`incoming.rs`); the unix socket keeps hyper's defaults.
+            // Messages received in part hold bytes of a budget (`net/partial.rs`).
+            let partial = remote_links.partial.clone();
+            let budgeted =
+                tower::util::MapRequestLayer::new(move |req: tonic::codegen::http::Request<tonic::body::Body>| {
+                    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+                    let ext = req.extensions();
+                    let peer = ext
+                        .get::<TcpConnectInfo>()
+                        .or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().map(|i| i.get_ref()))
+                        .and_then(|i| i.remote_addr())
+                        .map(|a| a.ip());
+                    let partial = partial.clone();
+                    req.map(|body| tonic::body::Body::new(crate::net::partial::Budgeted::new(body, partial, peer)))
+                });
             let router = builder()
+                .layer(budgeted)
                 .max_concurrent_streams(Some(crate::net::incoming::MAX_STREAMS))
                 .http2_keepalive_interval(Some(crate::net::incoming::KEEPALIVE_INTERVAL))
                 .http2_keepalive_timeout(Some(crate::net::incoming::KEEPALIVE_TIMEOUT))

@@ -239,6 +239,21 @@ fn hostile_clients_are_refused_and_the_daemon_stays_up() {
         drop(tx);
         let e = refused.expect("a 64 MiB message was accepted");
         assert!(matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted | Code::Internal), "{e:?}");
+
+        // Within the bound, but two million empty announced files: over 100 MiB
+        // decoded. Refused before it is decoded.
+        let files = vec![nvlinkd_proto::v1::AnnouncedFile::default(); 2_000_000];
+        let start = Start { args: vec!["--arch=sm_90".into()], files, ..Default::default() };
+        let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(1);
+        tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+        let refused = match client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await {
+            Err(e) => Some(e),
+            Ok(r) => r.into_inner().message().await.err(),
+        };
+        drop(tx);
+        let e = refused.expect("a Start of two million files was taken");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("decoded"), "{e:?}");
     });
     assert!(d.answers(), "the daemon died");
     assert_eq!(d.stat("auth_failures"), 4);
@@ -616,6 +631,98 @@ fn a_header_announcing_one_gib_is_refused_without_allocating_it() {
 
 async fn announce_one_gib_owned(socket: std::path::PathBuf) -> Option<String> {
     announce_one_gib(&socket).await
+}
+
+/// A `Link` call over plain TCP (`--insecure`, with a token) that sends a
+/// gRPC prefix announcing a message of 4 MiB and all of it but the last 64
+/// bytes, then stalls; the grpc-status it ends with, if it ends within
+/// `wait`.
+async fn stall_a_message(h2: &mut h2::client::SendRequest<bytes::Bytes>, wait: Duration) -> Option<String> {
+    let req = http::Request::post("http://nvlinkd.remote/nvlinkd.v1.Nvlinkd/Link")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(())
+        .unwrap();
+    let (response, mut body) = h2.clone().ready().await.ok()?.send_request(req, false).ok()?;
+    let len = (nvlinkd_proto::MAX_MESSAGE_BYTES - 16) as u32;
+    let mut prefix = vec![0u8];
+    prefix.extend(len.to_be_bytes());
+    body.send_data(prefix.into(), false).ok()?;
+    body.send_data(vec![0x0a; len as usize - 48].into(), false).ok()?;
+    let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let ended = tokio::time::timeout(wait, async {
+        let response = response.await.ok()?;
+        if let Some(s) = status(response.headers()) {
+            return Some(s);
+        }
+        let mut recv = response.into_body();
+        while let Some(Ok(_)) = recv.data().await {}
+        status(&recv.trailers().await.ok()??)
+    })
+    .await
+    .ok()
+    .flatten();
+    // Kept open while stalled: the daemon holds what it received.
+    std::mem::forget(body);
+    ended
+}
+
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A token holder's streams that each send a 4 MiB message less 64 bytes and
+/// stall: the daemon holds at most its budget of messages received in part
+/// (`--jobs 1`: four links' worth, two of them for one address), ends the
+/// streams past it with RESOURCE_EXHAUSTED, and does not grow by what 128
+/// streams sent (512 MiB); a local link is answered meanwhile.
+#[test]
+fn messages_received_in_part_hold_a_bounded_budget() {
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let tokens = pki.file("tokens");
+    let d = Daemon::start_with(&["--listen", &listen, "--insecure", "--token-file", &tokens, "--jobs", "1"]);
+    let pid = d.pid().unwrap();
+    let before = vm_kib(pid, "VmRSS:");
+    let statuses = runtime().block_on(async {
+        let mut connections = Vec::new();
+        for _ in 0..8 {
+            let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let (h2, conn) = h2::client::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            connections.push(h2);
+        }
+        let mut calls = Vec::new();
+        for h2 in &connections {
+            for _ in 0..16 {
+                let mut h2 = h2.clone();
+                calls.push(tokio::spawn(async move { stall_a_message(&mut h2, Duration::from_secs(20)).await }));
+            }
+        }
+        let mut statuses = Vec::new();
+        for c in calls {
+            statuses.push(c.await.unwrap());
+        }
+        (statuses, connections)
+    });
+    let (statuses, _connections) = statuses;
+    let refused = statuses.iter().filter(|s| s.as_deref() == Some("8")).count();
+    let grew_mib = vm_kib(pid, "VmHWM:").saturating_sub(before) >> 10;
+    let stats = d.stats();
+    assert!(refused >= 100, "{refused} of 128 stalled streams refused: {statuses:?}");
+    assert!(d.stat("partial_messages_refused") >= refused as u64, "{stats}");
+    assert!(d.stat("partial_message_bytes") <= 16 << 20, "past one address's half: {stats}");
+    assert!(grew_mib < 200, "the daemon grew by {grew_mib} MiB");
+    let out = TempDir::new("sec-partial-out");
+    let local = run(&shim(), &inv(LINK, corpus::dir(), &out), &d.shim_env());
+    assert_eq!(local.code, 0, "a local link failed: {}", String::from_utf8_lossy(&local.stderr));
 }
 
 /// The poisoning attempt of issue 10 (a client that announces nothing: its

@@ -13,12 +13,13 @@
 //! the unix socket never take a slot: whatever remote callers do, local links
 //! wait only for the scheduler, as before.
 //!
-//! A link waiting for its slot holds its decoded `Start` (up to the 4 MiB
-//! message bound). The `Start`s waiting at once hold at most
-//! [`RemoteLinks::max`] full-size messages' bytes, and one caller's at most
-//! half of that: a link whose `Start` does not fit is refused at once, as
-//! after a wait, so thousands of streams cannot make the daemon hold
-//! gigabytes while they wait.
+//! A link waiting for its slot holds its decoded `Start` (at most
+//! `MAX_START_FOOTPRINT`, counted before decoding: `nvlinkd_proto::codec`).
+//! The `Start`s waiting at once hold at most [`RemoteLinks::max`] of the
+//! largest `Start`'s bytes, and one caller's at most half of that: a link
+//! whose `Start` does not fit is refused at once, as after a wait, so
+//! thousands of streams cannot make the daemon hold gigabytes while they
+//! wait.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,9 @@ pub struct RemoteLinks {
     waiting: AtomicU64,
     refused: AtomicU64,
     refusal_log: LogLimit,
+    /// Bytes of remote messages received in part (`net/partial.rs`): twice
+    /// [`RemoteLinks::max`] full-size messages, the links' and the waiting ones'.
+    pub partial: Arc<crate::net::partial::PartialMessages>,
 }
 
 /// One caller's share: its slots, and the KiB its waiting `Start`s may hold.
@@ -61,8 +65,9 @@ struct CallerSlots {
     waiting_kib: Arc<Semaphore>,
 }
 
-/// KiB that one full-size `Start` may hold while it waits.
-const START_KIB: u32 = (nvlinkd_proto::MAX_MESSAGE_BYTES / 1024) as u32;
+/// KiB that the largest `Start` may hold while it waits (its decoded size,
+/// `nvlinkd_proto::codec::footprint`).
+const START_KIB: u32 = (nvlinkd_proto::codec::MAX_START_FOOTPRINT / 1024) as u32;
 
 /// A remote link's slot, given back when dropped.
 pub struct Slot {
@@ -95,6 +100,9 @@ impl RemoteLinks {
             waiting: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             refusal_log: LogLimit::default(),
+            partial: crate::net::partial::PartialMessages::new(
+                2 * max as u64 * nvlinkd_proto::MAX_MESSAGE_BYTES as u64,
+            ),
         })
     }
 
@@ -210,12 +218,14 @@ impl RemoteLinks {
     }
 
     /// For `stats --json`.
-    pub fn counters(&self) -> [(&'static str, u64, Kind); 3] {
-        [
+    pub fn counters(&self) -> Vec<(&'static str, u64, Kind)> {
+        let mut c = vec![
             ("remote_links", (self.max - self.all.available_permits()) as u64, Kind::Gauge),
             ("remote_links_waiting", self.waiting.load(Ordering::Relaxed), Kind::Gauge),
             ("remote_links_refused", self.refused.load(Ordering::Relaxed), Kind::Counter),
-        ]
+        ];
+        c.extend(self.partial.counters());
+        c
     }
 }
 
@@ -289,7 +299,7 @@ mod tests {
             // full-size message, everybody's two.
             let links = RemoteLinks::new(2, Duration::from_secs(5));
             let (a, b, c) = ([1u8; 32], [2u8; 32], [3u8; 32]);
-            let full = nvlinkd_proto::MAX_MESSAGE_BYTES;
+            let full = nvlinkd_proto::codec::MAX_START_FOOTPRINT;
             let held_a = links.admit(Some(a), "a", full).await.expect("a free slot takes no waiting room");
             let held_b = links.admit(Some(b), "b", full).await.expect("a free slot takes no waiting room");
             let mut waiters = Vec::new();

@@ -228,7 +228,8 @@ impl Service {
         // meanwhile leaves the queue.
         let slot = match &remote {
             Some(remote) => {
-                let admit = self.remote_links.admit(remote.caller, &remote.peer, prost::Message::encoded_len(&start));
+                let admit =
+                    self.remote_links.admit(remote.caller, &remote.peer, nvlinkd_proto::codec::footprint(&start));
                 tokio::pin!(admit);
                 Some(loop {
                     tokio::select! {

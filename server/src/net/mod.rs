@@ -4,4 +4,5 @@
 pub mod auth;
 pub mod incoming;
 pub mod listener;
+pub mod partial;
 pub mod tls;

@@ -68,7 +68,12 @@ const HELP: &[(&str, &str)] = &[
     ("tcp_closed_idle", "TCP connections closed after a long time with no call open"),
     ("remote_links", "Remote links holding a slot now"),
     ("remote_links_waiting", "Remote links waiting for a slot"),
-    ("remote_links_refused", "Remote links refused: no slot within the wait (their shims ran the real nvlink)"),
+    ("partial_message_bytes", "Bytes of remote shims' messages received in part"),
+    ("partial_messages_refused", "Remote streams ended: their message received in part did not fit the budget"),
+    (
+        "remote_links_refused",
+        "Remote links refused: no slot within the wait, or too many waiting (their shims ran the real nvlink)",
+    ),
     ("reply_memory_bytes", "Bytes of shims' file replies the daemon holds now (gathered pieces, replies links hold)"),
     (
         "reply_memory_refused",

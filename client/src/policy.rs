@@ -79,14 +79,23 @@ impl Policy {
         let resolve = |name: &str| cwd.join(name);
         let mut no_link = false;
         let mut arch: Option<String> = None;
+        // The values of options naming files nvlink only writes, and of
+        // `--arch`: never read (nvlink opens an output for writing only).
+        let not_read = |i: usize| {
+            i.checked_sub(1).and_then(|p| tokens.get(p)).and_then(|p| option_name(p)).is_some_and(|n| {
+                !tokens[i - 1].contains('=') && (OUTPUTS.contains(&n) || matches!(n, "arch" | "arch-name"))
+            })
+        };
         for (i, t) in tokens.iter().enumerate() {
-            let mut values: Vec<&str> = vec![t.as_str()];
-            if let Some((_, v)) = t.split_once('=') {
-                values.push(v);
+            // Each value, and whether nvlink may read a file of that name.
+            let mut values: Vec<(&str, bool)> = vec![(t.as_str(), !not_read(i))];
+            if let Some((n, v)) = t.split_once('=') {
+                let name = option_name(n).unwrap_or_default();
+                values.push((v, !(OUTPUTS.contains(&name) || matches!(name, "arch" | "arch-name"))));
             }
             for glued in ["-L", "-l"] {
                 if let Some(v) = t.strip_prefix(glued).filter(|v| !v.is_empty()) {
-                    values.push(v);
+                    values.push((v, true));
                 }
             }
             // An input named '': nvlink's open of it fails, and so does the
@@ -94,9 +103,11 @@ impl Policy {
             if t.is_empty() || t.ends_with('=') {
                 p.reads.insert(resolve(""));
             }
-            for v in values {
+            for (v, read) in values {
                 for piece in std::iter::once(v).chain(v.split(',')).filter(|s| !s.is_empty()) {
-                    p.reads.insert(resolve(piece));
+                    if read {
+                        p.reads.insert(resolve(piece));
+                    }
                     p.dirs.insert(resolve(piece));
                     p.names.insert(piece.to_owned());
                 }
@@ -179,10 +190,10 @@ impl Policy {
         }
     }
 
-    /// May the daemon have the shim stat `path` (what it may read, and the
-    /// libNVVM under `-nvvmpath`)?
+    /// May the daemon have the shim stat `path` (what it may read, the files
+    /// nvlink writes, and the libNVVM under `-nvvmpath`)?
     pub fn may_stat(&self, path: &Path) -> bool {
-        self.may_read(path) || self.nvvm.contains(path)
+        self.may_read(path) || self.is_output(path) || self.nvvm.contains(path)
     }
 
     /// May the daemon have the shim write `path` (appending or replacing)?
@@ -190,10 +201,14 @@ impl Policy {
         path.is_absolute() && if append { self.appends.contains(path) } else { self.writes.contains(path) }
     }
 
-    /// Every path the command line names (a superset of nvlink's inputs; not
-    /// the toolkit's libcudadevrt, which is read only as a `-l` candidate).
+    /// Every path the command line names (a superset of nvlink's inputs, and
+    /// its outputs; not the toolkit's libcudadevrt, which is read only as a
+    /// `-l` candidate).
     pub fn named(&self) -> impl Iterator<Item = &Path> {
-        self.reads.iter().map(PathBuf::as_path)
+        self.reads
+            .iter()
+            .chain(self.writes.iter().chain(&self.appends).filter(|w| !self.reads.contains(*w)))
+            .map(PathBuf::as_path)
     }
 
     /// Whether nvlink writes or appends to `path`.
@@ -223,24 +238,81 @@ pub fn host_linker_script(args: &[String], cwd: &Path) -> bool {
 
 /// Whether the command line names a file of the calling process itself:
 /// `/dev/stdout`, `/dev/stderr`, `/dev/stdin`, `/dev/fd/N`, `/proc/self/…`,
-/// `/proc/thread-self/…` or `/dev/tty`, directly, through a symbolic link, or
-/// relative to the working directory (`-o stdout` in `/dev`), also in an
-/// options file. Such a name means the caller's descriptors, which only a
-/// process of the caller's has: the real nvlink runs here for it, never a
-/// daemon (whose `/dev/stdout` is its own).
+/// `/proc/thread-self/…` or `/dev/tty`, directly, through symbolic links
+/// (a chain of them, or a directory link on the way: `d/fd/2` with `d` a link
+/// to `/proc/self`), or relative to the working directory (`-o stdout` in
+/// `/dev`), also in an options file. Such a name means the caller's
+/// descriptors, which only a process of the caller's has: the real nvlink
+/// runs here for it, never a daemon (whose `/dev/stdout` is its own).
 pub fn names_caller_descriptors(args: &[String], cwd: &Path) -> bool {
-    const OWN: &[&str] =
-        &["/dev/stdout", "/dev/stderr", "/dev/stdin", "/dev/fd", "/dev/tty", "/proc/self", "/proc/thread-self"];
-    let own = |p: &Path| OWN.iter().any(|o| p.starts_with(o));
+    // The working directory resolved once: relative names walk from there.
+    if passes_own(Path::new("/"), cwd) {
+        return true;
+    }
+    let base = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
     let mut tokens = Vec::new();
     expand(args, cwd, &mut tokens, 0);
     tokens.iter().any(|t| {
         let values = [Some(t.as_str()), t.split_once('=').map(|(_, v)| v)];
-        values.into_iter().flatten().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).any(|v| {
-            let path = cwd.join(v);
-            own(&path) || std::fs::read_link(&path).is_ok_and(|target| own(&path.parent().unwrap_or(cwd).join(target)))
-        })
+        values
+            .into_iter()
+            .flatten()
+            .flat_map(|v| v.split(','))
+            .filter(|v| !v.is_empty())
+            .any(|v| passes_own(&base, Path::new(v)))
     })
+}
+
+/// The names of the calling process's own files (see [`names_caller_descriptors`]).
+const OWN: &[&str] =
+    &["/dev/stdout", "/dev/stderr", "/dev/stdin", "/dev/fd", "/dev/tty", "/proc/self", "/proc/thread-self"];
+
+/// Whether `path` (relative to `base`, a directory with no symbolic link on
+/// its way) passes through one of [`OWN`] as the kernel resolves it: each
+/// component in turn, each symbolic link's target in its place (at most 40,
+/// as the kernel).
+fn passes_own(base: &Path, path: &Path) -> bool {
+    use std::path::Component;
+    let own = |p: &Path| OWN.iter().any(|o| p.starts_with(o));
+    let mut at = base.to_path_buf();
+    let mut rest: std::collections::VecDeque<std::ffi::OsString> = std::collections::VecDeque::new();
+    let push_front = |rest: &mut std::collections::VecDeque<std::ffi::OsString>, at: &mut PathBuf, p: &Path| {
+        let mut parts = Vec::new();
+        for c in p.components() {
+            match c {
+                Component::RootDir => {
+                    *at = PathBuf::from("/");
+                    parts.clear();
+                }
+                Component::Normal(n) => parts.push(n.to_owned()),
+                Component::ParentDir => parts.push("..".into()),
+                Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+        for part in parts.into_iter().rev() {
+            rest.push_front(part);
+        }
+    };
+    push_front(&mut rest, &mut at, path);
+    let mut links = 0;
+    while let Some(part) = rest.pop_front() {
+        if part == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&part);
+        if own(&next) {
+            return true;
+        }
+        match std::fs::read_link(&next) {
+            Ok(target) if links < 40 => {
+                links += 1;
+                push_front(&mut rest, &mut at, &target);
+            }
+            _ => at = next,
+        }
+    }
+    false
 }
 
 /// The command line with the contents of its options files (read here),
@@ -254,6 +326,12 @@ fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
         }
         let value = t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| args.get(i + 1).cloned());
         for file in value.iter().flat_map(|v| v.split(',')).filter(|f| !f.is_empty()) {
+            // Never the caller's own descriptors (reading `/dev/stdin` here
+            // would take what nvlink reads): [`names_caller_descriptors`]
+            // sends such a link to the real nvlink.
+            if passes_own(Path::new("/"), &cwd.join(file)) {
+                continue;
+            }
             // At most what the daemon would take as an options file.
             let Ok(text) = std::fs::read(cwd.join(file)) else { continue };
             if text.len() > 1 << 20 {
@@ -301,6 +379,24 @@ mod tests {
             Some(Path::new("/cuda")),
         );
         assert!(p.may_read(Path::new("/w/a.o")));
+        for (argv, written) in [
+            (
+                &["a.o", "-o", "out.cubin", "--register-link-binaries=reg.c", "--arch=sm_90"][..],
+                &["out.cubin", "reg.c", "sm_90"][..],
+            ),
+            (
+                &["a.o", "--output-file=out.cubin", "-register-link-binaries", "reg.c", "-arch", "sm_90"],
+                &["out.cubin", "reg.c", "sm_90"],
+            ),
+        ] {
+            let q = Policy::new(&args(argv), cwd, None, None);
+            for w in written {
+                assert!(!q.may_read(&cwd.join(w)), "{w} of {argv:?}: nvlink never reads it");
+            }
+            assert!(q.may_read(&cwd.join("a.o")));
+        }
+        let both = Policy::new(&args(&["out.cubin", "-o", "out.cubin"]), cwd, None, None);
+        assert!(both.may_read(&cwd.join("out.cubin")), "an input too");
         assert!(p.may_read(Path::new("/w/./a.o")));
         assert!(p.may_read(Path::new("/w/lib/libfoo.a")));
         assert!(p.may_read(Path::new("/w/lib//libfoo.a")));
@@ -370,6 +466,17 @@ mod tests {
         let _ = std::fs::remove_file(dir.join("out.cubin"));
         std::os::unix::fs::symlink("/dev/stdout", dir.join("out.cubin")).unwrap();
         assert!(names_caller_descriptors(&args(&["-o", "out.cubin"]), &dir));
+        // A chain of links, a directory link on the way, a working directory there.
+        std::os::unix::fs::symlink("c", dir.join("a2")).unwrap();
+        std::os::unix::fs::symlink("/dev/stderr", dir.join("c")).unwrap();
+        std::os::unix::fs::symlink("/proc/self", dir.join("d")).unwrap();
+        std::os::unix::fs::symlink("../..", dir.join("up")).unwrap();
+        assert!(names_caller_descriptors(&args(&["--options-file", "a2", "a.o"]), &dir));
+        assert!(names_caller_descriptors(&args(&["--options-file=d/fd/2", "a.o"]), &dir));
+        assert!(names_caller_descriptors(&args(&["-o", "x.cubin"]), &dir.join("d/fd")));
+        let up = format!("up/{}/d/fd/1", dir.strip_prefix("/").unwrap().display());
+        assert!(names_caller_descriptors(&args(&["-o", &up]), &dir));
+        assert!(!names_caller_descriptors(&args(&["-o", "up/x.cubin", "a.o"]), &dir));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -153,9 +153,27 @@ pub fn write_pieces_atomically<P: AsRef<[u8]>>(path: &Path, pieces: &[P]) -> std
 /// once). A directory that cannot be resolved is kept as named.
 pub fn resolved_dir(target: &Path) -> std::path::PathBuf {
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    match (std::fs::canonicalize(dir), target.file_name()) {
+    match (kernel_dir(dir), target.file_name()) {
         (Ok(real), Some(name)) => real.join(name),
         _ => target.to_owned(),
+    }
+}
+
+/// Directory `dir` as the kernel resolves it for this process on the way to
+/// a file in it (`dir/.`: every link in `dir` is one on the way, which
+/// `fs.protected_symlinks` does not judge, as for nvlink's `fopen` of a file
+/// there), opened (`O_PATH`) and named by the open directory's
+/// `/proc/self/fd` link; where `/proc` is not mounted, `canonicalize`. Err:
+/// the kernel's (no such directory, no search permission on the way).
+pub fn kernel_dir(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut inside = dir.as_os_str().to_owned();
+    inside.push("/.");
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(&inside)?;
+    use std::os::fd::AsRawFd;
+    match std::fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd())) {
+        Ok(real) if real.is_absolute() => Ok(real),
+        _ => std::fs::canonicalize(dir),
     }
 }
 
@@ -197,6 +215,14 @@ pub fn output_target_checked(path: &Path) -> std::io::Result<std::path::PathBuf>
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o666).open(path)?;
+    }
+    // The directories on the way, as the kernel walks them for nvlink's
+    // `fopen`: one it would not search is refused here too.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if let Err(e) = kernel_dir(dir) {
+        if e.raw_os_error() == Some(libc::EACCES) {
+            return Err(e);
+        }
     }
     let target = output_target(path);
     if std::fs::metadata(&target).is_ok_and(|m| m.is_file()) {

@@ -1262,6 +1262,44 @@ fn an_output_naming_the_callers_descriptors_is_the_callers() {
     assert!(dev_stdout.file_type().is_symlink(), "/dev/stdout is no longer a symlink");
 }
 
+/// An options file that is the caller's stdin through a chain of links, or
+/// through a directory link to `/proc/self`: nvlink reads its own stdin, and
+/// so does the shim's link (the real nvlink, run by the shim), never the
+/// daemon's (whose stdin is its own: with `NVLINKD_FALLBACK=never` the link
+/// failed).
+#[test]
+fn an_options_file_reaching_the_callers_stdin_through_links_is_the_callers() {
+    let d = Daemon::start();
+    let dir = TempDir::new("sec-stdin-chain");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink("c", dir.path().join("a2")).unwrap();
+    std::os::unix::fs::symlink("/dev/stdin", dir.path().join("c")).unwrap();
+    std::os::unix::fs::symlink("/proc/self", dir.path().join("d")).unwrap();
+    std::fs::write(dir.path().join("opts"), "--arch=sm_90\n").unwrap();
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_FALLBACK".into(), "never".into()));
+    for optf in ["a2", "d/fd/0"] {
+        let link = |program: &Path, env: &[(String, String)]| {
+            let _ = std::fs::remove_file(dir.path().join("out.cubin"));
+            let out = Command::new(program)
+                .args(["--options-file", optf, "accumulate.o", "scale.o", "-o", "out.cubin"])
+                .current_dir(dir.path())
+                .envs(env.iter().cloned())
+                .stdin(std::fs::File::open(dir.path().join("opts")).unwrap())
+                .output()
+                .unwrap();
+            (out.status.code(), out.stderr, std::fs::read(dir.path().join("out.cubin")).ok())
+        };
+        let expected = link(&real_nvlink(), &[]);
+        assert_eq!(expected.0, Some(0), "{optf}: nvlink no longer reads its stdin: {:?}", expected.1);
+        let actual = link(&shim(), &env);
+        assert_eq!(actual, expected, "{optf}: {}", String::from_utf8_lossy(&actual.1));
+    }
+    assert_eq!(d.stat("requests"), 0, "a link reading the caller's stdin reached the daemon");
+}
+
 /// A flood of TCP connections that never start their TLS handshake: those
 /// past the caps are closed at once, the others when the handshake deadline
 /// passes; meanwhile a local link is answered at once and the daemon stays
@@ -1424,6 +1462,25 @@ fn another_users_symlink_in_a_sticky_directory_is_not_followed() {
     assert_eq!(actual.code, expected.code);
     assert_eq!(String::from_utf8_lossy(&actual.stderr), String::from_utf8_lossy(&expected.stderr));
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the shim wrote through another user's symlink");
+
+    // A directory link on the way: the kernel follows it for nvlink
+    // (`protected_symlinks` judges the last component only), and the shim
+    // writes where nvlink writes.
+    let victim_dir = dir.path().join("victim-dir");
+    std::fs::create_dir(&victim_dir).unwrap();
+    let dir_link = sticky.join("build");
+    std::os::unix::fs::symlink(&victim_dir, &dir_link).unwrap();
+    std::os::unix::fs::lchown(&dir_link, Some(65534), Some(65534)).unwrap();
+    let mut through_dir = link.clone();
+    *through_dir.args.last_mut().unwrap() = dir_link.join("out.cubin").display().to_string();
+    let nvlinks = |r: &Run| {
+        let written = std::fs::read(victim_dir.join("out.cubin")).ok().map(|b| blake3::hash(&b).to_hex().to_string());
+        (r.code, String::from_utf8_lossy(&r.stderr).into_owned(), written)
+    };
+    let expected = nvlinks(&run(&real_nvlink(), &through_dir, &[]));
+    let _ = std::fs::remove_file(victim_dir.join("out.cubin"));
+    let actual = nvlinks(&run(&shim(), &through_dir, &d.shim_env()));
+    assert_eq!(actual, expected, "not where nvlink writes through a directory link");
 }
 
 /// mTLS from the shim: a daemon that requires client certificates

@@ -136,6 +136,8 @@ impl std::fmt::Display for Refusal {
 pub struct Above {
     pub dir: PathBuf,
     pub why: Refusal,
+    /// `dir` is a symbolic link on the way (another user's), not a directory.
+    pub link: bool,
 }
 
 /// "DIR, a directory of uid U (who could replace what is in it)", "DIR (mode
@@ -144,6 +146,9 @@ impl std::fmt::Display for Above {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dir = self.dir.display();
         match self.why {
+            Refusal::Owner { uid, .. } if self.link => {
+                write!(f, "{dir}, a symbolic link of uid {uid} (who could point it elsewhere)")
+            }
             Refusal::Owner { uid, .. } => {
                 write!(f, "{dir}, a directory of uid {uid} (who could replace what is in it)")
             }
@@ -167,7 +172,7 @@ pub fn dirs_above(from: &Path) -> std::io::Result<Option<Above>> {
     for dir in from.ancestors().filter(|a| !a.as_os_str().is_empty()) {
         let m = std::fs::metadata(dir)?;
         if let Err(why) = Rule::DIR_ABOVE.check(&m) {
-            return Ok(Some(Above { dir: dir.to_owned(), why }));
+            return Ok(Some(Above { dir: dir.to_owned(), why, link: false }));
         }
     }
     Ok(None)
@@ -190,7 +195,7 @@ pub fn secret_dirs(path: &Path) -> std::io::Result<Option<Above>> {
                 // Another user's link, even in a sticky directory, is theirs
                 // to re-point.
                 if let Err(why) = Rule::owned_by(Owners::MeOrRoot).check(&m) {
-                    return Ok(Some(Above { dir: p, why }));
+                    return Ok(Some(Above { dir: p, why, link: true }));
                 }
                 let target = std::fs::read_link(&p)?;
                 p = match p.parent() {
@@ -372,7 +377,7 @@ mod tests {
             Refusal::Mode { mode: 0o644, read: true }.to_string(),
             "(mode 644) can be read or changed by other users"
         );
-        let above = Above { dir: "/srv/team".into(), why: Refusal::Mode { mode: 0o775, read: false } };
+        let above = Above { dir: "/srv/team".into(), why: Refusal::Mode { mode: 0o775, read: false }, link: false };
         assert_eq!(
             above.to_string(),
             "/srv/team (mode 775), which other users can write (and so replace what is in it)"
@@ -430,6 +435,7 @@ mod tests {
             std::os::unix::fs::lchown(sticky.join("theirs"), Some(65534), None).unwrap();
             let found = secret_dirs(&sticky.join("theirs")).unwrap().expect("another user's link was not named");
             assert_eq!(found.dir, sticky.join("theirs"));
+            assert!(found.to_string().contains("a symbolic link of uid 65534"), "{found}");
         }
         // A link in a private directory to a file in the open one.
         std::fs::rename(private.join("tokens"), open.join("real")).unwrap();
@@ -449,7 +455,7 @@ mod tests {
         std::fs::create_dir_all(&inner).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         let found = dirs_above(&inner).unwrap().expect("a directory others can write was not named");
-        assert_eq!(found, Above { dir: open.clone(), why: Refusal::Mode { mode: 0o777, read: false } });
+        assert_eq!(found, Above { dir: open.clone(), why: Refusal::Mode { mode: 0o777, read: false }, link: false });
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         assert_eq!(dirs_above(&inner).unwrap(), None, "a sticky directory");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();

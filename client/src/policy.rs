@@ -252,7 +252,7 @@ pub fn names_caller_descriptors(args: &[String], cwd: &Path) -> bool {
     let base = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
     let mut tokens = Vec::new();
     expand(args, cwd, &mut tokens, 0);
-    tokens.iter().any(|t| {
+    let named = tokens.iter().any(|t| {
         let values = [Some(t.as_str()), t.split_once('=').map(|(_, v)| v)];
         values
             .into_iter()
@@ -260,7 +260,14 @@ pub fn names_caller_descriptors(args: &[String], cwd: &Path) -> bool {
             .flat_map(|v| v.split(','))
             .filter(|v| !v.is_empty())
             .any(|v| passes_own(&base, Path::new(v)))
-    })
+    });
+    // The libraries `-l` finds along `-L` and `LIBRARY_PATH`.
+    named || {
+        let library_path = std::env::var("LIBRARY_PATH").ok();
+        let policy = Policy::new(args, cwd, library_path.as_deref(), None);
+        let (dirs, names) = policy.libraries();
+        dirs.iter().any(|d| names.iter().any(|n| passes_own(&base, &Path::new(d).join(format!("lib{n}.a")))))
+    }
 }
 
 /// The names of the calling process's own files (see [`names_caller_descriptors`]).
@@ -477,6 +484,12 @@ mod tests {
         let up = format!("up/{}/d/fd/1", dir.strip_prefix("/").unwrap().display());
         assert!(names_caller_descriptors(&args(&["-o", &up]), &dir));
         assert!(!names_caller_descriptors(&args(&["-o", "up/x.cubin", "a.o"]), &dir));
+        // A library `-l` finds.
+        std::fs::create_dir(dir.join("lib")).unwrap();
+        std::os::unix::fs::symlink("/dev/stderr", dir.join("lib/libfoo.a")).unwrap();
+        assert!(names_caller_descriptors(&args(&["a.o", "-Lnone", "-Llib", "-lfoo"]), &dir));
+        assert!(names_caller_descriptors(&args(&["a.o", "-L", "lib", "--library=foo"]), &dir));
+        assert!(!names_caller_descriptors(&args(&["a.o", "-Llib", "-lbar"]), &dir));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -45,22 +45,27 @@ pub fn footprint(start: &Start) -> usize {
 /// wire; None when the message holds no `Start` or does not parse (prost then
 /// answers).
 fn wire_footprint(mut msg: &[u8]) -> Option<usize> {
-    let mut start = None;
+    // prost merges every occurrence of the field into one `Start`: all count.
+    let mut starts = Vec::new();
     while !msg.is_empty() {
         let (field, value) = next_field(&mut msg)?;
         if field == 1 {
-            start = value;
+            starts.push(value?);
         }
     }
-    let mut start = start?;
-    let encoded = start.len();
-    let (mut args, mut env, mut files) = (0usize, 0usize, 0usize);
-    while !start.is_empty() {
-        match next_field(&mut start)?.0 {
-            1 => args += 1,
-            3 => env += 1,
-            10 => files += 1,
-            _ => {}
+    if starts.is_empty() {
+        return None;
+    }
+    let (mut encoded, mut args, mut env, mut files) = (0usize, 0usize, 0usize, 0usize);
+    for mut start in starts {
+        encoded += start.len();
+        while !start.is_empty() {
+            match next_field(&mut start)?.0 {
+                1 => args += 1,
+                3 => env += 1,
+                10 => files += 1,
+                _ => {}
+            }
         }
     }
     Some(estimate(encoded, args, env, files))
@@ -179,6 +184,21 @@ mod tests {
         let start = Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() };
         assert!(start.encoded_len() <= crate::MAX_MESSAGE_BYTES, "within the message bound");
         assert!(wire_footprint(&client(start)).unwrap() > MAX_START_FOOTPRINT);
+        // Split over two occurrences of the field, which prost merges.
+        let split = [
+            client(Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() }),
+            client(Start::default()),
+        ]
+        .concat();
+        assert_eq!(
+            ClientMessage::decode(&split[..]).ok().and_then(|m| match m.msg {
+                Some(client_message::Msg::Start(s)) => Some(s.files.len()),
+                _ => None,
+            }),
+            Some(2_000_000),
+            "prost merges the occurrences"
+        );
+        assert!(wire_footprint(&split).unwrap() > MAX_START_FOOTPRINT, "a Start split in two");
         let many = Start {
             files: vec![AnnouncedFile { path: "/src/objects/x.o".into(), ..Default::default() }; 20_000],
             ..Default::default()

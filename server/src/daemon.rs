@@ -545,6 +545,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     // NOT_SERVING (and `/readyz` 503), then closes the listeners: whoever
     // watches the health learns of the drain before connections are refused.
     let (health, health_service) = tonic_health::server::health_reporter();
+    // Anyone may ask for health: its messages are a few bytes, and no
+    // caller without a token holds more (`net/partial.rs`).
+    let health_service = health_service.max_decoding_message_size(crate::net::partial::HEALTH_MESSAGE_BYTES);
     health.set_serving::<NvlinkdServer<Service>>().await;
     {
         let (health, rx, readiness) = (health.clone(), shutdown_rx.clone(), readiness.clone());
@@ -593,13 +596,19 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                 tower::util::MapRequestLayer::new(move |req: tonic::codegen::http::Request<tonic::body::Body>| {
                     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
                     let ext = req.extensions();
-                    let peer = ext
+                    let tls = ext.get::<TlsConnectInfo<TcpConnectInfo>>();
+                    let address = ext
                         .get::<TcpConnectInfo>()
-                        .or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().map(|i| i.get_ref()))
+                        .or_else(|| tls.map(|i| i.get_ref()))
                         .and_then(|i| i.remote_addr())
                         .map(|a| a.ip());
+                    let certificate = tls.and_then(|t| t.peer_certs()).and_then(|c| c.first().map(|c| c.to_vec()));
+                    let token = req.headers().get("authorization").map(|v| v.as_bytes());
+                    let peer = crate::net::partial::who(token, certificate.as_deref(), address);
                     let partial = partial.clone();
-                    req.map(|body| tonic::body::Body::new(crate::net::partial::Budgeted::new(body, partial, peer)))
+                    req.map(|body| {
+                        tonic::body::Body::new(crate::net::partial::Budgeted::new(body, partial, peer, address))
+                    })
                 });
             let router = builder()
                 .layer(budgeted)

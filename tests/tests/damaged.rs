@@ -84,7 +84,19 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
     let symtab = secs.iter().position(|s| s.sh_type == SHT_SYMTAB).expect("a symbol table");
     let symbols = (secs[symtab].size / 24) as u64;
     let shstrtab = u16_at(b, EHDR_SHSTRNDX);
-    let mut out = vec![("EI_VERSION 0".to_owned(), with(b, 6, 1, 0))];
+    let shoff = u64_at(b, EHDR_SHOFF);
+    let mut out = vec![
+        ("EI_VERSION 0".to_owned(), with(b, 6, 1, 0)),
+        // Program headers, which no relocatable object has.
+        ("e_phnum 1".to_owned(), with(b, 0x38, 2, 1)),
+        ("e_phnum 0xffff".to_owned(), with(b, 0x38, 2, 0xffff)),
+        ("e_phoff past the end".to_owned(), with(b, 0x20, 8, b.len() as u64 + 1)),
+        ("e_phoff in the section headers".to_owned(), with(b, 0x20, 8, b.len() as u64 - 8)),
+        ("e_phoff 64".to_owned(), with(b, 0x20, 8, 64)),
+        // Section 0, which is null.
+        ("section 0 SHT_SYMTAB".to_owned(), with(b, shoff + SH_TYPE, 4, SHT_SYMTAB as u64)),
+        ("section 0 sized".to_owned(), with(b, shoff + SH_SIZE, 8, 24)),
+    ];
     let mut add = |what: String, bytes: Vec<u8>| out.push((what, bytes));
     for (i, s) in secs.iter().enumerate().skip(1) {
         let n = &s.name;

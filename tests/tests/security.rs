@@ -725,6 +725,49 @@ fn messages_received_in_part_hold_a_bounded_budget() {
     assert_eq!(local.code, 0, "a local link failed: {}", String::from_utf8_lossy(&local.stderr));
 }
 
+/// The health service needs no token: a health call announcing a 4 MiB
+/// message is refused at its prefix and holds nothing of the budget of
+/// messages received in part (which callers without a token would
+/// otherwise fill for everyone).
+#[test]
+fn a_health_call_without_a_token_holds_no_budget() {
+    let pki = Pki::new();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let tokens = pki.file("tokens");
+    let d = Daemon::start_with(&["--listen", &listen, "--insecure", "--token-file", &tokens, "--jobs", "1"]);
+    let status = runtime().block_on(async {
+        let io = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (h2, conn) = h2::client::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post("http://nvlinkd.remote/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut body) = h2.ready().await.unwrap().send_request(req, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0x40, 0, 0]), false).unwrap();
+        let _ = body.send_data(vec![0x0a; 1 << 20].into(), false);
+        let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            let response = response.await.ok()?;
+            if let Some(s) = status(response.headers()) {
+                return Some(s);
+            }
+            let mut recv = response.into_body();
+            while let Some(Ok(_)) = recv.data().await {}
+            status(&recv.trailers().await.ok()??)
+        })
+        .await
+        .ok()
+        .flatten();
+        std::mem::forget(body);
+        ended
+    });
+    assert!(matches!(status.as_deref(), Some("8") | Some("11")), "a 4 MiB health message was waited for: {status:?}");
+    assert_eq!(d.stat("partial_message_bytes"), 0, "{}", d.stats());
+}
+
 /// The poisoning attempt of issue 10 (a client that announces nothing: its
 /// files are asked for by path): it answers the first stat of each path
 /// truthfully and "missing" to every later one, handing over the archive when
@@ -1297,6 +1340,25 @@ fn an_options_file_reaching_the_callers_stdin_through_links_is_the_callers() {
         let actual = link(&shim(), &env);
         assert_eq!(actual, expected, "{optf}: {}", String::from_utf8_lossy(&actual.1));
     }
+    // A library `-l` finds along `-L` that is the caller's stdin.
+    std::fs::create_dir(dir.path().join("lib")).unwrap();
+    std::os::unix::fs::symlink("/dev/stdin", dir.path().join("lib/libdevmath.a")).unwrap();
+    std::fs::copy(corpus::dir().join("mathlib_main.o"), dir.path().join("mathlib_main.o")).unwrap();
+    let link = |program: &Path, env: &[(String, String)]| {
+        let _ = std::fs::remove_file(dir.path().join("out.cubin"));
+        let out = Command::new(program)
+            .args(["--arch=sm_90", "mathlib_main.o", "-Lnone", "-Llib", "-ldevmath", "-o", "out.cubin"])
+            .current_dir(dir.path())
+            .envs(env.iter().cloned())
+            .stdin(std::fs::File::open(corpus::dir().join("lib/libdevmath.a")).unwrap())
+            .output()
+            .unwrap();
+        (out.status.code(), out.stderr, std::fs::read(dir.path().join("out.cubin")).ok())
+    };
+    let expected = link(&real_nvlink(), &[]);
+    assert_eq!(expected.0, Some(0), "nvlink no longer reads a library from its stdin: {:?}", expected.1);
+    let actual = link(&shim(), &env);
+    assert_eq!(actual, expected, "a library on stdin: {}", String::from_utf8_lossy(&actual.1));
     assert_eq!(d.stat("requests"), 0, "a link reading the caller's stdin reached the daemon");
 }
 

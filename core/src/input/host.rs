@@ -252,6 +252,17 @@ pub(crate) enum Refused {
 /// left to nvlink.
 pub(crate) fn refused(elf: &Elf<'_>) -> Option<Refused> {
     const ENTRY: u64 = 24;
+    // The shape every compiler's relocatable object has: no program headers
+    // (nvlink's answer for them depends on where `e_phoff` points: measured,
+    // not understood) and a null section 0.
+    let header = |at: usize, n: usize| elf.data.get(at..at + n).is_none_or(|b| b.iter().any(|&x| x != 0));
+    if header(0x20, 8) || header(0x38, 2) {
+        return Some(Refused::Unmeasured("program headers"));
+    }
+    let shoff = elf.data.get(0x28..0x30).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
+    if shoff.is_none_or(|at| header(at, 64)) {
+        return Some(Refused::Unmeasured("a section 0 that is not null"));
+    }
     if elf.sections.get(elf.shstrndx).is_none_or(|s| s.sh_type != elf::SHT_STRTAB.0) {
         return Some(Refused::Fatal);
     }

@@ -10,7 +10,10 @@
 //! follows the gRPC framing (a 5-byte prefix with the length, then the
 //! message) and holds, from one [`PartialMessages`] budget, as many bytes as
 //! the message received in part has: daemon-wide at most [`PartialMessages::max`],
-//! from one address at most half of that. A message that does not fit ends
+//! for one caller at most half of that (its token, else its client
+//! certificate, else its address; a call without a valid token never has
+//! its body read, and the health service, which needs none, takes messages
+//! of at most [`HEALTH_MESSAGE_BYTES`]). A message that does not fit ends
 //! its stream with `RESOURCE_EXHAUSTED` (the shim tries another daemon or runs
 //! the real nvlink); its bytes and the stream's reservation are dropped. A
 //! whole message is the link's from then on, bounded elsewhere
@@ -18,7 +21,6 @@
 //! budgeted: its peers are the daemon's own user.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,10 +38,10 @@ use crate::net::incoming::{peer_group, LogLimit, LOG_EVERY};
 pub struct PartialMessages {
     /// Bytes daemon-wide.
     pub max: u64,
-    /// Bytes from one address (an IPv6 /64 counts as one).
+    /// Bytes of one caller ([`Who`]).
     pub per_peer: u64,
     held: AtomicU64,
-    peers: Mutex<HashMap<IpAddr, u64>>,
+    peers: Mutex<HashMap<Who, u64>>,
     refused: AtomicU64,
     refusal_log: LogLimit,
 }
@@ -59,7 +61,7 @@ impl PartialMessages {
     }
 
     /// Take `n` more bytes for `peer`: false (nothing taken) past either bound.
-    fn take(&self, peer: Option<IpAddr>, n: u64) -> bool {
+    fn take(&self, peer: Option<Who>, n: u64) -> bool {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         let mine = peer.map_or(0, |p| peers.get(&p).copied().unwrap_or(0));
         let held = self.held.load(Ordering::Relaxed);
@@ -74,7 +76,7 @@ impl PartialMessages {
     }
 
     /// Give back `n` bytes of `peer`'s.
-    fn give(&self, peer: Option<IpAddr>, n: u64) {
+    fn give(&self, peer: Option<Who>, n: u64) {
         if n == 0 {
             return;
         }
@@ -90,9 +92,9 @@ impl PartialMessages {
         }
     }
 
-    fn refuse(&self, peer: Option<IpAddr>) -> Status {
+    fn refuse(&self, address: Option<std::net::IpAddr>) -> Status {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+        let peer = address.map(|p| p.to_string()).unwrap_or_default();
         match self.refusal_log.allow() {
             Some(suppressed) => warn!(
                 %peer,
@@ -117,6 +119,26 @@ impl PartialMessages {
             ("partial_messages_refused", self.refused.load(Ordering::Relaxed), Kind::Counter),
         ]
     }
+}
+
+/// Largest message the health service takes (its requests are a few bytes).
+pub const HEALTH_MESSAGE_BYTES: usize = 1024;
+
+/// Whom a budget counts bytes against: a digest of the call's bearer token,
+/// else of its client certificate, else of its address (an IPv6 /64 as one).
+pub type Who = [u8; 32];
+
+/// [`Who`] of a call: its `authorization` header, its client certificate
+/// (DER), its peer address.
+pub fn who(authorization: Option<&[u8]>, certificate: Option<&[u8]>, address: Option<std::net::IpAddr>) -> Option<Who> {
+    let tagged = |tag: &[u8], bytes: &[u8]| *blake3::Hasher::new().update(tag).update(bytes).finalize().as_bytes();
+    if let Some(a) = authorization {
+        return Some(tagged(b"token\0", a));
+    }
+    if let Some(c) = certificate {
+        return Some(tagged(b"certificate\0", c));
+    }
+    address.map(|a| tagged(b"address\0", peer_group(a).to_string().as_bytes()))
 }
 
 /// One whole message, its prefix included.
@@ -173,15 +195,22 @@ impl Framing {
 pub struct Budgeted<B> {
     inner: B,
     budget: Arc<PartialMessages>,
-    peer: Option<IpAddr>,
+    peer: Option<Who>,
+    address: Option<std::net::IpAddr>,
     framing: Framing,
     held: u64,
     failed: bool,
 }
 
 impl<B> Budgeted<B> {
-    pub fn new(inner: B, budget: Arc<PartialMessages>, peer: Option<IpAddr>) -> Budgeted<B> {
-        Budgeted { inner, budget, peer: peer.map(peer_group), framing: Framing::default(), held: 0, failed: false }
+    /// `peer`: whom its bytes count against; `address`: for the log.
+    pub fn new(
+        inner: B,
+        budget: Arc<PartialMessages>,
+        peer: Option<Who>,
+        address: Option<std::net::IpAddr>,
+    ) -> Budgeted<B> {
+        Budgeted { inner, budget, peer, address, framing: Framing::default(), held: 0, failed: false }
     }
 }
 
@@ -217,7 +246,7 @@ where
                     this.budget.give(this.peer, this.held);
                     this.held = 0;
                     this.failed = true;
-                    return Poll::Ready(Some(Err(Box::new(this.budget.refuse(this.peer)))));
+                    return Poll::Ready(Some(Err(Box::new(this.budget.refuse(this.address)))));
                 }
             } else {
                 this.budget.give(this.peer, this.held - partial);
@@ -260,12 +289,11 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_holds_daemon_wide_and_per_address() {
+    fn the_budget_holds_daemon_wide_and_per_caller() {
         let b = PartialMessages::new(4 * FULL_MESSAGE);
-        let (p, q, r) =
-            (Some("10.0.0.1".parse().unwrap()), Some("10.0.0.2".parse().unwrap()), Some("::1".parse().unwrap()));
+        let (p, q, r) = (Some([1; 32]), Some([2; 32]), Some([3; 32]));
         assert!(b.take(p, 2 * FULL_MESSAGE));
-        assert!(!b.take(p, 1), "past one address's half");
+        assert!(!b.take(p, 1), "past one caller's half");
         assert!(b.take(q, 2 * FULL_MESSAGE));
         assert!(!b.take(r, 1), "past the daemon-wide bound");
         b.give(p, FULL_MESSAGE);
@@ -275,5 +303,21 @@ mod tests {
         b.give(r, FULL_MESSAGE);
         assert_eq!(b.counters()[0].1, 0);
         assert!(b.peers.lock().unwrap().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod who {
+    use super::*;
+
+    #[test]
+    fn a_token_outweighs_a_certificate_and_an_address_counts_by_its_64() {
+        let a = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(who(Some(b"Bearer x"), Some(b"cert"), a("10.0.0.1")), who(Some(b"Bearer x"), None, a("10.0.0.2")));
+        assert_ne!(who(Some(b"Bearer x"), None, None), who(Some(b"Bearer y"), None, None));
+        assert_eq!(who(None, Some(b"cert"), a("10.0.0.1")), who(None, Some(b"cert"), a("10.0.0.9")));
+        assert_eq!(who(None, None, a("2001:db8:1:2::1")), who(None, None, a("2001:db8:1:2:ff::9")));
+        assert_ne!(who(None, None, a("10.0.0.1")), who(None, None, a("10.0.0.2")));
+        assert_eq!(who(None, None, None), None);
     }
 }

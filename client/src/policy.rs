@@ -344,10 +344,7 @@ fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
             if text.len() > 1 << 20 {
                 continue;
             }
-            let more: Vec<String> = String::from_utf8_lossy(&text)
-                .split_whitespace()
-                .map(|w| w.trim_matches(|c| c == '"' || c == '\'').to_owned())
-                .collect();
+            let more = nvlinkd_fs::options_words(&String::from_utf8_lossy(&text));
             expand(&more, cwd, out, depth + 1);
         }
     }
@@ -374,6 +371,19 @@ mod tests {
         let p = Policy::new(&args(&["--arch=sm_90", "a.o", "-o", "x.cubin"]), cwd, None, None);
         assert!(!p.may_read(Path::new("/w/")), "no empty name, no reading the directory");
         assert!(!p.may_write(Path::new("/w/"), false));
+    }
+
+    #[test]
+    fn an_options_files_quoted_names_are_the_daemons() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-policy-quoted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("opts"), "--arch=sm_90 'sp ace.o' \"b c.o\" -o out.cubin\n").unwrap();
+        let p = Policy::new(&args(&["--options-file", "opts"]), &dir, None, None);
+        for name in ["sp ace.o", "b c.o"] {
+            assert!(p.may_read(&dir.join(name)), "{name}: a quoted name is one word, as the daemon reads it");
+        }
+        assert!(!p.may_read(&dir.join("sp")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

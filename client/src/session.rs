@@ -593,6 +593,7 @@ fn write_output(path: &Path, pieces: &[Bytes]) -> Result<(), WriteFailed> {
     let target = nvlinkd_fs::output_target_checked(path).map_err(|_| WriteFailed::Open)?;
     match std::fs::metadata(&target) {
         Ok(m) if !m.is_file() && !m.is_dir() => write_in_place(&target, pieces),
+        Ok(m) if m.is_file() && !replaceable(&m) => write_in_place(&target, pieces),
         Ok(m) if m.is_file() => match nvlinkd_fs::write_pieces_atomically(&target, pieces) {
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => write_in_place(&target, pieces),
             written => written.map_err(|e| failed(&e)),
@@ -610,6 +611,16 @@ fn failed(e: &std::io::Error) -> WriteFailed {
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => WriteFailed::Write,
         _ => WriteFailed::Open,
     }
+}
+
+/// Whether an existing output file may be replaced by a new one (renamed
+/// over it) with nvlink's result: it is this user's, with no other name.
+/// nvlink writes the file in place, so another user's file stays theirs and
+/// a hard link to it sees the new bytes: such a file is written in place.
+fn replaceable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    m.uid() == unsafe { libc::geteuid() } && m.nlink() == 1
 }
 
 /// nvlink's own way: truncate and write the existing file.
@@ -631,7 +642,7 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
         }
     };
     let replaceable = match std::fs::metadata(&target) {
-        Ok(m) => m.is_file(),
+        Ok(m) => m.is_file() && replaceable(&m),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     };
     // Renamed where it was staged, if the output's directory is still that

@@ -423,6 +423,13 @@ unsafe fn restrict(
     ruleset: Option<&OwnedFd>,
     filter: &seccompiler::BpfProgram,
 ) -> std::io::Result<()> {
+    // No file larger than this: a damaged cubin made nvlink write without
+    // end (9 GB in two minutes into the daemon's scratch). Past it the
+    // kernel stops the process (SIGXFSZ); its link is declined.
+    let fsize = libc::rlimit { rlim_cur: MAX_FILE_BYTES, rlim_max: MAX_FILE_BYTES };
+    if libc::setrlimit(libc::RLIMIT_FSIZE, &fsize) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     if let Some((uid, gid)) = user {
         if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
             return Err(std::io::Error::last_os_error());
@@ -469,6 +476,10 @@ unsafe fn drop_capabilities() {
     libc::syscall(libc::SYS_capset, &header, data.as_ptr());
 }
 
+/// The largest file a confined process may write (`RLIMIT_FSIZE`): 1 GiB,
+/// past any cubin a build makes.
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
+
 /// One process's confinement, prepared before the fork.
 pub struct Jail {
     ruleset: Option<OwnedFd>,
@@ -513,7 +524,7 @@ mod tests {
         let policy = Policy::default();
         let sh = [PathBuf::from("/usr/bin"), PathBuf::from("/bin")];
         let script = format!(
-            "cat {s} && echo READ; echo x > {o} && echo WROTE_OUTSIDE; echo y > {i}/f && cat {i}/f",
+            "cat {s} && echo READ; echo x > {o} && echo WROTE_OUTSIDE; echo y > {i}/f && cat {i}/f; ulimit -f",
             s = secret.display(),
             o = dir.join("outside").display(),
             i = inside.display()
@@ -525,7 +536,8 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(!stdout.contains("READ") && !stdout.contains("s3cret"), "{stdout}");
         assert!(!stdout.contains("WROTE_OUTSIDE") && !dir.join("outside").exists(), "{stdout}");
-        assert_eq!(stdout.trim(), "y");
+        // `ulimit -f` counts 512-byte blocks.
+        assert_eq!(stdout.trim(), format!("y\n{}", MAX_FILE_BYTES / 512), "no file size limit");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

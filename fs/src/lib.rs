@@ -467,3 +467,38 @@ pub fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
         .or_else(|| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
         .unwrap_or_else(|| path.display().to_string())
 }
+
+/// The words of an options file as nvlink splits it: whitespace separates,
+/// quotes (`'` or `"`) group and are dropped (`'a b.o'` is one word). The
+/// daemon's parser and the shim's view of a command line use this one
+/// splitter, so both see the same names.
+pub fn options_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '"' || c == '\'' => {
+                quote = Some(c);
+                in_word = true;
+            }
+            None if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            None => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
+}

@@ -56,6 +56,16 @@ fn wire_footprint(mut msg: &[u8]) -> Option<usize> {
     if starts.is_empty() {
         return None;
     }
+    counted(starts)
+}
+
+/// The footprint of an encoded `Start` (the Watch RPC's request).
+fn start_footprint(start: &[u8]) -> Option<usize> {
+    counted(vec![start])
+}
+
+/// The footprint of the `Start` made of these encoded pieces, merged.
+fn counted(starts: Vec<&[u8]>) -> Option<usize> {
     let (mut encoded, mut args, mut env, mut files) = (0usize, 0usize, 0usize, 0usize);
     for mut start in starts {
         encoded += start.len();
@@ -139,13 +149,18 @@ impl<U: Message + Default + 'static> Decoder for Bounded<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        // The message is whole and in one piece when the decoder runs.
-        if TypeId::of::<U>() == TypeId::of::<ClientMessage>() && buf.chunk().len() == buf.remaining() {
-            if let Some(n) = wire_footprint(buf.chunk()).filter(|&n| n > MAX_START_FOOTPRINT) {
-                return Err(Status::resource_exhausted(format!(
-                    "a Start message that takes {n} bytes decoded: nvlinkd takes at most {MAX_START_FOOTPRINT}"
-                )));
-            }
+        // The message is whole and in one piece when the decoder runs. A
+        // `Start` comes in a `ClientMessage` (Link) or alone (Watch).
+        let whole = buf.chunk().len() == buf.remaining();
+        let footprint = match TypeId::of::<U>() {
+            t if whole && t == TypeId::of::<ClientMessage>() => wire_footprint(buf.chunk()),
+            t if whole && t == TypeId::of::<Start>() => start_footprint(buf.chunk()),
+            _ => None,
+        };
+        if let Some(n) = footprint.filter(|&n| n > MAX_START_FOOTPRINT) {
+            return Err(Status::resource_exhausted(format!(
+                "a Start message that takes {n} bytes decoded: nvlinkd takes at most {MAX_START_FOOTPRINT}"
+            )));
         }
         self.0.decode(buf)
     }
@@ -199,6 +214,8 @@ mod tests {
             "prost merges the occurrences"
         );
         assert!(wire_footprint(&split).unwrap() > MAX_START_FOOTPRINT, "a Start split in two");
+        let alone = Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() }.encode_to_vec();
+        assert!(start_footprint(&alone).unwrap() > MAX_START_FOOTPRINT, "a Start alone (Watch)");
         let many = Start {
             files: vec![AnnouncedFile { path: "/src/objects/x.o".into(), ..Default::default() }; 20_000],
             ..Default::default()

@@ -122,6 +122,11 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
             }
             add(format!("{n}: SHT_PROGBITS"), with(b, s.header + SH_TYPE, 4, SHT_PROGBITS));
         }
+        if s.name == ".comment" {
+            // A second symbol table, of entry size 0.
+            let typed = with(b, s.header + SH_TYPE, 4, u64::from(SHT_SYMTAB));
+            add(format!("{n}: SHT_SYMTAB, entry size 0"), with(&typed, s.header + SH_ENTSIZE, 8, 0));
+        }
         if i == shstrtab {
             add(format!("{n}: SHT_PROGBITS"), with(b, s.header + SH_TYPE, 4, SHT_PROGBITS));
         }
@@ -147,21 +152,30 @@ fn damaged_host_objects_get_nvlinks_answer() {
     let (mut refused, mut linked) = (0, 0);
     for (what, bytes) in &cases {
         std::fs::write(cwd.path().join("m.o"), bytes).unwrap();
-        let out = TempDir::new("damaged-out");
-        let link = Invocation::templated("--arch=sm_90 m.o scale.o -o {OUT}/out.cubin", cwd.path(), &out);
-        let expected = run(&real_nvlink(), &link, &[]);
-        let actual = run(&shim(), &link, &env);
-        let cmp = compare::runs(&expected, &actual);
-        if !(cmp.problems.is_empty() && cmp.identical) {
-            differing.push(format!("{what}: {:?}", cmp.problems));
-        }
-        if expected.code == 0 {
-            linked += 1;
-        } else {
-            refused += 1;
+        // Named, and as an archive's member.
+        let _ = std::fs::remove_file(cwd.path().join("libm.a"));
+        let ar = std::process::Command::new("ar").args(["rcs", "libm.a", "m.o"]).current_dir(cwd.path()).status();
+        assert!(ar.unwrap().success());
+        for (how, args) in [("", "--arch=sm_90 m.o scale.o"), (" (archive member)", "--arch=sm_90 libm.a scale.o")] {
+            let out = TempDir::new("damaged-out");
+            let link = Invocation::templated(&format!("{args} -o {{OUT}}/out.cubin"), cwd.path(), &out);
+            let expected = run(&real_nvlink(), &link, &[]);
+            let actual = run(&shim(), &link, &env);
+            let cmp = compare::runs(&expected, &actual);
+            if !(cmp.problems.is_empty() && cmp.identical) {
+                differing.push(format!("{what}{how}: {:?}", cmp.problems));
+            }
+            if expected.code == 0 {
+                linked += 1;
+            } else {
+                refused += 1;
+            }
         }
     }
-    eprintln!("damaged host objects: {} cases, nvlink linked {linked} and refused {refused}", cases.len());
+    eprintln!(
+        "damaged host objects: {} cases, named and in an archive: nvlink linked {linked}, refused {refused}",
+        cases.len()
+    );
     assert!(linked > 0 && refused > 0, "the damage no longer tells nvlink's reader's rules apart");
-    assert!(differing.is_empty(), "{} of {} differ:\n{}", differing.len(), cases.len(), differing.join("\n"));
+    assert!(differing.is_empty(), "{} of {} differ:\n{}", differing.len(), 2 * cases.len(), differing.join("\n"));
 }

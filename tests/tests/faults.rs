@@ -827,6 +827,12 @@ fn outputs_are_written_where_nvlink_writes_them() {
             std::os::unix::fs::symlink("target", dir.join("out")).unwrap();
             true
         }),
+        // Written in place by nvlink: the other name sees the new bytes.
+        ("hard link", |dir| {
+            std::fs::write(dir.join("target"), b"old").unwrap();
+            std::fs::hard_link(dir.join("target"), dir.join("out")).unwrap();
+            true
+        }),
         ("dangling symlink", |dir| {
             std::os::unix::fs::symlink("created", dir.join("out")).unwrap();
             true

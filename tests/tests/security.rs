@@ -254,6 +254,12 @@ fn hostile_clients_are_refused_and_the_daemon_stays_up() {
         let e = refused.expect("a Start of two million files was taken");
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         assert!(e.message().contains("decoded"), "{e:?}");
+
+        // Compressed requests are never taken (a few bytes that decompress
+        // to megabytes): the shim sends none.
+        let mut zstd = NvlinkdClient::new(channel.clone()).send_compressed(tonic::codec::CompressionEncoding::Zstd);
+        let e = zstd.stats(with_token(StatsRequest {}, TOKEN)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented, "a compressed request was taken: {e:?}");
     });
     assert!(d.answers(), "the daemon died");
     assert_eq!(d.stat("auth_failures"), 4);

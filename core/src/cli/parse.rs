@@ -282,36 +282,10 @@ pub(crate) fn parse_c_long(v: &str) -> Option<i64> {
     Some(if neg { -n } else { n })
 }
 
-/// Split an options file into words: whitespace separates, quotes group.
+/// Split an options file into words: whitespace separates, quotes group
+/// (one splitter for the daemon and the shim: `nvlinkd_fs::options_words`).
 pub(crate) fn split_words(text: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut cur = String::new();
-    let mut in_word = false;
-    let mut quote: Option<char> = None;
-    for c in text.chars() {
-        match quote {
-            Some(q) if c == q => quote = None,
-            Some(_) => cur.push(c),
-            None if c == '"' || c == '\'' => {
-                quote = Some(c);
-                in_word = true;
-            }
-            None if c.is_whitespace() => {
-                if in_word {
-                    words.push(std::mem::take(&mut cur));
-                    in_word = false;
-                }
-            }
-            None => {
-                cur.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        words.push(cur);
-    }
-    words
+    nvlinkd_fs::options_words(text)
 }
 
 #[cfg(test)]

@@ -266,6 +266,9 @@ pub(crate) fn refused(elf: &Elf<'_>) -> Option<Refused> {
     if elf.sections.get(elf.shstrndx).is_none_or(|s| s.sh_type != elf::SHT_STRTAB.0) {
         return Some(Refused::Fatal);
     }
+    if elf.sections.iter().filter(|s| s.sh_type == SHT_SYMTAB).count() > 1 {
+        return Some(Refused::Unmeasured("several symbol tables"));
+    }
     for s in &elf.sections {
         if s.sh_type == elf::SHT_RELA.0 {
             let to_symtab = elf.sections.get(s.link as usize).is_some_and(|t| t.sh_type == SHT_SYMTAB);

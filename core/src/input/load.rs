@@ -345,9 +345,19 @@ impl LoadContext<'_> {
                     }
                     return Ok(Member::Ignored);
                 }
-                match Elf::parse(bytes) {
-                    Err(_) => return Ok(Member::Ignored),
-                    Ok(e) if HostObject::read(&e).relfatbin.is_none() => return Ok(Member::CodeLess),
+                // Read as nvlink's host-object reader reads a named object
+                // (`Elf::parse_host`); a member that does not parse is left
+                // to nvlink (whether it skips it or fails is not measured).
+                match Elf::parse_host(bytes) {
+                    Err(_) => return unsupported(Reason::Input, format!("{member_name}: a damaged host object")),
+                    // No device code: skipped (with a fatbin segment but no
+                    // fatbin, `host_object` answers as nvlink does).
+                    Ok(e)
+                        if HostObject::read(&e).relfatbin.is_none()
+                            && (e.section(".nvFatBinSegment").is_none() || e.section(".nv_fatbin").is_some()) =>
+                    {
+                        return Ok(Member::CodeLess)
+                    }
                     Ok(_) => {}
                 }
                 Ok(match self.host_object(&member_name, bytes, true)? {

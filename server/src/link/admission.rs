@@ -141,7 +141,8 @@ impl RemoteLinks {
             }
         }
         // Room for this `Start` among the waiting ones, the caller's and everybody's.
-        let kib = (start_bytes.div_ceil(1024) as u32).clamp(1, START_KIB);
+        // A larger `Start` (never decoded: `nvlinkd_proto::codec`) never fits.
+        let kib = u32::try_from(start_bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
         let room = (|| {
             let theirs = match &slot.caller {
                 Some((_, share)) => Some(share.waiting_kib.clone().try_acquire_many_owned(kib).ok()?),

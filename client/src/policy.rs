@@ -120,7 +120,10 @@ impl Policy {
                 let value = if t == short || t == long {
                     tokens.get(i + 1).map(String::as_str)
                 } else {
-                    t.strip_prefix(long).and_then(|v| v.strip_prefix('=')).or_else(|| t.strip_prefix(short))
+                    // `-Ldir`, `-L=dir` (nvlink takes both).
+                    t.strip_prefix(long)
+                        .and_then(|v| v.strip_prefix('='))
+                        .or_else(|| t.strip_prefix(short).map(|v| v.strip_prefix('=').unwrap_or(v)))
                 };
                 if !t.starts_with("--") || t == long || t.starts_with(&format!("{long}=")) {
                     list.extend(value.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).map(str::to_owned));
@@ -500,6 +503,7 @@ mod tests {
         assert!(names_caller_descriptors(&args(&["a.o", "-Lnone", "-Llib", "-lfoo"]), &dir));
         assert!(names_caller_descriptors(&args(&["a.o", "-L", "lib", "--library=foo"]), &dir));
         assert!(!names_caller_descriptors(&args(&["a.o", "-Llib", "-lbar"]), &dir));
+        assert!(names_caller_descriptors(&args(&["a.o", "-L=lib", "-l=foo"]), &dir), "-L=dir, -l=name");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -20,7 +20,9 @@ const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
 /// Member built for an arch family (`sm_100f`, `compute_100f`).
 const FLAG_FAMILY: u64 = 0x20_0000;
 /// Upper bound on a decompressed member, to refuse decompression bombs.
-const MAX_MEMBER_SIZE: u64 = 4 << 30;
+/// 256 MiB, past any member a build makes: a 67 KB member that declared 2 GiB
+/// of zeros took the daemon to 4.3 GB. A larger one is left to nvlink.
+const MAX_MEMBER_SIZE: u64 = 256 << 20;
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FatbinError {
@@ -271,6 +273,23 @@ mod tests {
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
         out
+    }
+
+    #[test]
+    fn a_member_declaring_more_than_the_bound_is_not_decompressed() {
+        let zeros = zstd::encode_all(&vec![0u8; 1 << 20][..], 19).unwrap();
+        let member = |size: u64| Member {
+            kind: MemberKind::Cubin,
+            arch: 90,
+            version_major: 1,
+            version_minor: 0,
+            flags: FLAG_COMPRESSED,
+            options: "",
+            payload: &zeros,
+            uncompressed_size: size,
+        };
+        assert_eq!(member(1 << 20).contents().map(|c| c.len()), Ok(1 << 20));
+        assert_eq!(member(MAX_MEMBER_SIZE + 1).contents().err(), Some(FatbinError::Corrupt), "past the bound");
     }
 
     #[test]

@@ -468,7 +468,7 @@ pub fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// The words of an options file as nvlink splits it: whitespace separates,
+/// The words of an options file as nvlink splits it: ASCII whitespace separates,
 /// quotes (`'` or `"`) group and are dropped (`'a b.o'` is one word). The
 /// daemon's parser and the shim's view of a command line use this one
 /// splitter, so both see the same names.
@@ -485,7 +485,8 @@ pub fn options_words(text: &str) -> Vec<String> {
                 quote = Some(c);
                 in_word = true;
             }
-            None if c.is_whitespace() => {
+            // C's `isspace` (nvlink's): ASCII only, vertical tab included.
+            None if matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r') => {
                 if in_word {
                     words.push(std::mem::take(&mut cur));
                     in_word = false;
@@ -501,4 +502,15 @@ pub fn options_words(text: &str) -> Vec<String> {
         words.push(cur);
     }
     words
+}
+
+#[cfg(test)]
+mod words {
+    use super::options_words;
+
+    #[test]
+    fn options_files_split_on_ascii_whitespace_and_group_by_quotes() {
+        assert_eq!(options_words(" -arch sm_90\n 'a b.o' \"c\"d "), ["-arch", "sm_90", "a b.o", "cd"]);
+        assert_eq!(options_words("a\u{a0}b.o\tc\u{b}d\u{c}e\rf"), ["a\u{a0}b.o", "c", "d", "e", "f"], "C's isspace");
+    }
 }

@@ -42,35 +42,35 @@ pub fn footprint(start: &Start) -> usize {
 }
 
 /// The footprint of the `Start` in an encoded `ClientMessage`, counted on the
-/// wire; None when the message holds no `Start` or does not parse (prost then
-/// answers).
-fn wire_footprint(mut msg: &[u8]) -> Option<usize> {
+/// wire: `Ok(None)` when the message holds no `Start`, `Err` when its fields
+/// do not parse.
+fn wire_footprint(mut msg: &[u8]) -> Result<Option<usize>, ()> {
     // prost merges every occurrence of the field into one `Start`: all count.
     let mut starts = Vec::new();
     while !msg.is_empty() {
-        let (field, value) = next_field(&mut msg)?;
+        let (field, value) = next_field(&mut msg).ok_or(())?;
         if field == 1 {
-            starts.push(value?);
+            starts.push(value.ok_or(())?);
         }
     }
     if starts.is_empty() {
-        return None;
+        return Ok(None);
     }
-    counted(starts)
+    counted(starts).map(Some)
 }
 
 /// The footprint of an encoded `Start` (the Watch RPC's request).
-fn start_footprint(start: &[u8]) -> Option<usize> {
-    counted(vec![start])
+fn start_footprint(start: &[u8]) -> Result<Option<usize>, ()> {
+    counted(vec![start]).map(Some)
 }
 
 /// The footprint of the `Start` made of these encoded pieces, merged.
-fn counted(starts: Vec<&[u8]>) -> Option<usize> {
+fn counted(starts: Vec<&[u8]>) -> Result<usize, ()> {
     let (mut encoded, mut args, mut env, mut files) = (0usize, 0usize, 0usize, 0usize);
     for mut start in starts {
         encoded += start.len();
         while !start.is_empty() {
-            match next_field(&mut start)?.0 {
+            match next_field(&mut start).ok_or(())?.0 {
                 1 => args += 1,
                 3 => env += 1,
                 10 => files += 1,
@@ -78,13 +78,34 @@ fn counted(starts: Vec<&[u8]>) -> Option<usize> {
             }
         }
     }
-    Some(estimate(encoded, args, env, files))
+    Ok(estimate(encoded, args, env, files))
 }
 
 /// The next field of `buf`: its number, and its bytes if length-delimited.
+/// A group (wire types 3 and 4, which prost skips) is skipped whole.
 fn next_field<'a>(buf: &mut &'a [u8]) -> Option<(u64, Option<&'a [u8]>)> {
+    next_field_in(buf, 0)
+}
+
+fn next_field_in<'a>(buf: &mut &'a [u8], depth: usize) -> Option<(u64, Option<&'a [u8]>)> {
     let key = prost::encoding::decode_varint(buf).ok()?;
     let value = match key & 7 {
+        // A group: its fields up to its end (prost's own depth limit is 100).
+        3 if depth < 100 => {
+            loop {
+                let end = *buf;
+                let end_key = prost::encoding::decode_varint(&mut &end[..]).ok()?;
+                if end_key & 7 == 4 {
+                    prost::encoding::decode_varint(buf).ok()?;
+                    if end_key >> 3 != key >> 3 {
+                        return None;
+                    }
+                    break;
+                }
+                next_field_in(buf, depth + 1)?;
+            }
+            None
+        }
         0 => {
             prost::encoding::decode_varint(buf).ok()?;
             None
@@ -153,11 +174,15 @@ impl<U: Message + Default + 'static> Decoder for Bounded<U> {
         // `Start` comes in a `ClientMessage` (Link) or alone (Watch).
         let whole = buf.chunk().len() == buf.remaining();
         let footprint = match TypeId::of::<U>() {
-            t if whole && t == TypeId::of::<ClientMessage>() => wire_footprint(buf.chunk()),
-            t if whole && t == TypeId::of::<Start>() => start_footprint(buf.chunk()),
+            t if whole && t == TypeId::of::<ClientMessage>() => Some(wire_footprint(buf.chunk())),
+            t if whole && t == TypeId::of::<Start>() => Some(start_footprint(buf.chunk())),
             _ => None,
         };
-        if let Some(n) = footprint.filter(|&n| n > MAX_START_FOOTPRINT) {
+        // What cannot be counted is not decoded either: no shim sends it.
+        if footprint == Some(Err(())) {
+            return Err(Status::invalid_argument("a malformed message (its fields do not parse)"));
+        }
+        if let Some(n) = footprint.and_then(|f| f.ok()).flatten().filter(|&n| n > MAX_START_FOOTPRINT) {
             return Err(Status::resource_exhausted(format!(
                 "a Start message that takes {n} bytes decoded: nvlinkd takes at most {MAX_START_FOOTPRINT}"
             )));
@@ -188,17 +213,17 @@ mod tests {
             files: vec![AnnouncedFile::default(); 5],
             ..Default::default()
         };
-        assert_eq!(wire_footprint(&client(start.clone())), Some(footprint(&start)));
+        assert_eq!(wire_footprint(&client(start.clone())), Ok(Some(footprint(&start))));
         let reply = ClientMessage { msg: Some(client_message::Msg::File(Default::default())) }.encode_to_vec();
-        assert_eq!(wire_footprint(&reply), None, "no Start");
-        assert_eq!(wire_footprint(&[0x0a, 0x80]), None, "cut short");
+        assert_eq!(wire_footprint(&reply), Ok(None), "no Start");
+        assert_eq!(wire_footprint(&[0x0a, 0x80]), Err(()), "cut short");
     }
 
     #[test]
     fn a_start_of_millions_of_empty_files_is_over_the_bound() {
         let start = Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() };
         assert!(start.encoded_len() <= crate::MAX_MESSAGE_BYTES, "within the message bound");
-        assert!(wire_footprint(&client(start)).unwrap() > MAX_START_FOOTPRINT);
+        assert!(wire_footprint(&client(start)).unwrap().unwrap() > MAX_START_FOOTPRINT);
         // Split over two occurrences of the field, which prost merges.
         let split = [
             client(Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() }),
@@ -213,13 +238,21 @@ mod tests {
             Some(2_000_000),
             "prost merges the occurrences"
         );
-        assert!(wire_footprint(&split).unwrap() > MAX_START_FOOTPRINT, "a Start split in two");
+        assert!(wire_footprint(&split).unwrap().unwrap() > MAX_START_FOOTPRINT, "a Start split in two");
+        // An unknown group (which prost skips) after it: counted all the same.
+        let grouped = [
+            client(Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() }),
+            vec![0xa3, 0x06, 0xa4, 0x06],
+        ]
+        .concat();
+        assert!(wire_footprint(&grouped).unwrap().unwrap() > MAX_START_FOOTPRINT, "a group after it");
+        assert_eq!(wire_footprint(&[0xa3, 0x06, 0xac, 0x06]), Err(()), "a group ended by another field's end");
         let alone = Start { files: vec![AnnouncedFile::default(); 2_000_000], ..Default::default() }.encode_to_vec();
-        assert!(start_footprint(&alone).unwrap() > MAX_START_FOOTPRINT, "a Start alone (Watch)");
+        assert!(start_footprint(&alone).unwrap().unwrap() > MAX_START_FOOTPRINT, "a Start alone (Watch)");
         let many = Start {
             files: vec![AnnouncedFile { path: "/src/objects/x.o".into(), ..Default::default() }; 20_000],
             ..Default::default()
         };
-        assert!(wire_footprint(&client(many)).unwrap() < MAX_START_FOOTPRINT, "a big link's Start fits");
+        assert!(wire_footprint(&client(many)).unwrap().unwrap() < MAX_START_FOOTPRINT, "a big link's Start fits");
     }
 }

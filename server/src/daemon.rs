@@ -604,7 +604,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
                         .and_then(|i| i.remote_addr())
                         .map(|a| a.ip());
                     let certificate = tls.and_then(|t| t.peer_certs()).and_then(|c| c.first().map(|c| c.to_vec()));
-                    let token = req.headers().get("authorization").map(|v| v.as_bytes());
+                    // The token as the gate reads it (`Bearer` however spelled).
+                    let token = req.headers().get("authorization").and_then(|v| v.to_str().ok());
                     let peer = crate::net::partial::who(token, certificate.as_deref(), address);
                     let partial = partial.clone();
                     req.map(|body| {

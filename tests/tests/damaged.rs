@@ -87,6 +87,9 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
     let shoff = u64_at(b, EHDR_SHOFF);
     let mut out = vec![
         ("EI_VERSION 0".to_owned(), with(b, 6, 1, 0)),
+        ("e_type ET_EXEC".to_owned(), with(b, 0x10, 2, 2)),
+        ("e_type ET_DYN".to_owned(), with(b, 0x10, 2, 3)),
+        ("e_type 0x4242".to_owned(), with(b, 0x10, 2, 0x4242)),
         // Program headers, which no relocatable object has.
         ("e_phnum 1".to_owned(), with(b, 0x38, 2, 1)),
         ("e_phnum 0xffff".to_owned(), with(b, 0x38, 2, 0xffff)),

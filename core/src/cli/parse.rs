@@ -194,8 +194,12 @@ impl Parser<'_> {
         if self.bytes > MAX_OPTIONS_FILE_BYTES {
             return Err(Stop::TooLarge(format!("options files add up to more than {MAX_OPTIONS_FILE_BYTES} bytes")));
         }
-        let text = String::from_utf8_lossy(&bytes);
-        let words = split_words(&text);
+        // Names are UTF-8 here (as the protocol's arguments): bytes that are
+        // not would name other files, so nvlink answers.
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            return Err(Stop::TooLarge(format!("options file '{file}' is not UTF-8")));
+        };
+        let words = split_words(text);
         self.words(&words, depth + 1)
     }
 }
@@ -333,6 +337,18 @@ mod tests {
         assert_eq!(p(&["-device-stack-protector=x"]).unwrap_err(), "nvlink fatal   : 'x': expected true or false");
         assert_eq!(p(&["-verbose-tkinfo=TRUE"]).unwrap_err(), "nvlink fatal   : 'TRUE': expected true or false");
         assert!(p(&["-device-stack-protector", "false"]).is_ok());
+    }
+
+    /// An options file that is not UTF-8 names files by bytes the protocol's
+    /// strings cannot hold: left to nvlink, never read as other names.
+    #[test]
+    fn an_options_file_that_is_not_utf8_is_left_to_nvlink() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-optf-bytes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("o.opts"), b"-arch=sm_90 a\xffb.o").unwrap();
+        let args = vec!["-optf".to_owned(), "o.opts".to_owned()];
+        assert!(matches!(parse(&args, &LocalFs, &dir), Err(Stop::TooLarge(why)) if why.contains("not UTF-8")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// nvlink opens 15 nested options files and refuses the 16th by name,

@@ -338,6 +338,14 @@ impl LoadContext<'_> {
                     if is_elf(bytes) && bytes.len() < 64 {
                         return unsupported(Reason::Input, format!("{member_name}: truncated ELF member"));
                     }
+                    // nvlink links a host member of another `e_type` (measured
+                    // with a damaged one); what it makes of each is not measured.
+                    if classify(bytes) == Content::HostElf {
+                        return unsupported(
+                            Reason::Input,
+                            format!("{member_name}: a host ELF member that is not ET_REL"),
+                        );
+                    }
                     // nvlink takes device code from a cubin member (its kernels
                     // stay; measured on an archive of a cubin and host objects).
                     if is_cuda_elf(bytes) {

@@ -447,7 +447,9 @@ fn not_private(
     None
 }
 
-fn bearer(value: &str) -> Option<&str> {
+/// The token of an `authorization` header's value (`Bearer TOKEN`, however
+/// spaced and cased).
+pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then_some(token.trim()).filter(|t| !t.is_empty())
 }

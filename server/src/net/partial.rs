@@ -130,10 +130,11 @@ pub type Who = [u8; 32];
 
 /// [`Who`] of a call: its `authorization` header, its client certificate
 /// (DER), its peer address.
-pub fn who(authorization: Option<&[u8]>, certificate: Option<&[u8]>, address: Option<std::net::IpAddr>) -> Option<Who> {
+pub fn who(authorization: Option<&str>, certificate: Option<&[u8]>, address: Option<std::net::IpAddr>) -> Option<Who> {
     let tagged = |tag: &[u8], bytes: &[u8]| *blake3::Hasher::new().update(tag).update(bytes).finalize().as_bytes();
-    if let Some(a) = authorization {
-        return Some(tagged(b"token\0", a));
+    // The token as the gate reads it (`Bearer` however spaced and cased).
+    if let Some(token) = authorization.and_then(crate::net::auth::bearer) {
+        return Some(tagged(b"token\0", token.as_bytes()));
     }
     if let Some(c) = certificate {
         return Some(tagged(b"certificate\0", c));
@@ -313,8 +314,13 @@ mod who {
     #[test]
     fn a_token_outweighs_a_certificate_and_an_address_counts_by_its_64() {
         let a = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
-        assert_eq!(who(Some(b"Bearer x"), Some(b"cert"), a("10.0.0.1")), who(Some(b"Bearer x"), None, a("10.0.0.2")));
-        assert_ne!(who(Some(b"Bearer x"), None, None), who(Some(b"Bearer y"), None, None));
+        assert_eq!(who(Some("Bearer x"), Some(b"cert"), a("10.0.0.1")), who(Some("Bearer x"), None, a("10.0.0.2")));
+        assert_eq!(
+            who(Some("Bearer x"), None, None),
+            who(Some(" bearer    x "), None, None),
+            "one token, spelled twice"
+        );
+        assert_ne!(who(Some("Bearer x"), None, None), who(Some("Bearer y"), None, None));
         assert_eq!(who(None, Some(b"cert"), a("10.0.0.1")), who(None, Some(b"cert"), a("10.0.0.9")));
         assert_eq!(who(None, None, a("2001:db8:1:2::1")), who(None, None, a("2001:db8:1:2:ff::9")));
         assert_ne!(who(None, None, a("10.0.0.1")), who(None, None, a("10.0.0.2")));

@@ -380,7 +380,7 @@ mod tests {
     fn an_options_files_quoted_names_are_the_daemons() {
         let dir = std::env::temp_dir().join(format!("nvlinkd-policy-quoted-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("opts"), "--arch=sm_90 'sp ace.o' \"b c.o\" -o out.cubin\n").unwrap();
+        std::fs::write(dir.join("opts"), "--arch=sm_90 \"sp ace.o\" b\\ c.o -o out.cubin\n").unwrap();
         let p = Policy::new(&args(&["--options-file", "opts"]), &dir, None, None);
         for name in ["sp ace.o", "b c.o"] {
             assert!(p.may_read(&dir.join(name)), "{name}: a quoted name is one word, as the daemon reads it");

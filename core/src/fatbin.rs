@@ -175,6 +175,10 @@ pub fn parse(data: &[u8]) -> Result<Vec<Member<'_>>, FatbinError> {
         if u32_at(data, pos) != Some(FATBIN_MAGIC) {
             return Err(FatbinError::BadMagic);
         }
+        // nvlink knows container version 1 only ("Can't load this binary kind").
+        if u16_at(data, pos + 4) != Some(1) {
+            return Err(FatbinError::Corrupt);
+        }
         let header_size = u16_at(data, pos + 6).ok_or(FatbinError::Truncated)? as usize;
         let fat_size = u64_at(data, pos + 8).ok_or(FatbinError::Truncated)?;
         if header_size < CONTAINER_HEADER {
@@ -208,7 +212,8 @@ fn parse_member(data: &[u8], at: usize) -> Result<(Member<'_>, usize), FatbinErr
     let arch = u32_at(data, at + 28).ok_or(t.clone())?;
     let flags = u64_at(data, at + 40).ok_or(t.clone())?;
     let uncompressed_size = u64_at(data, at + 56).ok_or(t.clone())?;
-    if header_size < MEMBER_HEADER_MIN {
+    // An arch no toolkit names (nvlink: "Unknown arch name"; high bits set).
+    if header_size < MEMBER_HEADER_MIN || arch >= 1000 {
         return Err(FatbinError::Corrupt);
     }
     let payload_start = at.checked_add(header_size).ok_or(FatbinError::Corrupt)?;

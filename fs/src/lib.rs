@@ -468,31 +468,38 @@ pub fn as_named(path: &Path, args: &[String], cwd: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// The words of an options file as nvlink splits it: ASCII whitespace separates,
-/// quotes (`'` or `"`) group and are dropped (`'a b.o'` is one word). The
-/// daemon's parser and the shim's view of a command line use this one
-/// splitter, so both see the same names.
+/// The words of an options file as nvlink splits it (measured with nvlink
+/// 13.5): space, tab, newline, form feed and carriage return separate (not a
+/// vertical tab); `"` groups (anywhere in a word: `s"c".o` is `sc.o`); `\`
+/// takes the next character as it is, inside quotes too (`s\ c.o` is
+/// `s c.o`); `'` is an ordinary character. The daemon's parser and the shim's
+/// view of a command line use this one splitter, so both see the same names.
 pub fn options_words(text: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut cur = String::new();
-    let mut in_word = false;
-    let mut quote: Option<char> = None;
+    let (mut in_word, mut quoted, mut escaped) = (false, false, false);
     for c in text.chars() {
-        match quote {
-            Some(q) if c == q => quote = None,
-            Some(_) => cur.push(c),
-            None if c == '"' || c == '\'' => {
-                quote = Some(c);
+        if escaped {
+            cur.push(c);
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => {
+                escaped = true;
                 in_word = true;
             }
-            // C's `isspace` (nvlink's): ASCII only, vertical tab included.
-            None if matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r') => {
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            ' ' | '\t' | '\n' | '\x0c' | '\r' if !quoted => {
                 if in_word {
                     words.push(std::mem::take(&mut cur));
                     in_word = false;
                 }
             }
-            None => {
+            _ => {
                 cur.push(c);
                 in_word = true;
             }
@@ -510,7 +517,16 @@ mod words {
 
     #[test]
     fn options_files_split_on_ascii_whitespace_and_group_by_quotes() {
-        assert_eq!(options_words(" -arch sm_90\n 'a b.o' \"c\"d "), ["-arch", "sm_90", "a b.o", "cd"]);
-        assert_eq!(options_words("a\u{a0}b.o\tc\u{b}d\u{c}e\rf"), ["a\u{a0}b.o", "c", "d", "e", "f"], "C's isspace");
+        assert_eq!(options_words(" -arch sm_90\n \"a b.o\" \"c\"d "), ["-arch", "sm_90", "a b.o", "cd"]);
+        assert_eq!(options_words("'a b.o' s'c.o"), ["'a", "b.o'", "s'c.o"], "' is an ordinary character");
+        assert_eq!(
+            options_words(r#"s\ c.o s\c.o s\\c.o "s\"c.o" s"c".o"#),
+            ["s c.o", "sc.o", "s\\c.o", "s\"c.o", "sc.o"]
+        );
+        assert_eq!(
+            options_words("a\u{a0}b.o\tc\u{b}d\u{c}e\rf"),
+            ["a\u{a0}b.o", "c\u{b}d", "e", "f"],
+            "no vertical tab"
+        );
     }
 }

@@ -85,6 +85,7 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
     let symbols = (secs[symtab].size / 24) as u64;
     let shstrtab = u16_at(b, EHDR_SHSTRNDX);
     let shoff = u64_at(b, EHDR_SHOFF);
+    let fatbin = b.windows(4).position(|w| w == [0x50, 0xed, 0x55, 0xba]).expect("a fatbin in the object");
     let mut out = vec![
         ("EI_VERSION 0".to_owned(), with(b, 6, 1, 0)),
         ("e_type ET_EXEC".to_owned(), with(b, 0x10, 2, 2)),
@@ -96,6 +97,10 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
         ("e_phoff past the end".to_owned(), with(b, 0x20, 8, b.len() as u64 + 1)),
         ("e_phoff in the section headers".to_owned(), with(b, 0x20, 8, b.len() as u64 - 8)),
         ("e_phoff 64".to_owned(), with(b, 0x20, 8, 64)),
+        // The fatbin's own headers: a container version nvlink does not
+        // know, a member arch with high bits set.
+        ("fatbin version 2".to_owned(), with(b, fatbin + 4, 2, 2)),
+        ("fatbin member arch 0x205a".to_owned(), with(b, fatbin + 16 + 28, 4, 0x205a)),
         // Section 0, which is null.
         ("section 0 SHT_SYMTAB".to_owned(), with(b, shoff + SH_TYPE, 4, SHT_SYMTAB as u64)),
         ("section 0 sized".to_owned(), with(b, shoff + SH_SIZE, 8, 24)),

@@ -1109,3 +1109,37 @@ fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
     assert!(eventually(Duration::from_secs(20), || !staged.exists()), "{} left behind", staged.display());
     assert!(!target.exists(), "the output was written without the shim");
 }
+
+/// Options files are split as nvlink splits them: `"` groups (also inside a
+/// word), `\` takes the next character, `'` is an ordinary character, a
+/// vertical tab separates nothing. Each word names an input file that exists
+/// under the name nvlink reads (or not): the daemon's answer is nvlink's.
+#[test]
+fn options_files_are_split_as_nvlink_splits_them() {
+    let d = Daemon::start_with(&["--verify=off"]);
+    let dir = TempDir::new("flt-words");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    for name in ["s c.o", "sc.o", "s'c.o", "s\u{b}c.o", "s\"c.o"] {
+        std::fs::copy(corpus::dir().join("scale.o"), dir.path().join(name)).unwrap();
+    }
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_FALLBACK".into(), "never".into()));
+    for word in
+        ["\"s c.o\"", "s\\ c.o", "s\\c.o", "'s c.o'", "s'c.o", "s\u{b}c.o", "\"s\\\"c.o\"", "s\"c\".o", "s\\\\c.o"]
+    {
+        std::fs::write(dir.path().join("o.opts"), format!("--arch=sm_90 accumulate.o {word} -o {{OUT}}/out.cubin\n"))
+            .unwrap();
+        let out = TempDir::new("flt-words-out");
+        let text = std::fs::read_to_string(dir.path().join("o.opts"))
+            .unwrap()
+            .replace("{OUT}", &out.path().display().to_string());
+        std::fs::write(dir.path().join("o.opts"), text).unwrap();
+        let link = Invocation::templated("-optf o.opts", dir.path(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        let actual = run(&shim(), &link, &env);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{word:?}: {:?}", cmp.problems);
+    }
+}

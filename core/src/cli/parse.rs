@@ -413,6 +413,6 @@ mod tests {
 
     #[test]
     fn words() {
-        assert_eq!(split_words(" -arch sm_90\n 'a b.o' \"c\"d "), vec!["-arch", "sm_90", "a b.o", "cd"]);
+        assert_eq!(split_words(" -arch sm_90\n \"a b.o\" \"c\"d "), vec!["-arch", "sm_90", "a b.o", "cd"]);
     }
 }

@@ -86,6 +86,26 @@ impl<'a> Member<'a> {
         }
     }
 
+    /// A compressed cubin member of `payload` declaring `size` bytes (tests).
+    #[cfg(test)]
+    pub(crate) fn compressed_for_test(payload: &'a [u8], size: u64) -> Member<'a> {
+        Member {
+            kind: MemberKind::Cubin,
+            arch: 90,
+            version_major: 1,
+            version_minor: 0,
+            flags: FLAG_COMPRESSED,
+            options: "",
+            payload,
+            uncompressed_size: size,
+        }
+    }
+
+    /// The member's size once decompressed (its declared size).
+    pub(crate) fn uncompressed_size(&self) -> u64 {
+        self.uncompressed_size
+    }
+
     pub(crate) fn is_compressed(&self) -> bool {
         self.flags & FLAG_COMPRESSED != 0 && self.payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
     }

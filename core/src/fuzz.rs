@@ -91,6 +91,7 @@ pub fn inputs(data: &[u8]) {
             suppress_arch_warning: false,
             memo: None,
             cpu_machine: crate::input::load::cpu_machine(None),
+            decompressed: Default::default(),
         };
         for name in ["x.o", "x.cubin", "x.ptx", "x.fatbin", "x.a", "x.ltoir", "x"] {
             let _ = ctx.input(name);

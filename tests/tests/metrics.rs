@@ -256,3 +256,31 @@ fn classic_text_passes_promtool() {
     let said = format!("{}{}", String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr));
     assert!(res.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}");
 }
+
+/// One address keeping idle connections to the metrics port (40 of them,
+/// past the port's 32) leaves room for the probes of another: `/healthz`
+/// from elsewhere still answers.
+#[test]
+fn idle_connections_from_one_address_leave_the_probes_room() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let d = Daemon::start_with(&["--metrics-listen", &addr.to_string()]);
+    assert_eq!(status_of(addr, "/healthz"), 200);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let idle = rt.block_on(async {
+        let mut idle = Vec::new();
+        for _ in 0..40 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            if let Ok(s) = socket.connect(addr).await {
+                idle.push(s);
+            }
+        }
+        idle
+    });
+    assert!(idle.len() >= 32, "the idle connections were not made");
+    // Give the daemon time to take them all.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(status_of(addr, "/healthz"), 200, "a probe found no room");
+    drop(idle);
+    assert!(d.answers());
+}

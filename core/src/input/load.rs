@@ -110,7 +110,15 @@ pub struct LoadContext<'a> {
     /// The host `e_machine` of `--cpu-arch` ([`cpu_machine`]): a `-l` archive
     /// none of whose leading ELF members has it is skipped as incompatible.
     pub cpu_machine: u16,
+    /// Bytes of fatbin members this link decompressed so far (at most
+    /// [`MAX_LINK_DECOMPRESSED`]).
+    pub decompressed: std::sync::atomic::AtomicU64,
 }
+
+/// The most a link may decompress of its inputs' fatbin members: 1 GiB (a
+/// 9 KB member may declare 256 MiB; twelve of them took the daemon to
+/// 3.5 GB). Past it the link is left to nvlink.
+pub const MAX_LINK_DECOMPRESSED: u64 = 1 << 30;
 
 /// The `e_machine` nvlink expects of host objects for `--cpu-arch` (absent or
 /// `unknown`: this host's, x86-64). Measured with nvlink 13.5 on archives whose
@@ -618,7 +626,7 @@ impl LoadContext<'_> {
         // readable here): the engine then learns the symbols from NVVM's output.
         let lto = match members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch) {
             Some(twin) => {
-                let text = twin.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?;
+                let text = self.contents(name, twin)?;
                 Some(ptx::symbols(&String::from_utf8_lossy(&text)))
             }
             None => None,
@@ -679,17 +687,28 @@ impl LoadContext<'_> {
             );
         }
         let Some(m) = ptx.max_by_key(|m| m.arch) else { return Ok(None) };
-        let bytes: Bytes =
-            m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+        let bytes: Bytes = self.contents(name, m)?.into_owned().into();
         Ok(Some(Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None }))
+    }
+
+    /// A member's contents, decompressed within the link's
+    /// [`MAX_LINK_DECOMPRESSED`].
+    fn contents<'m>(&self, name: &str, m: &Member<'m>) -> Result<std::borrow::Cow<'m, [u8]>, LoadError> {
+        use std::sync::atomic::Ordering;
+        if m.is_compressed() {
+            let before = self.decompressed.fetch_add(m.uncompressed_size(), Ordering::Relaxed);
+            if before + m.uncompressed_size() > MAX_LINK_DECOMPRESSED {
+                return unsupported(Reason::Input, format!("{name}: the link's fatbin members decompress past 1 GiB"));
+            }
+        }
+        m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))
     }
 
     /// A SASS member's cubin and its parsed symbols, from the memo when it
     /// holds this member.
     fn decode_sass(&self, name: &str, m: &Member<'_>) -> Result<Decoded, LoadError> {
         let decode = || -> Result<Decoded, LoadError> {
-            let bytes: Bytes =
-                m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?.into_owned().into();
+            let bytes: Bytes = self.contents(name, m)?.into_owned().into();
             let info = Arc::new(cubin::read(&bytes).or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))?);
             Ok(Decoded { bytes, info })
         };
@@ -822,4 +841,33 @@ pub(crate) fn select_members(units: &[Unit], lib: Library) -> Vec<Unit> {
         chosen.extend(remaining.into_iter().flatten());
     }
     chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link decompresses at most [`MAX_LINK_DECOMPRESSED`] of its members:
+    /// past it, before decompressing, the link is left to nvlink.
+    #[test]
+    fn a_links_members_decompress_within_its_bound() {
+        let zeros = zstd::encode_all(&vec![0u8; 1 << 20][..], 3).unwrap();
+        let ctx = LoadContext {
+            fs: &crate::fs::LocalFs,
+            cwd: Path::new("/"),
+            target: Target { sm: 90, suffix: None },
+            lto: false,
+            suppress_arch_warning: false,
+            memo: None,
+            cpu_machine: cpu_machine(None),
+            decompressed: Default::default(),
+        };
+        let small = fatbin::Member::compressed_for_test(&zeros, 1 << 20);
+        assert_eq!(ctx.contents("a.o", &small).map(|c| c.len()).ok(), Some(1 << 20));
+        let declared = fatbin::Member::compressed_for_test(&zeros, MAX_LINK_DECOMPRESSED);
+        match ctx.contents("b.o", &declared) {
+            Err(LoadError::Declined(d)) => assert!(d.detail.contains("past 1 GiB"), "{}", d.detail),
+            other => panic!("decompressed past the bound: {:?}", other.map(|c| c.len())),
+        }
+    }
 }

@@ -470,6 +470,7 @@ impl<'a> Link<'a> {
             suppress_arch_warning: spec.suppress_arch_warning,
             memo: Some(&self.linker.decode_memo),
             cpu_machine: crate::input::load::cpu_machine(spec.cpu_arch.as_deref()),
+            decompressed: Default::default(),
         };
         let planned = self.ctl.obs.in_phase(Phase::Plan, || {
             fs.prefetch(&spec.files.input_paths());

@@ -279,6 +279,40 @@ pub struct Sources {
 
 /// Connections of the metrics port open at once.
 const MAX_CONNECTIONS: usize = 32;
+/// Of them, from one address (an IPv6 /64 as one): one process keeping idle
+/// connections open cannot take the probes' (the kubelet's, a scraper's).
+const MAX_PER_ADDRESS: usize = MAX_CONNECTIONS / 4;
+
+/// The metrics port's connections by address; a slot given back when dropped.
+#[derive(Default)]
+struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+struct AddressSlot(Arc<PerAddress>, std::net::IpAddr);
+
+impl PerAddress {
+    fn take(self: &Arc<Self>, addr: std::net::IpAddr) -> Option<AddressSlot> {
+        let addr = crate::net::incoming::peer_group(addr);
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(addr).or_default();
+        if *n >= MAX_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot(self.clone(), addr))
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
 
 /// Serve `/metrics`, `/healthz` and `/readyz` on `listener` until `stop` resolves.
 pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::future::Future<Output = ()>) {
@@ -293,13 +327,14 @@ pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::futu
     // of spinning (a flood of the port had the daemon at 87% CPU and local
     // links 100 times slower).
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let per_address = Arc::new(PerAddress::default());
     let accept = async {
         let mut backoff = Duration::from_millis(10);
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => {
+            let (stream, peer) = match listener.accept().await {
+                Ok((stream, peer)) => {
                     backoff = Duration::from_millis(10);
-                    stream
+                    (stream, peer)
                 }
                 Err(e) if crate::net::incoming::out_of_resources(&e) => {
                     debug!("metrics port: accept failed ({e}); waiting {}ms", backoff.as_millis());
@@ -309,13 +344,17 @@ pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::futu
                 }
                 Err(_) => continue,
             };
+            let Some(mine) = per_address.take(peer.ip()) else {
+                drop(stream);
+                continue;
+            };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 drop(stream);
                 continue;
             };
             let (registry, linker, readiness) = (registry.clone(), linker.clone(), readiness.clone());
             tokio::spawn(async move {
-                let _slot = slot;
+                let _slot = (slot, mine);
                 let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let ready = readiness.check(&linker);
                     let registry = registry.clone();
@@ -323,7 +362,7 @@ pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::futu
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
+                    .header_read_timeout(Duration::from_secs(2))
                     .serve_connection(TokioIo::new(stream), service);
                 if let Err(e) = conn.await {
                     debug!("metrics connection: {e}");

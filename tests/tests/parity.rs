@@ -64,6 +64,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto-relocatable-registered", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} --register-link-binaries={OUT}/reg.c accumulate_lto.o scale.o saxpy_lto.o -o {OUT}/out.o", ""),
     ("lto-relocatable-ir-only", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} xcall_main_lto3.o xcall_loop_lto3.o -o {OUT}/out.o", ""),
     ("lto-relocatable-no-lto", "--arch=sm_90 -dlto -r -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
+    // --emit-ptx of a partial link: nothing internalized, nothing dropped (an adversary's case).
+    ("lto-emit-ptx-relocatable", "--arch=sm_90 -dlto --emit-ptx -r -nvvmpath={NVVM} accumulate_lto.o scale_lto.o -o {OUT}/out.ptx", ""),
     // nvlink's warning there: --disable-infos silences it, -w does not.
     ("lto-relocatable-no-lto-w", "--arch=sm_90 -dlto -r -w -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
     ("lto-relocatable-no-lto-disable-infos", "--arch=sm_90 -dlto -r --disable-infos -nvvmpath={NVVM} accumulate.o scale.o -o {OUT}/out.o", ""),
@@ -697,6 +699,8 @@ const ROUTED: &[(&str, &str)] = &[
     // LTO IR only for newer archs: nvlink's warnings and the rest linked.
     ("lto-ir-newer-than-target", "arch"),
     ("lto-ir-newer-without-dlto", "arch"),
+    // --emit-ptx with -r: nvlink's PTX of a partial link.
+    ("lto-emit-ptx-relocatable", "lto_options"),
     // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
     ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];

@@ -126,6 +126,29 @@ fn background_verification_heals_the_cache_and_routes_the_link() {
     assert_eq!(c.stat("cache_hits"), 1, "{}", c.stats());
 }
 
+/// A remote link's in-process answer is not verified (its files are read as
+/// its caller sends them), but it enters the cache: a local link that hits
+/// that entry has it verified with its own files, and the cache healed.
+#[test]
+fn a_remote_links_cached_answer_is_verified_when_a_local_link_hits_it() {
+    use nvlinkd_tests::remote::{tls_daemon_env, Pki};
+    let pki = Pki::new();
+    let (d, port) = tls_daemon_env(&pki, &["--verify=background"], &[CORRUPT]);
+    let out = TempDir::new("verify-remote-hit");
+    let link = Invocation::templated(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let remote = run(&shim(), &link, &pki.shim_env(&format!("https://127.0.0.1:{port}"), "never"));
+    assert!(!compare::runs(&expected, &remote).identical, "the injected fault did not damage the output");
+    assert_eq!(d.stat("verified"), 0, "a remote link was verified: {}", d.stats());
+    // The local link hits the remote link's entry (damaged), and has it verified.
+    let _hit = run(&shim(), &link, &d.shim_env());
+    assert_eq!(d.stat("cache_hits"), 1, "{}", d.stats());
+    settle(&d, 1);
+    assert_eq!(d.stat("verify_mismatches"), 1, "{}", d.stats());
+    let healed = run(&shim(), &link, &d.shim_env());
+    assert_same(&expected, &healed, "the local link after the hit's verification");
+}
+
 #[test]
 fn a_healthy_daemon_verifies_each_new_link_once_and_finds_nothing() {
     let d = Daemon::start_with(&["--verify=background"]);

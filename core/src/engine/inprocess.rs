@@ -361,6 +361,12 @@ fn link_plan(cx: &Context<'_>, spec: &Spec, mode: Mode, plan: &mut Plan) -> Resu
         Mode::LtoWhole | Mode::LtoPartial | Mode::LtoEmitPtx => {}
         _ => return no(Reason::Options, format!("{mode:?} links")),
     }
+    // `--emit-ptx` with `-r` (or `--force-partial-lto`): nvlink's PTX of a
+    // partial link (nothing internalized, nothing dropped), which the
+    // whole-program path here is not (found by an adversarial run).
+    if mode == Mode::LtoEmitPtx && (spec.relocatable || spec.force_partial_lto) {
+        return no(Reason::LtoOptions, "--emit-ptx of a relocatable (partial) LTO link");
+    }
     if mode != Mode::Relocatable && mode != Mode::Executable {
         device_code_after_runtime(plan, true)?;
     }

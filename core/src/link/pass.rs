@@ -240,6 +240,7 @@ impl<'a> Link<'a> {
                 bump(&linker.stats.cache_hits);
                 linker.note_speculated_use(&keys.content);
             }
+            self.verify_hit(cache, &keys, &o);
             return o;
         }
         // Only a link that must compute waits, first for a plan permit, then
@@ -255,6 +256,7 @@ impl<'a> Link<'a> {
                     bump(&linker.stats.cache_hits);
                     linker.note_speculated_use(&keys.content);
                 }
+                self.verify_hit(cache, &keys, &o);
                 return o;
             }
         }
@@ -614,6 +616,21 @@ impl<'a> Link<'a> {
             cache.store.store("link", &keys.content, bytes);
         }
         (outcome, entry)
+    }
+
+    /// A hit of an entry this daemon has not verified (made by a remote link,
+    /// which is not verified, by a daemon before a restart, or by another
+    /// daemon of the shared tier): verified in the background with this local
+    /// link's files, once per key, as a computed link is (an adversarial run
+    /// had a remote caller's unverified answer served to local links).
+    fn verify_hit(&self, cache: &LinkCache, keys: &linkcache::LinkKeys, hit: &Outcome) {
+        if !self.req.shared_fs || self.linker.verifier.mode == crate::verify::VerifyMode::Off {
+            return;
+        }
+        let as_computed = Outcome { engine: EngineKind::InProcess, ..hit.clone() };
+        if let Some(job) = self.verification(keys, &as_computed, &cache.store) {
+            self.linker.verifier.later(job);
+        }
     }
 
     /// The verification of a link just computed (`verify.rs`), when it is to

@@ -98,6 +98,11 @@ fn fatal<T>(msg: impl Into<String>) -> Result<T, LoadError> {
     Err(LoadError::Fatal(vec![Diagnostic::fatal(msg)]))
 }
 
+/// The words of a fatbin member's recorded options.
+fn words(options: &str) -> Vec<&str> {
+    options.split_whitespace().collect()
+}
+
 /// What the loader needs to know about the link.
 pub struct LoadContext<'a> {
     pub fs: &'a dyn InputFs,
@@ -622,6 +627,14 @@ impl LoadContext<'_> {
         let (Some(object), true) = (object, ir.arch == t.sm) else {
             return unsupported(Reason::Arch, format!("{name}: lto_{} IR linked for sm_{}", ir.arch, t.sm));
         };
+        // Only nvcc's default options of LTO IR are reproduced (NVVM and its
+        // ptxas take the recorded ones: `-maxrregcount`, fast math, ...).
+        if words(ir.options) != ["-ftz=0", "-prec_div=1", "-prec_sqrt=1", "-fmad=1"] {
+            return unsupported(
+                Reason::LtoOptions,
+                format!("{name}: LTO IR recorded with options '{}'", ir.options.trim()),
+            );
+        }
         // nvcc's `code=lto_XY` alone leaves no twin (the IR itself is not
         // readable here): the engine then learns the symbols from NVVM's output.
         let lto = match members.iter().find(|m| m.kind == MemberKind::Ptx && m.arch == ir.arch) {
@@ -687,6 +700,15 @@ impl LoadContext<'_> {
             );
         }
         let Some(m) = ptx.max_by_key(|m| m.arch) else { return Ok(None) };
+        // The options nvcc recorded for the PTX (`-Xptxas`, `-maxrregcount`,
+        // `-G`, `-lineinfo`) are nvlink's ptxas's too; only nvcc's default
+        // is reproduced (an adversarial run found the others' cubins differ).
+        if !matches!(words(m.options).as_slice(), [] | ["--compile-only"]) {
+            return unsupported(
+                Reason::PtxJit,
+                format!("{name}: PTX recorded with ptxas options '{}'", m.options.trim()),
+            );
+        }
         let bytes: Bytes = self.contents(name, m)?.into_owned().into();
         Ok(Some(Module { code: Code::Ptx(bytes), arch: m.arch, options: m.options.to_owned(), info: None, lto: None }))
     }

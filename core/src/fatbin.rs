@@ -15,6 +15,10 @@ const CONTAINER_HEADER: usize = 16;
 const MEMBER_HEADER_MIN: usize = 64;
 /// Flag bit: payload is zstd-compressed.
 const FLAG_COMPRESSED: u64 = 0x8000;
+/// Every flag bit nvcc 13 sets on the members it makes (seen on the whole
+/// corpus: 64-bit, debug, host Linux, compressed, LTO, arch-specific, family,
+/// and one more of SASS members).
+const KNOWN_FLAGS: u64 = 0x1 | 0x2 | 0x10 | FLAG_COMPRESSED | 0x1_0000 | 0x10_0000 | 0x20_0000 | 0x100_0000;
 /// Member built for an arch-specific target (`sm_90a`, `compute_100a`).
 const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
 /// Member built for an arch family (`sm_100f`, `compute_100f`).
@@ -232,8 +236,9 @@ fn parse_member(data: &[u8], at: usize) -> Result<(Member<'_>, usize), FatbinErr
     let arch = u32_at(data, at + 28).ok_or(t.clone())?;
     let flags = u64_at(data, at + 40).ok_or(t.clone())?;
     let uncompressed_size = u64_at(data, at + 56).ok_or(t.clone())?;
-    // An arch no toolkit names (nvlink: "Unknown arch name"; high bits set).
-    if header_size < MEMBER_HEADER_MIN || arch >= 1000 {
+    // An arch no toolkit names (nvlink: "Unknown arch name"; high bits set),
+    // or flags nvcc never sets (what nvlink makes of them is not measured).
+    if header_size < MEMBER_HEADER_MIN || arch >= 1000 || flags & !KNOWN_FLAGS != 0 {
         return Err(FatbinError::Corrupt);
     }
     let payload_start = at.checked_add(header_size).ok_or(FatbinError::Corrupt)?;

@@ -101,6 +101,7 @@ fn damaged(b: &[u8]) -> Vec<(String, Vec<u8>)> {
         // know, a member arch with high bits set.
         ("fatbin version 2".to_owned(), with(b, fatbin + 4, 2, 2)),
         ("fatbin member arch 0x205a".to_owned(), with(b, fatbin + 16 + 28, 4, 0x205a)),
+        ("fatbin member flags 0x9011".to_owned(), with(b, fatbin + 16 + 40, 8, 0x9011)),
         // Section 0, which is null.
         ("section 0 SHT_SYMTAB".to_owned(), with(b, shoff + SH_TYPE, 4, SHT_SYMTAB as u64)),
         ("section 0 sized".to_owned(), with(b, shoff + SH_SIZE, 8, 24)),

@@ -250,12 +250,24 @@ fn parse_member(data: &[u8], at: usize) -> Result<(Member<'_>, usize), FatbinErr
     // field zero: the payload is the whole padded extent.
     let data_size = if flags & FLAG_COMPRESSED == 0 && data_size == 0 { next - payload_start } else { data_size };
     let payload = &data[payload_start..payload_start + data_size];
-    // Extended header: options string located by (offset, size) relative to the member.
+    // Extended header: the source file's name (with `-lineinfo` or `-G`,
+    // located by (offset, size) at +32, the name itself from +64), then the
+    // options string located by (offset, size) relative to the member, which
+    // follows the name (8-aligned) or is at +64 without one.
+    let (name_off, name_len) =
+        (u32_at(data, at + 32).unwrap_or(0) as usize, u32_at(data, at + 36).unwrap_or(0) as usize);
+    let pair = match name_off {
+        0 => MEMBER_HEADER_MIN,
+        _ if name_off < MEMBER_HEADER_MIN || name_off.saturating_add(name_len) > header_size => {
+            return Err(FatbinError::Corrupt)
+        }
+        _ => (name_off + name_len).div_ceil(8) * 8,
+    };
     let mut options = "";
-    if header_size >= MEMBER_HEADER_MIN + 8 {
-        let off = u32_at(data, at + 64).unwrap_or(0) as usize;
-        let len = u32_at(data, at + 68).unwrap_or(0) as usize;
-        if off >= MEMBER_HEADER_MIN + 8 && off.saturating_add(len) <= header_size {
+    if header_size >= pair + 8 {
+        let off = u32_at(data, at + pair).unwrap_or(0) as usize;
+        let len = u32_at(data, at + pair + 4).unwrap_or(0) as usize;
+        if off >= pair + 8 && off.saturating_add(len) <= header_size {
             let raw = &data[at + off..at + off + len];
             let raw = raw.split(|&b| b == 0).next().unwrap_or(&[]);
             options = std::str::from_utf8(raw).map_err(|_| FatbinError::Corrupt)?;

@@ -32,6 +32,10 @@ fn options_nvcc_recorded_in_a_member_are_nvlinks() {
         ("ptx_o2", &["-gencode", "arch=compute_90,code=compute_90", "-Xptxas", "-O2"], "--arch=sm_90"),
         ("ptx_regs", &["-gencode", "arch=compute_90,code=compute_90", "-maxrregcount=24"], "--arch=sm_90"),
         ("ptx_li", &["-gencode", "arch=compute_90,code=compute_90", "-lineinfo"], "--arch=sm_90"),
+        // SASS for sm_90 and PTX, linked for a newer arch: the PTX is compiled
+        // (its member names the source file first with -lineinfo and -G).
+        ("li_newer", &["-gencode", "arch=compute_90,code=[compute_90,sm_90]", "-lineinfo"], "--arch=sm_100"),
+        ("g_newer", &["-gencode", "arch=compute_90,code=[compute_90,sm_90]", "-G"], "--arch=sm_100"),
         (
             "lto_regs",
             &["-gencode", "arch=compute_90,code=lto_90", "-maxrregcount=24"],

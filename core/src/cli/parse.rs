@@ -199,6 +199,15 @@ impl Parser<'_> {
         let Ok(text) = std::str::from_utf8(&bytes) else {
             return Err(Stop::TooLarge(format!("options file '{file}' is not UTF-8")));
         };
+        // What is measured of nvlink's splitting: quotes that pair, `\` before
+        // any character but `"`. A NUL, `\"` or a quote left open are left to
+        // nvlink (it drops `\"` outside quotes, and stops at a stray quote).
+        let quotes = text.replace("\\\\", "").matches('"').count();
+        if text.contains('\0') || text.contains("\\\"") || quotes % 2 == 1 {
+            return Err(Stop::TooLarge(format!(
+                "options file '{file}' quotes in a way nvlink's splitting of is not measured"
+            )));
+        }
         let words = split_words(text);
         self.words(&words, depth + 1)
     }

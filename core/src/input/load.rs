@@ -125,6 +125,20 @@ pub struct LoadContext<'a> {
 /// 3.5 GB). Past it the link is left to nvlink.
 pub const MAX_LINK_DECOMPRESSED: u64 = 1 << 30;
 
+/// The most the links of this process may have decompressed at once: 2 GiB
+/// (concurrent remote links each had their own GiB).
+pub const MAX_DECOMPRESSED: u64 = 2 << 30;
+
+/// Bytes decompressed by the links loading now (their [`LoadContext`]s).
+static DECOMPRESSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Drop for LoadContext<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        DECOMPRESSED.fetch_sub(*self.decompressed.get_mut(), Ordering::Relaxed);
+    }
+}
+
 /// The `e_machine` nvlink expects of host objects for `--cpu-arch` (absent or
 /// `unknown`: this host's, x86-64). Measured with nvlink 13.5 on archives whose
 /// members' `e_machine` was set to each value.
@@ -718,9 +732,14 @@ impl LoadContext<'_> {
     fn contents<'m>(&self, name: &str, m: &Member<'m>) -> Result<std::borrow::Cow<'m, [u8]>, LoadError> {
         use std::sync::atomic::Ordering;
         if m.is_compressed() {
-            let before = self.decompressed.fetch_add(m.uncompressed_size(), Ordering::Relaxed);
-            if before + m.uncompressed_size() > MAX_LINK_DECOMPRESSED {
+            let n = m.uncompressed_size();
+            let all = DECOMPRESSED.fetch_add(n, Ordering::Relaxed) + n;
+            let mine = self.decompressed.fetch_add(n, Ordering::Relaxed) + n;
+            if mine > MAX_LINK_DECOMPRESSED {
                 return unsupported(Reason::Input, format!("{name}: the link's fatbin members decompress past 1 GiB"));
+            }
+            if all > MAX_DECOMPRESSED {
+                return unsupported(Reason::Input, format!("{name}: the links loading now decompress past 2 GiB"));
             }
         }
         m.contents().or_else(|e| unsupported(Reason::Input, format!("{name}: {e}")))

@@ -320,16 +320,7 @@ mod tests {
     #[test]
     fn a_member_declaring_more_than_the_bound_is_not_decompressed() {
         let zeros = zstd::encode_all(&vec![0u8; 1 << 20][..], 19).unwrap();
-        let member = |size: u64| Member {
-            kind: MemberKind::Cubin,
-            arch: 90,
-            version_major: 1,
-            version_minor: 0,
-            flags: FLAG_COMPRESSED,
-            options: "",
-            payload: &zeros,
-            uncompressed_size: size,
-        };
+        let member = |size: u64| Member::compressed_for_test(&zeros, size);
         assert_eq!(member(1 << 20).contents().map(|c| c.len()), Ok(1 << 20));
         assert_eq!(member(MAX_MEMBER_SIZE + 1).contents().err(), Some(FatbinError::Corrupt), "past the bound");
     }

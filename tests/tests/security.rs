@@ -596,16 +596,27 @@ async fn announce_one_gib(socket: &Path) -> Option<String> {
     let (response, mut body) = h2.send_request(req, false).ok()?;
     // Compressed flag 0, length 2^30, and nothing more.
     body.send_data(bytes::Bytes::from_static(&[0, 0x40, 0, 0, 0]), false).ok()?;
-    let response = tokio::time::timeout(Duration::from_secs(30), response).await.ok()?.ok()?;
-    let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    if let Some(s) = status(response.headers()) {
-        return Some(s);
-    }
-    let mut recv = response.into_body();
-    while let Some(Ok(_)) = recv.data().await {}
-    let trailers = tokio::time::timeout(Duration::from_secs(30), recv.trailers()).await.ok()?.ok()??;
+    let status = grpc_status(response, Duration::from_secs(60)).await;
     drop(body);
-    status(&trailers)
+    status
+}
+
+/// The grpc-status a raw HTTP/2 call ends with (in its response's headers,
+/// or its trailers), if it ends within `wait`.
+async fn grpc_status(response: h2::client::ResponseFuture, wait: Duration) -> Option<String> {
+    let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    tokio::time::timeout(wait, async {
+        let response = response.await.ok()?;
+        if let Some(s) = status(response.headers()) {
+            return Some(s);
+        }
+        let mut recv = response.into_body();
+        while let Some(Ok(_)) = recv.data().await {}
+        status(&recv.trailers().await.ok()??)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 #[test]
@@ -626,12 +637,7 @@ fn a_header_announcing_one_gib_is_refused_without_allocating_it() {
         assert!(matches!(s.as_deref(), Some("8") | Some("11")), "{statuses:?}");
     }
     assert!(d.answers(), "the daemon died");
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap())).unwrap();
-    let peak_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
+    let peak_kib = vm_kib(d.pid().unwrap(), "VmHWM:");
     assert!(peak_kib < 512 << 10, "the daemon peaked at {peak_kib} KiB");
 }
 
@@ -656,19 +662,7 @@ async fn stall_a_message(h2: &mut h2::client::SendRequest<bytes::Bytes>, wait: D
     prefix.extend(len.to_be_bytes());
     body.send_data(prefix.into(), false).ok()?;
     body.send_data(vec![0x0a; len as usize - 48].into(), false).ok()?;
-    let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let ended = tokio::time::timeout(wait, async {
-        let response = response.await.ok()?;
-        if let Some(s) = status(response.headers()) {
-            return Some(s);
-        }
-        let mut recv = response.into_body();
-        while let Some(Ok(_)) = recv.data().await {}
-        status(&recv.trailers().await.ok()??)
-    })
-    .await
-    .ok()
-    .flatten();
+    let ended = grpc_status(response, wait).await;
     // Kept open while stalled: the daemon holds what it received.
     std::mem::forget(body);
     ended
@@ -754,19 +748,7 @@ fn a_health_call_without_a_token_holds_no_budget() {
         let (response, mut body) = h2.ready().await.unwrap().send_request(req, false).unwrap();
         body.send_data(bytes::Bytes::from_static(&[0, 0, 0x40, 0, 0]), false).unwrap();
         let _ = body.send_data(vec![0x0a; 1 << 20].into(), false);
-        let status = |h: &http::HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let ended = tokio::time::timeout(Duration::from_secs(10), async {
-            let response = response.await.ok()?;
-            if let Some(s) = status(response.headers()) {
-                return Some(s);
-            }
-            let mut recv = response.into_body();
-            while let Some(Ok(_)) = recv.data().await {}
-            status(&recv.trailers().await.ok()??)
-        })
-        .await
-        .ok()
-        .flatten();
+        let ended = grpc_status(response, Duration::from_secs(10)).await;
         std::mem::forget(body);
         ended
     });

@@ -56,13 +56,12 @@ fn main() -> ExitCode {
     if let Some(name) = NVLINK_ENV.iter().find(|n| std::env::var_os(n).is_some()) {
         return fallback::exec_real(&tk, &args, &format!("{name} is set (nvlink reads it)"));
     }
-    // A host linker script comes from the caller's host tools (`gcc`, `ld`):
-    // with a remote daemon, the real nvlink makes it here.
-    if session::remote() {
-        if let Ok(cwd) = std::env::current_dir() {
-            if policy::host_linker_script(&args, &cwd) {
-                return fallback::exec_real(&tk, &args, "host linker script");
-            }
+    // A host linker script comes from the caller's host tools (`gcc`, `ld`,
+    // found on the caller's PATH, with its environment): the real nvlink
+    // makes it here, whatever daemon there is.
+    if let Ok(cwd) = std::env::current_dir() {
+        if policy::host_linker_script(&args, &cwd) {
+            return fallback::exec_real(&tk, &args, "host linker script");
         }
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

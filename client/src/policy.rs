@@ -325,6 +325,14 @@ fn passes_own(base: &Path, path: &Path) -> bool {
     false
 }
 
+/// The command line with the words of its options files in place (read
+/// here): what nvlink names its files by (`-o .` in an options file).
+pub fn expanded(args: &[String], cwd: &Path) -> Vec<String> {
+    let mut tokens = Vec::new();
+    expand(args, cwd, &mut tokens, 0);
+    tokens
+}
+
 /// The command line with the contents of its options files (read here),
 /// recursively up to [`MAX_DEPTH`].
 fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {

@@ -552,7 +552,7 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
             let _ = std::io::stderr().write_all(&result.stderr);
             match failed {
                 WriteFailed::Open => {
-                    let named = nvlinkd_fs::as_named(&path, args, cwd);
+                    let named = nvlinkd_fs::as_named(&path, &crate::policy::expanded(args, cwd), cwd);
                     eprintln!("nvlink fatal   : {}", nvlinkd_fs::cannot_open(out.append, &named))
                 }
                 // nvlink's `fwrite` of a whole-program LTO cubin says so.

@@ -45,8 +45,6 @@ pub enum Reason {
     Tool,
     /// nvlink itself crashes on the request (`-report-arch` without `--arch`).
     NvlinkCrash,
-    /// The host linker script pipeline could not run here.
-    HostScript,
     /// The daemon's environment failed the link (scratch, disk, a tool that
     /// could not run, nvlink killed by a signal).
     Environment,
@@ -75,7 +73,7 @@ pub enum Reason {
 
 impl Reason {
     /// All reasons, in the order `stats --json` lists them.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 19] = [
         Reason::PartialLto,
         Reason::LtoOptions,
         Reason::PtxJit,
@@ -87,7 +85,6 @@ impl Reason {
         Reason::SafetyNet,
         Reason::Tool,
         Reason::NvlinkCrash,
-        Reason::HostScript,
         Reason::Environment,
         Reason::Worker,
         Reason::InputDeclined,
@@ -112,7 +109,6 @@ impl Reason {
             Reason::SafetyNet => "safety_net",
             Reason::Tool => "tool",
             Reason::NvlinkCrash => "nvlink_crash",
-            Reason::HostScript => "host_script",
             Reason::Environment => "environment",
             Reason::Worker => "worker",
             Reason::InputDeclined => "input_declined",

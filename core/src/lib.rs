@@ -24,7 +24,6 @@ pub mod fatbin;
 pub mod finalize;
 pub mod fs;
 pub mod fuzz;
-pub mod ghls;
 pub mod heap;
 mod hooks;
 pub mod input;

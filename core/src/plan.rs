@@ -54,6 +54,9 @@ pub struct Plan {
     /// cannot be statically determined), as it prints them: after the plan's
     /// messages, whatever `-w` says (`engine::inprocess`).
     pub link_warnings: Vec<Diagnostic>,
+    /// The decompressed fatbin members it holds, counted daemon-wide while
+    /// it lives.
+    pub decompressed: crate::input::load::DecompressedHold,
 }
 
 impl Plan {
@@ -145,6 +148,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>) -> Result<Plan, LoadError> {
         partial_lto: false,
         tool_warnings: Vec::new(),
         link_warnings: Vec::new(),
+        decompressed: Default::default(),
     })
 }
 
@@ -553,6 +557,7 @@ mod tests {
                 partial_lto: false,
                 tool_warnings: Vec::new(),
                 link_warnings: Vec::new(),
+                decompressed: Default::default(),
             };
             plan.prune(&spec, mode);
             assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");
@@ -651,6 +656,7 @@ mod tests {
                 partial_lto: false,
                 tool_warnings: Vec::new(),
                 link_warnings: Vec::new(),
+                decompressed: Default::default(),
             };
             assert_eq!(plan.device_code_after_runtime(*lto), *stops, "{before:?} then {after:?} lto={lto}");
         }

@@ -48,6 +48,10 @@ pub struct Request {
     /// belongs to the background priority class, and it does not count as a
     /// request in the stats.
     pub speculative: bool,
+    /// A link from the network listener (a token holder's, another
+    /// machine's): its foreground computation fills the slots the daemon
+    /// host's own links leave, never keeps them waiting (`sched.rs`).
+    pub remote: bool,
 }
 
 impl Request {

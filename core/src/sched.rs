@@ -12,7 +12,12 @@
 //! Two classes ([`Priority`]), one queue ordered by class, then arrival:
 //!
 //! - **Foreground** (the default: a build or a person waits for it) is admitted
-//!   while fewer than `jobs` foreground links compute. Background links do not
+//!   while fewer than `jobs` foreground links compute. A remote caller's
+//!   foreground link (from the network listener) counts as foreground but
+//!   queues apart: it starts only while fewer than `jobs` foreground links of
+//!   either kind compute and no local one waits, and local links do not count
+//!   remote ones against their `jobs`, so token holders keeping every slot
+//!   busy never make the host's own build wait. Background links do not
 //!   count against it: a foreground link that arrives while background work
 //!   fills every slot starts at once. Background work runs at idle CPU priority
 //!   (below), so letting foreground exceed the bound costs it nothing; the
@@ -112,18 +117,53 @@ pub enum Stage {
     Compute = 1,
 }
 
+/// Who a link computes for, within its priority: the scheduler's classes.
+/// Foreground links of the daemon host's own users (`Local`) and of remote
+/// callers (`Remote`) queue apart, so token holders filling every slot never
+/// keep a local build waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Class {
+    Local = 0,
+    Background = 1,
+    Remote = 2,
+}
+
+impl Class {
+    fn of(priority: Priority, remote: bool) -> Class {
+        match (priority, remote) {
+            (Priority::Background, _) => Class::Background,
+            (Priority::Foreground, false) => Class::Local,
+            (Priority::Foreground, true) => Class::Remote,
+        }
+    }
+
+    fn priority(self) -> Priority {
+        match self {
+            Class::Background => Priority::Background,
+            Class::Local | Class::Remote => Priority::Foreground,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Links holding a permit, per stage and class.
-    running: [[usize; 2]; 2],
+    running: [[usize; 3]; 2],
     /// Links waiting, per stage: (class, arrival).
-    waiting: [BTreeSet<(Priority, u64)>; 2],
+    waiting: [BTreeSet<(Class, u64)>; 2],
     next: u64,
 }
 
 impl State {
-    fn holding(&self, stage: Stage, class: Priority) -> usize {
+    fn holding_class(&self, stage: Stage, class: Class) -> usize {
         self.running[stage as usize][class as usize]
+    }
+
+    fn holding(&self, stage: Stage, priority: Priority) -> usize {
+        match priority {
+            Priority::Background => self.holding_class(stage, Class::Background),
+            Priority::Foreground => self.holding_class(stage, Class::Local) + self.holding_class(stage, Class::Remote),
+        }
     }
 
     fn holding_all(&self, stage: Stage) -> usize {
@@ -132,7 +172,12 @@ impl State {
 
     /// Whether a foreground link waits at `stage`.
     fn foreground_waits(&self, stage: Stage) -> bool {
-        self.waiting[stage as usize].first().is_some_and(|w| w.0 == Priority::Foreground)
+        self.waiting[stage as usize].iter().any(|w| w.0 != Class::Background)
+    }
+
+    /// Whether a local foreground link waits at `stage`.
+    fn local_waits(&self, stage: Stage) -> bool {
+        self.waiting[stage as usize].first().is_some_and(|w| w.0 == Class::Local)
     }
 }
 
@@ -148,7 +193,7 @@ pub struct Scheduler {
 /// A link's permit for a stage; given back on drop.
 pub struct Slot<'a> {
     sched: &'a Scheduler,
-    class: Priority,
+    class: Class,
     stage: Stage,
     /// The link's handle (a plan permit goes back when it is admitted to compute).
     cancel: Cancel,
@@ -190,19 +235,30 @@ impl Scheduler {
     /// A plan permit the link holds is given back on admission. `obs` is told
     /// when the link queues (once per link) and when it is admitted.
     pub fn admit(&self, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
-        self.enter(Stage::Compute, priority, cancel, obs)
+        self.enter(Stage::Compute, Class::of(priority, false), cancel, obs)
+    }
+
+    /// [`Scheduler::admit`] for a remote caller's link when `remote`.
+    pub fn admit_for(&self, priority: Priority, remote: bool, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
+        self.enter(Stage::Compute, Class::of(priority, remote), cancel, obs)
     }
 
     /// Wait for a plan permit of class `priority` (see the module docs); None
     /// when `cancel` fired first. `obs` is told when the link queues.
     pub fn admit_plan(&self, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
-        self.enter(Stage::Plan, priority, cancel, obs)
+        self.enter(Stage::Plan, Class::of(priority, false), cancel, obs)
     }
 
-    fn enter(&self, stage: Stage, priority: Priority, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
+    /// [`Scheduler::admit_plan`] for a remote caller's link when `remote`.
+    pub fn admit_plan_for(&self, priority: Priority, remote: bool, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
+        self.enter(Stage::Plan, Class::of(priority, remote), cancel, obs)
+    }
+
+    fn enter(&self, stage: Stage, class: Class, cancel: &Cancel, obs: &LinkObs) -> Option<Slot<'_>> {
         let t0 = Instant::now();
+        let priority = class.priority();
         let mut st = self.lock();
-        let me = (priority, st.next);
+        let me = (class, st.next);
         st.next += 1;
         st.waiting[stage as usize].insert(me);
         let mut queued = false;
@@ -216,12 +272,12 @@ impl Scheduler {
             }
             if self.may_start(&st, stage, me) {
                 st.waiting[stage as usize].remove(&me);
-                st.running[stage as usize][priority as usize] += 1;
+                st.running[stage as usize][class as usize] += 1;
                 match stage {
                     Stage::Plan => cancel.start_planning(),
                     Stage::Compute => {
                         if cancel.end_planning() {
-                            st.running[Stage::Plan as usize][priority as usize] -= 1;
+                            st.running[Stage::Plan as usize][class as usize] -= 1;
                         }
                     }
                 }
@@ -236,7 +292,7 @@ impl Scheduler {
                 } else {
                     tracing::trace!(priority = priority.name(), waited_ms = ms(waited), "plan permit");
                 }
-                return Some(Slot { sched: self, class: priority, stage, cancel: cancel.clone(), waited, queued });
+                return Some(Slot { sched: self, class, stage, cancel: cancel.clone(), waited, queued });
             }
             if !queued {
                 queued = true;
@@ -253,17 +309,19 @@ impl Scheduler {
         }
     }
 
-    fn may_start(&self, st: &State, stage: Stage, me: (Priority, u64)) -> bool {
+    fn may_start(&self, st: &State, stage: Stage, me: (Class, u64)) -> bool {
         // First in line among its own class (arrival order within a class) ...
         let first_of_class = st.waiting[stage as usize].range((me.0, 0)..).next() == Some(&me);
         first_of_class
             && match me.0 {
-                // ... foreground ignores background work ...
-                Priority::Foreground => st.holding(stage, Priority::Foreground) < self.jobs,
+                // ... the host's own foreground links ignore other work ...
+                Class::Local => st.holding_class(stage, Class::Local) < self.jobs,
+                // ... remote ones fill what the local ones leave ...
+                Class::Remote => st.holding(stage, Priority::Foreground) < self.jobs && !st.local_waits(stage),
                 // ... background fills idle slots only, after every foreground
                 // waiter; and it computes only while no foreground link is
                 // planning or waiting to plan (that link computes next).
-                Priority::Background => {
+                Class::Background => {
                     st.holding_all(stage) < self.jobs
                         && !st.foreground_waits(stage)
                         && (stage == Stage::Plan
@@ -368,6 +426,31 @@ mod tests {
         let fg = s.admit(Priority::Foreground, &none, &LinkObs::default()).unwrap();
         assert_eq!(s.running(), (1, 1));
         drop((bg, fg));
+    }
+
+    #[test]
+    fn remote_links_filling_every_slot_keep_no_local_link_waiting() {
+        let s = Scheduler::new(2);
+        let none = Cancel::new();
+        let obs = LinkObs::default();
+        let remote: Vec<_> = (0..2).map(|_| s.admit_for(Priority::Foreground, true, &none, &obs).unwrap()).collect();
+        // A local link starts at once beside them ...
+        let local = s.admit(Priority::Foreground, &none, &obs).unwrap();
+        assert_eq!(s.running(), (3, 0));
+        std::thread::scope(|scope| {
+            // ... and a remote one waits until foreground links hold fewer
+            // than `jobs` slots, and while a local link waits.
+            let (s, none) = (&s, none.clone());
+            let waiter =
+                scope.spawn(move || s.admit_for(Priority::Foreground, true, &none, &LinkObs::default()).is_some());
+            while s.queued() < 1 {
+                std::thread::yield_now();
+            }
+            drop(remote);
+            assert!(waiter.join().unwrap());
+        });
+        drop(local);
+        assert_eq!(s.running(), (0, 0));
     }
 
     #[test]

@@ -114,6 +114,7 @@ fn nvlink_engine_runs_are_cancellable_and_time_limited() {
         caller: None,
         nvvm_stat: true,
         speculative: false,
+        remote: false,
     };
     let nvlink = cuda_home().join("bin/nvlink");
 

@@ -188,3 +188,123 @@ fn damaged_host_objects_get_nvlinks_answer() {
     assert!(linked > 0 && refused > 0, "the damage no longer tells nvlink's reader's rules apart");
     assert!(differing.is_empty(), "{} of {} differ:\n{}", differing.len(), 2 * cases.len(), differing.join("\n"));
 }
+
+/// The symbol table's entry named `name`: its offset in the file.
+fn symbol_at(b: &[u8], secs: &[Section], name: &str) -> usize {
+    let symtab = secs.iter().find(|s| s.sh_type == SHT_SYMTAB).expect("a symbol table");
+    let strtab = &secs[symtab.link as usize];
+    (0..symtab.size / 24)
+        .map(|i| symtab.offset + i * 24)
+        .find(|&at| {
+            let from = strtab.offset + u32_at(b, at) as usize;
+            b[from..].split(|&c| c == 0).next() == Some(name.as_bytes())
+        })
+        .unwrap_or_else(|| panic!("no symbol {name}"))
+}
+
+/// Damaged copies of a device cubin ptxas wrote: each kind measured to give
+/// another answer in process than nvlink's before unusual cubins were left to
+/// it (`core/src/input/canonical.rs`), and nvlink's answer the same run after
+/// run (nvlink reads some damage, a name past its table, from memory that
+/// differs between runs).
+fn damaged_cubin(b: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let secs = sections(b);
+    let by_name = |n: &str| secs.iter().find(|s| s.name == n).unwrap_or_else(|| panic!("no section {n}"));
+    let text = by_name(".text._Z5scalef");
+    let rela = by_name(".rela.debug_frame");
+    let tkinfo = by_name(".note.nv.tkinfo");
+    let info = by_name(".nv.info._Z5scalef");
+    let shstrtab = &secs[u16_at(b, EHDR_SHSTRNDX)];
+    let uft = symbol_at(b, &secs, "__UFT_CANONICAL");
+    let udt = symbol_at(b, &secs, "__UDT_CANONICAL");
+    // A note's descriptor follows its 12-byte header and 4-aligned owner name.
+    let desc = tkinfo.offset + 12 + (u32_at(b, tkinfo.offset) as usize).div_ceil(4) * 4;
+    vec![
+        ("EI_VERSION 2".to_owned(), with(b, 6, 1, 2)),
+        ("EI_DATA 0xff".to_owned(), with(b, 5, 1, 0xff)),
+        (".shstrtab: name one further".to_owned(), with(b, shstrtab.header + SH_NAME, 4, 0xa80)),
+        (".nv.compat: name one further".to_owned(), {
+            let compat = by_name(".nv.compat");
+            with(b, compat.header + SH_NAME, 4, u64::from(u32_at(b, compat.header + SH_NAME)) + 1)
+        }),
+        (".text: sh_info another symbol".to_owned(), with(b, text.header + 0x2c, 4, 0x2587_6d99)),
+        (".text: sh_entsize 0xff".to_owned(), with(b, text.header + SH_ENTSIZE, 8, 0xff)),
+        (".nv.info._Z5scalef: SHT_STRTAB".to_owned(), with(b, info.header + SH_TYPE, 4, 3)),
+        ("__UFT_CANONICAL: size 16".to_owned(), with(b, uft + 16, 8, 16)),
+        ("__UDT_CANONICAL: st_other 0x80".to_owned(), with(b, udt + 5, 1, 0x80)),
+        (".rela.debug_frame: type 0xff".to_owned(), with(b, rela.offset + 8, 4, 0xff)),
+        (".rela.debug_frame: symbol 1".to_owned(), with(b, rela.offset + 24 + 12, 4, 1)),
+        ("tkinfo: an offset moved".to_owned(), with(b, desc + 8, 4, u64::from(u32_at(b, desc + 8)) + 1)),
+    ]
+}
+
+#[test]
+fn damaged_cubins_get_nvlinks_answer() {
+    let cubin = std::fs::read(corpus::dir().join("scale.cubin")).expect("the corpus cubin");
+    let d = Daemon::start_with(&["--verify=off"]);
+    let mut env = d.shim_env();
+    // nvlink crashes on some (SIGSEGV): the daemon leaves such a link to the
+    // shim, whose own nvlink then crashes as the caller's would.
+    env.push(("NVLINKD_FALLBACK".into(), "auto".into()));
+    let cwd = TempDir::new("damaged-cubin");
+    std::fs::copy(corpus::dir().join("accumulate.o"), cwd.path().join("accumulate.o")).unwrap();
+    let mut differing = Vec::new();
+    let cases = damaged_cubin(&cubin);
+    for (what, bytes) in &cases {
+        std::fs::write(cwd.path().join("m.cubin"), bytes).unwrap();
+        let out = TempDir::new("damaged-cubin-out");
+        let link = Invocation::templated("--arch=sm_90 m.cubin accumulate.o -o {OUT}/out.cubin", cwd.path(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        let actual = run(&shim(), &link, &env);
+        let cmp = compare::runs(&expected, &actual);
+        if !(cmp.problems.is_empty() && cmp.identical) {
+            differing.push(format!("{what}: {:?}", cmp.problems));
+        }
+    }
+    assert!(differing.is_empty(), "{} of {} differ:\n{}", differing.len(), cases.len(), differing.join("\n"));
+}
+
+/// The other side of [`damaged_cubins_get_nvlinks_answer`]: every cubin nvcc
+/// and ptxas wrote for the corpus, and every one in libcudadevrt, has the
+/// shape linked in process (none is left to nvlink for looking damaged);
+/// `NVLINKD_CUBIN_LIST` names a file listing more cubins to check.
+#[test]
+fn every_cubin_the_toolkit_writes_has_the_shape_linked_in_process() {
+    let work = TempDir::new("canonical");
+    let cuobjdump = nvlinkd_tests::env::cuda_home().join("bin/cuobjdump");
+    let lib = nvlinkd_tests::env::cuda_home().join("lib/libcudadevrt.a");
+    let mut inputs: Vec<std::path::PathBuf> = std::fs::read_dir(corpus::dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "o" || x == "a"))
+        .collect();
+    inputs.push(lib);
+    let mut cubins = Vec::new();
+    for (i, input) in inputs.iter().enumerate() {
+        let dir = work.path().join(i.to_string());
+        std::fs::create_dir(&dir).unwrap();
+        // Inputs without device code (host objects, LTO or PTX only) extract nothing.
+        let _ = std::process::Command::new(&cuobjdump).arg("-xelf").arg("all").arg(input).current_dir(&dir).output();
+        cubins.extend(std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()));
+    }
+    cubins.extend(
+        std::fs::read_dir(corpus::dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cubin")),
+    );
+    // More cubins to check (a soak's own builds): one path per line.
+    if let Ok(list) = std::env::var("NVLINKD_CUBIN_LIST") {
+        cubins.extend(std::fs::read_to_string(list).unwrap().lines().map(std::path::PathBuf::from));
+    }
+    let unusual: Vec<String> = cubins
+        .iter()
+        .filter_map(|c| {
+            let why = nvlinkd_core::input::cubin::unusual(&std::fs::read(c).unwrap())?;
+            Some(format!("{}: {why}", c.display()))
+        })
+        .collect();
+    eprintln!("{} cubins", cubins.len());
+    assert!(cubins.len() > 100, "only {} cubins extracted", cubins.len());
+    assert!(unusual.is_empty(), "{}", unusual.join("\n"));
+}

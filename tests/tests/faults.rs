@@ -1111,8 +1111,8 @@ fn staged_outputs_are_nvlinks_files_and_never_left_behind() {
 }
 
 /// Options files are split as nvlink splits them: `"` groups (also inside a
-/// word), `\` takes the next character, `'` is an ordinary character, a
-/// vertical tab separates nothing. Each word names an input file that exists
+/// word), `'` is an ordinary character, a vertical tab or a form feed
+/// separates nothing; a backslash anywhere is left to nvlink. Each word names an input file that exists
 /// under the name nvlink reads (or not): the answer is nvlink's, the
 /// daemon's own for the splitting measured (`fallbacks` counts the others).
 #[test]
@@ -1122,7 +1122,7 @@ fn options_files_are_split_as_nvlink_splits_them() {
     for f in ["accumulate.o", "scale.o"] {
         std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
     }
-    for name in ["s c.o", "sc.o", "s'c.o", "s\u{b}c.o", "s\"c.o", "ab.o", "s"] {
+    for name in ["s c.o", "sc.o", "s'c.o", "s\u{b}c.o", "s\u{c}c.o", "s\"c.o", "ab.o", "s"] {
         std::fs::copy(corpus::dir().join("scale.o"), dir.path().join(name)).unwrap();
     }
     // With nvlink's fallback: quoting whose splitting is not measured (`\"`,
@@ -1136,6 +1136,8 @@ fn options_files_are_split_as_nvlink_splits_them() {
         "'s c.o'",
         "s'c.o",
         "s\u{b}c.o",
+        "s\u{c}c.o",
+        "\\ s",
         "\"s\\\"c.o\"",
         "s\"c\".o",
         "s\\\\c.o",
@@ -1143,9 +1145,13 @@ fn options_files_are_split_as_nvlink_splits_them() {
         "s\u{0}c.o",
         "\"s c.o\\\"",
     ];
-    for word in words {
-        std::fs::write(dir.path().join("o.opts"), format!("--arch=sm_90 accumulate.o {word} -o {{OUT}}/out.cubin\n"))
-            .unwrap();
+    let texts = words
+        .iter()
+        .map(|word| format!("--arch=sm_90 accumulate.o {word} -o {{OUT}}/out.cubin\n"))
+        // A backslash that ends the file (nvlink: "Stray ' ' character").
+        .chain(["--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin\\".to_owned()]);
+    for (word, text) in words.iter().chain(&["a backslash last"]).zip(texts) {
+        std::fs::write(dir.path().join("o.opts"), text).unwrap();
         let out = TempDir::new("flt-words-out");
         let text = std::fs::read_to_string(dir.path().join("o.opts"))
             .unwrap()
@@ -1157,4 +1163,61 @@ fn options_files_are_split_as_nvlink_splits_them() {
         let cmp = compare::runs(&expected, &actual);
         assert!(cmp.problems.is_empty() && cmp.identical, "{word:?}: {:?}", cmp.problems);
     }
+}
+
+/// Options nvlink reads in its own way get its answer, never the daemon's
+/// guess: numeric values it takes although they are odd (empty, `0x10`,
+/// negative) or refuses (past 32 bits, past its bound), `-split-compile` for
+/// PTX compiled at link time (its embedded ptxas takes it), `-force-whole-lto`
+/// where nvlink reports a conflict, `-tool-name` (its messages carry that
+/// name), `-Ofc=mid` under `-dlto` (its NVVM prints an info), and `-o .` in
+/// an options file (the message names it as the file wrote it).
+#[test]
+fn options_nvlink_reads_its_own_way_get_nvlinks_answer() {
+    let d = Daemon::start_with(&["--verify=off"]);
+    let mut env = d.shim_env();
+    env.push(("NVLINKD_FALLBACK".into(), "auto".into()));
+    let base = "--arch=sm_90 accumulate.o scale.o -o {OUT}/out.cubin";
+    let lto = "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";
+    let mut cases: Vec<String> = [
+        "-maxrregcount=",
+        "-maxrregcount=0x10",
+        "-maxrregcount=-1",
+        "-maxrregcount=1000",
+        "-maxrregcount=4294967296",
+        "-split-compile=",
+        "-split-compile-extended=99999999999",
+        "-syscall-const-offset=",
+        "-m=",
+        "-force-whole-lto",
+        "-tool-name=x missing.o",
+        "-tool-name=x --no-such-option",
+    ]
+    .iter()
+    .map(|o| format!("{base} {o}"))
+    .collect();
+    cases.extend([
+        "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin -split-compile=2".to_owned(),
+        "--arch=sm_90 saxpy_ptx.o -o {OUT}/out.cubin -split-compile=1".to_owned(),
+        format!("{lto} -force-whole-lto -r"),
+        format!("{lto} -Ofc=mid"),
+    ]);
+    for args in &cases {
+        let out = TempDir::new("flt-optvals");
+        let link = Invocation::templated(args, corpus::dir(), &out);
+        let expected = run(&real_nvlink(), &link, &[]);
+        let actual = run(&shim(), &link, &env);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+    }
+    // `-o .` from an options file.
+    let dir = TempDir::new("flt-optdot");
+    for f in ["accumulate.o", "scale.o"] {
+        std::fs::copy(corpus::dir().join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(dir.path().join("o.opts"), "--arch=sm_90 accumulate.o scale.o -o .\n").unwrap();
+    let out = TempDir::new("flt-optdot-out");
+    let link = Invocation::templated("-optf o.opts", dir.path(), &out);
+    let cmp = compare::runs(&run(&real_nvlink(), &link, &[]), &run(&shim(), &link, &env));
+    assert!(cmp.problems.is_empty(), "-o . in an options file: {:?}", cmp.problems);
 }

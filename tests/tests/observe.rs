@@ -43,6 +43,7 @@ fn link(linker: &Linker, rec: &Recorder, args: &str, out: &TempDir) -> (u64, Eng
         caller: None,
         nvvm_stat: true,
         speculative: false,
+        remote: false,
     };
     let (id, span) = linker.link_span_with_id(&req);
     let _in_link = span.enter();

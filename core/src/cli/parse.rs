@@ -43,6 +43,10 @@ pub struct Parsed {
     /// The options files opened (`-optf`, nested ones too), as named, in
     /// the order opened; their words are in `options` and `inputs`.
     pub options_files: Vec<String>,
+    /// A numeric value nvlink takes but whose effect is not measured (empty,
+    /// negative, not plain decimal, past the bounds nvlink checks): the real
+    /// nvlink answers the link.
+    pub unmeasured: Option<String>,
 }
 
 /// Most `--options-file`s open at once: nvlink opens 15 nested files and
@@ -95,8 +99,15 @@ struct Parser<'a> {
 
 pub fn parse(args: &[String], fs: &dyn InputFs, cwd: &Path) -> Result<Parsed, Stop> {
     let mut p = Parser { fs, cwd, out: Parsed::default(), opened: 0, bytes: 0, seen: 0 };
-    p.words(args, 0)?;
-    Ok(p.out)
+    match p.words(args, 0) {
+        // A later fatal may be nvlink's, or nvlink may stop at the value
+        // before it: its own nvlink answers.
+        Err(Stop::Fatal(_)) if p.out.unmeasured.is_some() => {
+            Err(Stop::TooLarge(p.out.unmeasured.take().unwrap_or_default()))
+        }
+        Err(e) => Err(e),
+        Ok(()) => Ok(p.out),
+    }
 }
 
 impl Parser<'_> {
@@ -156,11 +167,13 @@ impl Parser<'_> {
                             return Err(Stop::TooLarge(format!("the command line expands past {MAX_WORDS} values")));
                         }
                         check_value(def, v)?;
+                        self.note_number(def, v);
                         self.out.options.push(Occurrence { id: def.id, value: Some(v.to_owned()), at });
                     }
                 }
                 _ => {
                     check_value(def, &value)?;
+                    self.note_number(def, &value);
                     let previous = self.out.options.iter().rev().find(|o| o.id == def.id);
                     if previous.is_some_and(|p| p.value.as_deref() != Some(value.as_str())) {
                         self.out.warnings.push(Diagnostic::warning(format!(
@@ -173,6 +186,25 @@ impl Parser<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Notes a value the real nvlink must answer for (`-tool-name`), or a
+    /// numeric value whose effect on nvlink is not measured: only
+    /// plain decimals from 0 to 256 (what nvcc and build systems pass) are
+    /// linked here. nvlink takes an empty value, `0x10`, `010`, ` 5`, and
+    /// refuses `-maxrregcount` or `-split-compile` past a bound between 256
+    /// and 1000 ("Invalid argument"), and any value past 32 bits.
+    fn note_number(&mut self, def: &OptionDef, v: &str) {
+        let plain =
+            !v.is_empty() && v.len() <= 3 && v.bytes().all(|b| b.is_ascii_digit()) && (v == "0" || !v.starts_with('0'));
+        let numeric = matches!(def.kind, ValueKind::Number | ValueKind::NumberIn(_));
+        if numeric && !(plain && v.parse::<u32>().is_ok_and(|n| n <= 256)) && self.out.unmeasured.is_none() {
+            self.out.unmeasured = Some(format!("-{} '{v}': a value whose effect on nvlink is not measured", def.long));
+        }
+        // nvlink names itself after `-tool-name` in the messages that follow.
+        if def.id == Opt::ToolName && self.out.unmeasured.is_none() {
+            self.out.unmeasured = Some("-tool-name (nvlink's messages under that name)".to_owned());
+        }
     }
 
     fn options_file(&mut self, file: &str, depth: usize) -> Result<(), Stop> {
@@ -199,13 +231,14 @@ impl Parser<'_> {
         let Ok(text) = std::str::from_utf8(&bytes) else {
             return Err(Stop::TooLarge(format!("options file '{file}' is not UTF-8")));
         };
-        // What is measured of nvlink's splitting: quotes that pair, `\` before
-        // any character but `"`. A NUL, `\"` or a quote left open are left to
-        // nvlink (it drops `\"` outside quotes, and stops at a stray quote).
-        let quotes = text.replace("\\\\", "").matches('"').count();
-        if text.contains('\0') || text.contains("\\\"") || quotes % 2 == 1 {
+        // What is measured of nvlink's splitting: quotes that pair. A NUL, a
+        // backslash (nvlink drops `\"` outside quotes, skips `\ ` at a word's
+        // start, stops at one that ends the file: not all of it is measured)
+        // or a quote left open are left to nvlink.
+        let quotes = text.matches('"').count();
+        if text.contains('\0') || text.contains('\\') || quotes % 2 == 1 {
             return Err(Stop::TooLarge(format!(
-                "options file '{file}' quotes in a way nvlink's splitting of is not measured"
+                "options file '{file}' quotes or escapes in a way nvlink's splitting of is not measured"
             )));
         }
         let words = split_words(text);
@@ -250,9 +283,13 @@ fn split_eq(s: &str) -> (&str, Option<String>) {
 fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
     match def.kind {
         ValueKind::Text => Ok(()),
+        // nvlink takes an empty number (`-maxrregcount=`).
+        ValueKind::Number if v.is_empty() => Ok(()),
         ValueKind::Number => parse_number(v).map(|_| ()),
         ValueKind::NumberIn(allowed) => {
-            parse_number(v)?;
+            if !v.is_empty() {
+                parse_number(v)?;
+            }
             check_value(&OptionDef { kind: ValueKind::Enum(allowed), ..*def }, v)
         }
         ValueKind::Bool if v == "true" || v == "false" => Ok(()),

@@ -131,6 +131,9 @@ pub struct Spec {
     pub verbose_tkinfo: Option<bool>,
     /// Hidden options nvlinkd accepts but does not reproduce in process.
     pub unmodelled: Vec<Opt>,
+    /// A numeric value whose effect is not measured ([`Parsed::unmeasured`]):
+    /// the real nvlink answers the whole link.
+    pub unmeasured: Option<String>,
     /// Every file the link reads, named once (`input/files.rs`).
     pub files: LinkFiles,
 }
@@ -140,7 +143,9 @@ impl Spec {
     /// and name every file the link reads against the caller's working
     /// directory `cwd` and `LIBRARY_PATH` ([`Spec::files`]).
     pub fn from_parsed(parsed: Parsed, cwd: &Path, library_path: Option<&str>) -> Result<Spec, Diagnostic> {
-        let mut s = Spec { inputs: parsed.inputs.clone(), ..Default::default() };
+        let mut s = Spec { inputs: parsed.inputs.clone(), unmeasured: parsed.unmeasured.clone(), ..Default::default() };
+        // An empty number is nvlink's 0 (the link is routed: `unmeasured`).
+        let number = |v: &str| if v.is_empty() { Ok(0) } else { parse_number(v) };
         for o in &parsed.options {
             let v = o.value.clone();
             let text = || v.clone().unwrap_or_default();
@@ -173,7 +178,7 @@ impl Spec {
                 Opt::LibraryPath => s.library_paths.push(text()),
                 Opt::LinkAsToolsPatch => s.link_as_tools_patch = true,
                 Opt::Machine => {}
-                Opt::Maxrregcount => s.maxrregcount = Some(parse_number(&text())?),
+                Opt::Maxrregcount => s.maxrregcount = Some(number(&text())?),
                 Opt::NvvmLatest => s.nvvm_latest = true,
                 Opt::Nvvmpath => s.nvvmpath = v,
                 Opt::OptionsFile => {}
@@ -182,8 +187,8 @@ impl Spec {
                 Opt::RegisterLinkBinaries => s.register_link_binaries = v,
                 Opt::RelocatableLink => s.relocatable = true,
                 Opt::ReportArch => s.report_arch = true,
-                Opt::SplitCompile => s.split_compile = Some(parse_number(&text())?),
-                Opt::SplitCompileExtended => s.split_compile_extended = Some(parse_number(&text())?),
+                Opt::SplitCompile => s.split_compile = Some(number(&text())?),
+                Opt::SplitCompileExtended => s.split_compile_extended = Some(number(&text())?),
                 Opt::SuppressArchWarning => s.suppress_arch_warning = true,
                 Opt::SuppressDebugInfo => s.suppress_debug_info = true,
                 Opt::SuppressStackSizeWarning => s.suppress_stack_size_warning = true,

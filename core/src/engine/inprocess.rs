@@ -803,7 +803,10 @@ fn compile_ptx_modules(cx: &Context<'_>, spec: &Spec, plan: &mut Plan) -> Result
     if spec.verbose2 {
         return no(Reason::PtxJit, "-v2 with PTX compiled at link time (ptxas's report, with its compile times)");
     }
-    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug {
+    // nvlink hands these to its embedded ptxas (`-split-compile` too: its
+    // tkinfo note records it, and the code may differ).
+    let split = spec.split_compile.is_some() || spec.split_compile_extended.is_some();
+    if spec.maxrregcount.is_some() || !spec.xptxas.is_empty() || spec.ofast_compile.is_some() || spec.debug || split {
         return no(Reason::PtxJit, "ptxas options (or -g) for PTX compiled at link time");
     }
     let Some(target) = spec.target() else { return no(Reason::Arch, format!("--arch {:?}", spec.arch)) };
@@ -1218,6 +1221,11 @@ fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
         nvvm.push(format!("-Xnvvm={t}"));
     }
     ptxas.extend(spec.xptxas.iter().flat_map(|x| x.split_whitespace()).map(str::to_owned));
+    // With `mid`, nvlink's NVVM prints an info nvJitLink's does not
+    // ("opt: Unknown command line argument '-enable-scalar-pre=false'").
+    if spec.ofast_compile.as_deref() == Some("mid") {
+        return no(Reason::LtoOptions, "-Ofc=mid (nvlink's NVVM prints an info of its own)");
+    }
     if let Some(l) = spec.ofast_compile.as_deref().filter(|l| matches!(*l, "min" | "mid" | "max")) {
         nvvm.push(format!("-Xnvvm=-Ofast-compile={l}"));
         ptxas.push(format!("--Ofast-compile={l}"));

@@ -99,6 +99,25 @@ fn compat_value(data: &[u8], attr: u8) -> u16 {
     info_entries(data).find(|e| e.format != 4 && e.attr == attr).map_or(0, |e| e.value)
 }
 
+/// An input cubin's information, when it has the shape ptxas writes
+/// ([`super::canonical`]); an unusual one is `Malformed`, left to nvlink.
+pub fn read_input(data: &[u8]) -> Result<CubinInfo, ElfError> {
+    let elf = Elf::parse(data)?;
+    if let Some(what) = super::canonical::unusual(&elf) {
+        return Err(ElfError::Malformed(what));
+    }
+    read(data)
+}
+
+/// The first way `data` differs from a cubin ptxas writes, if it does
+/// (`Some("not an ELF file")` when it does not parse).
+pub fn unusual(data: &[u8]) -> Option<&'static str> {
+    match Elf::parse(data) {
+        Ok(elf) => super::canonical::unusual(&elf),
+        Err(_) => Some("not an ELF file"),
+    }
+}
+
 pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let elf = Elf::parse(data)?;
     if elf.machine != EM_CUDA {

@@ -4,6 +4,7 @@
 //! link names into [`Unit`]s of device code ([`load`]).
 
 pub mod archive;
+mod canonical;
 pub mod classify;
 pub mod cubin;
 pub mod files;

@@ -34,19 +34,17 @@ use super::answer::{device_only_registered, report_arch, time_file_is_new, uidx_
 use super::{LinkCache, Linker};
 use crate::cache::LinkEntry;
 use crate::cli::parse::{parse, Stop};
-use crate::cli::spec::{HostScript, Mode, Spec};
+use crate::cli::spec::{Mode, Spec};
 use crate::declined::{Declined, Reason};
-use crate::diag::{Diagnostic, Filters, Report};
-use crate::engine::process;
+use crate::diag::Diagnostic;
 use crate::engine::sandbox::Mirror;
 use crate::fs::{absolute, InputFs};
-use crate::ghls;
 use crate::input::libsearch;
 use crate::input::load::{LoadContext, LoadError};
 use crate::linkcache::{self, MemoFs};
 use crate::observe::{LinkObs, Phase, Step};
 use crate::plan;
-use crate::request::{EngineKind, Outcome, OutputFile, Request};
+use crate::request::{EngineKind, Outcome, Request};
 use crate::sched::{Priority, Slot};
 use crate::stats::bump;
 use crate::toolkit::Toolkit;
@@ -108,6 +106,18 @@ impl<'a> Link<'a> {
     pub(super) fn run(&self) -> Outcome {
         let spec = &self.spec;
         let warnings = spec.warnings_text();
+        if let Some(why) = &spec.unmeasured {
+            return self.route(Declined::new(Reason::Options, why.clone()));
+        }
+        // `-tool-name` renames nvlink in its own messages; `-force-whole-lto`
+        // without `-dlto`, or with a relocatable link, is one of several
+        // conflicts nvlink reports in an order of its own.
+        if spec.tool_name.is_some() {
+            return self.route(Declined::new(Reason::Options, "-tool-name (nvlink's messages under that name)"));
+        }
+        if spec.force_whole_lto && (!spec.lto || spec.relocatable || spec.force_partial_lto) {
+            return self.route(Declined::new(Reason::Options, "-force-whole-lto without whole-program -dlto"));
+        }
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {
             // nvlink 13.5 crashes (SIGSEGV) on `-report-arch` without `--arch`.
             return self.route(Declined::new(Reason::NvlinkCrash, "-report-arch without --arch"));
@@ -127,7 +137,7 @@ impl<'a> Link<'a> {
         let mut outcome = match mode {
             Mode::Help => self.linker.frontend(0, self.tk.help_text().into_bytes(), Vec::new()),
             Mode::Version => self.linker.frontend(0, self.tk.release.banner.clone().into_bytes(), Vec::new()),
-            Mode::HostLinkerScript(kind) => self.host_linker_script(kind),
+            Mode::HostLinkerScript(_) => self.host_linker_script(),
             _ => self.device_link(mode),
         };
         if mode == Mode::LtoWhole && whole_program(spec, &outcome) {
@@ -141,44 +151,14 @@ impl<'a> Link<'a> {
         }
     }
 
-    /// Modes H and I: the host linker script, made here (the daemon runs on the
-    /// caller's machine when it shares its filesystem). The real nvlink, when
-    /// it makes the script, runs on the caller's files (the filesystem is
-    /// shared: no sandbox, nothing read through the view).
-    fn host_linker_script(&self, kind: HostScript) -> Outcome {
-        let (req, spec) = (self.req, &self.spec);
-        if !req.shared_fs {
-            return self
-                .linker
-                .fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"));
-        }
-        let out = spec.files.written.output.as_ref().map(|o| o.path.as_path());
-        if out.and_then(|o| o.parent()).is_some_and(|d| !d.is_dir()) {
-            return self.run_nvlink();
-        }
-        let scratch = match self.linker.scratch_parents().iter().find_map(|p| process::Scratch::new(p).ok()) {
-            Some(s) => s,
-            None => return self.run_nvlink(),
-        };
-        let mut report = Report::new(Filters::default());
-        match ghls::generate(spec, kind, &req.cwd, &scratch.0, &mut report) {
-            Ok(script) => {
-                bump(&self.linker.stats.frontend);
-                let outputs = match (script.file, out) {
-                    (Some(data), Some(path)) => {
-                        vec![OutputFile { path: path.to_path_buf(), data: data.into(), append: false }]
-                    }
-                    _ => Vec::new(),
-                };
-                Outcome::answer(EngineKind::Frontend, 0, report.stdout, report.stderr, outputs)
-            }
-            Err(why) => {
-                // Not marked as routed: nvlink makes the script as the front end would.
-                debug!(reason = %why.reason, why = %why.detail, "host linker script left to nvlink");
-                self.linker.routed.bump(why.reason);
-                self.run_nvlink()
-            }
-        }
+    /// Modes H and I: the host linker script. nvlink makes it from the
+    /// caller's host tools (`gcc`, `ld`, the host compiler, found on the
+    /// caller's PATH, with its environment), which no daemon has: the shim's
+    /// real nvlink makes it (the shim runs it without asking when it sees
+    /// `-ghls`; this answers a request it did not see, from an options file
+    /// it could not read).
+    fn host_linker_script(&self) -> Outcome {
+        self.linker.fall_back(Declined::new(Reason::NotHere, "host linker scripts come from the caller's host tools"))
     }
 
     /// Pass 2: register this link as the one computing `(cwd, output)`,
@@ -382,7 +362,7 @@ impl<'a> Link<'a> {
     /// Err with the answer when it was cancelled while queued.
     fn admit_plan(&self) -> Result<Slot<'a>, Box<Outcome>> {
         let ctl = self.ctl;
-        match self.linker.sched.admit_plan(ctl.cancel.priority(), ctl.cancel, ctl.obs) {
+        match self.linker.sched.admit_plan_for(ctl.cancel.priority(), self.req.remote, ctl.cancel, ctl.obs) {
             Some(permit) => Ok(permit),
             None => Err(Box::new(
                 self.linker.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued")),
@@ -479,7 +459,10 @@ impl<'a> Link<'a> {
             plan::build(spec, &ctx)
         });
         let plan = match planned {
-            Ok(p) => p,
+            Ok(mut p) => {
+                p.decompressed = ctx.hold_decompressed();
+                p
+            }
             Err(LoadError::Fatal(_)) if spec.time.is_some() => {
                 let why = Declined::new(Reason::Options, "-time with an input fatal (the rows nvlink writes first)");
                 return Err(Box::new(self.route(why)));
@@ -538,7 +521,7 @@ impl<'a> Link<'a> {
         if !ctl.cancel.take_admission() {
             return Ok(None);
         }
-        let Some(slot) = linker.sched.admit(ctl.cancel.priority(), ctl.cancel, ctl.obs) else {
+        let Some(slot) = linker.sched.admit_for(ctl.cancel.priority(), self.req.remote, ctl.cancel, ctl.obs) else {
             ctl.cancel.end_admission();
             return Err(Box::new(
                 linker.fall_back(Declined::new(Reason::Worker, "the link was cancelled while queued")),

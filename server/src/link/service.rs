@@ -198,6 +198,7 @@ impl Service {
             caller: None,
             nvvm_stat: shared_fs || start.answers_nvvm_stat,
             speculative: false,
+            remote: !self.local,
         }
     }
 

@@ -64,7 +64,20 @@ struct CancelInner {
     announced: std::sync::atomic::AtomicBool,
     /// The id of the link that superseded this one (0: none).
     superseded_by: std::sync::atomic::AtomicU64,
+    /// Whom the link computes for ([`Tenant`]), once known.
+    tenant: std::sync::OnceLock<Tenant>,
 }
+
+/// Whom a link computes for: the daemon host's own users ([`LOCAL`]), or a
+/// remote caller (a token of several, a client certificate: its hash; all
+/// callers of a single token: [`REMOTE`]). A worker that served one tenant
+/// never serves another: nvJitLink reads some damaged inputs from memory
+/// past them, and a worker's memory holds what it linked before.
+pub type Tenant = [u8; 32];
+/// The daemon host's own links (its unix socket, `nvlinkd exec`).
+pub const LOCAL: Tenant = [0; 32];
+/// Remote links where callers are not told apart.
+pub const REMOTE: Tenant = [1; 32];
 
 /// A link's control handle: its priority class, and the power to stop it. A
 /// cancel kills the worker or child process serving the link, at once, and
@@ -88,6 +101,16 @@ impl Cancel {
     /// The link's class.
     pub fn priority(&self) -> Priority {
         self.0.priority
+    }
+
+    /// Record whom the link computes for (the first call counts).
+    pub fn set_tenant(&self, tenant: Tenant) {
+        let _ = self.0.tenant.set(tenant);
+    }
+
+    /// Whom the link computes for ([`LOCAL`] unless set).
+    pub fn tenant(&self) -> Tenant {
+        self.0.tenant.get().copied().unwrap_or(LOCAL)
     }
 
     /// Cancel the link: its worker (if one is linking for it) gets SIGKILL.

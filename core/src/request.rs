@@ -55,7 +55,16 @@ pub struct Request {
 }
 
 impl Request {
-    /// What a request keeps of the environment a caller sent: the variables
+    /// Whom the link computes for (see [`crate::cancel::Tenant`]).
+    pub fn tenant(&self) -> crate::cancel::Tenant {
+        match (self.remote, self.caller) {
+            (false, _) => crate::cancel::LOCAL,
+            (true, Some(caller)) => caller,
+            (true, None) => crate::cancel::REMOTE,
+        }
+    }
+
+    /// The environment a link keeps of what its caller sent: the variables
     /// of [`LINK_ENV`], nothing else, whatever the caller put there.
     pub fn link_env(sent: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
         sent.into_iter().filter(|(k, _)| LINK_ENV.contains(&k.as_str())).collect()

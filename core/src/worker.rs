@@ -397,6 +397,21 @@ struct Worker {
     used: bool,
     /// An NVVM worker ([`NVVM_WORKER`]): it serves one NVVM request only.
     nvvm: bool,
+    /// Started for remote callers' links: counted apart ([`slots`]).
+    remote: bool,
+    /// Whom it served (once `used`): it serves no other tenant.
+    tenant: crate::cancel::Tenant,
+}
+
+/// The index of a worker's budget in `State::live`: foreground and
+/// background workers of the host's own links, and foreground workers of
+/// remote callers' links, each up to `max`, so remote links holding every
+/// worker (NVVM compiles of seconds) never keep a local link waiting.
+fn slots(class: Priority, remote: bool) -> usize {
+    match (class, remote) {
+        (Priority::Foreground, true) => 2,
+        (class, _) => class as usize,
+    }
 }
 
 /// The executable of NVVM workers, beside the pool's own: `nvlinkd worker`
@@ -409,10 +424,10 @@ pub const NVVM_WORKER: &str = "nvlinkd-nvvm";
 #[derive(Default)]
 struct State {
     idle: Vec<Worker>,
-    /// Live worker processes (idle or busy), per class: each class has its
-    /// own `max` (background workers are idle-priority processes of their own,
-    /// so a foreground link never waits for one; see `sched.rs`).
-    live: [usize; 2],
+    /// Live worker processes (idle or busy), per budget ([`slots`]): each has
+    /// its own `max` (background workers are idle-priority processes of their
+    /// own, so a foreground link never waits for one; see `sched.rs`).
+    live: [usize; 3],
     /// Libraries of workers being started ahead of any request ([`WorkerPool::prewarm`]):
     /// a request for one waits for that worker rather than starting another.
     prewarming: Vec<(LibSpec, Priority, bool)>,
@@ -456,10 +471,15 @@ impl WorkerPool {
         })
     }
 
+    /// The process ids of the idle workers.
+    pub fn idle_pids(&self) -> Vec<u32> {
+        self.lock().idle.iter().map(|w| w.child.id()).collect()
+    }
+
     /// Live worker processes.
     pub fn live(&self) -> u64 {
         let st = self.lock();
-        (st.live[0] + st.live[1]) as u64
+        st.live.iter().sum::<usize>() as u64
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -544,8 +564,8 @@ impl WorkerPool {
     fn retire(&self, mut w: Worker) {
         let _ = w.child.kill();
         let _ = w.child.wait();
-        self.release_slot(w.class);
-        if let Some(me) = self.me.upgrade() {
+        self.release_slot(slots(w.class, w.remote));
+        if let Some(me) = self.me.upgrade().filter(|_| !w.remote) {
             let (lib, class) = (w.lib.clone(), w.class);
             let _ = std::thread::Builder::new()
                 .name("nvlinkd-worker-start".into())
@@ -575,8 +595,9 @@ impl WorkerPool {
             return Err(WorkerError::Cancelled);
         }
         let class = cancel.priority();
+        let tenant = cancel.tenant();
         let nvvm = options.iter().any(|o| o == "-lto");
-        let mut w = self.checkout(lib, class, nvvm)?;
+        let mut w = self.checkout(lib, class, nvvm, tenant)?;
         let pid = w.child.id();
         if !cancel.attach(pid) {
             self.checkin(w);
@@ -592,6 +613,7 @@ impl WorkerPool {
                     self.retire(w);
                 } else {
                     w.used = true;
+                    w.tenant = tenant;
                     self.checkin(w);
                 }
                 Ok(r?)
@@ -600,7 +622,7 @@ impl WorkerPool {
                 // The worker is gone (or speaks nonsense): reap it, free its slot.
                 let _ = w.child.kill();
                 let status = w.child.wait();
-                self.release_slot(class);
+                self.release_slot(slots(class, w.remote));
                 let how = match status {
                     Ok(s) => describe(s),
                     Err(_) => format!("{e}"),
@@ -621,12 +643,27 @@ impl WorkerPool {
     /// An idle worker for `lib` (an unused NVVM worker when `unused`; otherwise a
     /// used one first), or a new one when there is room; waits while all
     /// `max` workers are busy.
-    fn checkout(&self, lib: &LibSpec, class: Priority, unused: bool) -> Result<Worker, WorkerError> {
+    fn checkout(
+        &self,
+        lib: &LibSpec,
+        class: Priority,
+        unused: bool,
+        tenant: crate::cancel::Tenant,
+    ) -> Result<Worker, WorkerError> {
         let mut st = self.lock();
-        let c = class as usize;
+        let remote = tenant != crate::cancel::LOCAL;
+        let c = slots(class, remote);
         let key = (lib.clone(), class, unused);
         loop {
-            let fits = |w: &Worker| &w.lib == lib && w.class == class && w.nvvm == unused && !(unused && w.used);
+            // Of this kind, and unused or used by this tenant only.
+            let fits = |w: &Worker| {
+                &w.lib == lib
+                    && w.class == class
+                    && w.nvvm == unused
+                    && w.remote == remote
+                    && !(unused && w.used)
+                    && (!w.used || w.tenant == tenant)
+            };
             let pick = match unused {
                 true => st.idle.iter().rposition(fits),
                 false => st.idle.iter().rposition(|w| fits(w) && w.used).or_else(|| st.idle.iter().rposition(fits)),
@@ -634,7 +671,7 @@ impl WorkerPool {
             if let Some(i) = pick {
                 return Ok(st.idle.swap_remove(i));
             }
-            if st.prewarming.contains(&key) {
+            if !remote && st.prewarming.contains(&key) {
                 st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -643,8 +680,8 @@ impl WorkerPool {
                 break;
             }
             // Full: retire an idle worker this request cannot use (another
-            // toolkit's, or of the other kind), or wait.
-            if let Some(i) = st.idle.iter().rposition(|w| w.class == class) {
+            // toolkit's, of the other kind, or another tenant's), or wait.
+            if let Some(i) = st.idle.iter().rposition(|w| w.class == class && w.remote == remote) {
                 let mut other = st.idle.swap_remove(i);
                 drop(st);
                 let _ = other.child.kill();
@@ -656,7 +693,16 @@ impl WorkerPool {
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         drop(st);
-        self.spawn(lib, class, unused).inspect_err(|_| self.release_slot(class))
+        match self.spawn(lib, class, unused) {
+            Ok(mut w) => {
+                w.remote = remote;
+                Ok(w)
+            }
+            Err(e) => {
+                self.release_slot(c);
+                Err(e)
+            }
+        }
     }
 
     fn checkin(&self, w: Worker) {
@@ -664,8 +710,8 @@ impl WorkerPool {
         self.freed.notify_all();
     }
 
-    fn release_slot(&self, class: Priority) {
-        self.lock().live[class as usize] -= 1;
+    fn release_slot(&self, slot: usize) {
+        self.lock().live[slot] -= 1;
         self.freed.notify_all();
     }
 
@@ -727,6 +773,8 @@ impl WorkerPool {
             stdout: BufReader::with_capacity(1 << 16, stdout),
             used: false,
             nvvm,
+            remote: false,
+            tenant: crate::cancel::LOCAL,
         };
         let hello = get::<1>(&mut w.stdout).and_then(|[t]| match t {
             0 => Ok(None),

@@ -235,6 +235,12 @@ fn damaged_cubin(b: &[u8]) -> Vec<(String, Vec<u8>)> {
         (".rela.debug_frame: type 0xff".to_owned(), with(b, rela.offset + 8, 4, 0xff)),
         (".rela.debug_frame: symbol 1".to_owned(), with(b, rela.offset + 24 + 12, 4, 1)),
         ("tkinfo: an offset moved".to_owned(), with(b, desc + 8, 4, u64::from(u32_at(b, desc + 8)) + 1)),
+        // A prototype string from inside another ("Prototype doesn't match").
+        (".nv.prototype: an offset inside a string".to_owned(), {
+            let proto = by_name(".nv.prototype");
+            with(b, proto.offset + 4, 4, u64::from(u32_at(b, proto.offset + 4)) + 1)
+        }),
+        (".nv.callgraph: a caller that is no function".to_owned(), with(b, by_name(".nv.callgraph").offset, 4, 1)),
     ]
 }
 

@@ -906,7 +906,9 @@ fn parity_with_nvlink() {
     let total_routed = rows.iter().filter(|r| r.engine == "nvlink engine").count();
     println!("routed to the real nvlink: {total_routed} of {} cases", rows.len());
     assert!(misrouted.is_empty(), "routing differs from ROUTED: {misrouted:#?}");
-    assert!(requests >= 2 * cases.len() as u64, "links did not go through the daemon");
+    // Host linker scripts never reach a daemon: the shim's nvlink makes them.
+    let ghls = cases.iter().filter(|(_, args, _)| args.contains("-ghls") || args.contains("--gen-host")).count();
+    assert!(requests >= 2 * (cases.len() - ghls) as u64, "links did not go through the daemon");
     println!("daemon: {requests} requests, {hits} served from the cache");
     assert!(hits > 0 || !proven, "the second pass never hit the cache");
     let verified: u64 = daemons.iter().map(|d| d.stat("verified")).sum();

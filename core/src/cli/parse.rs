@@ -287,8 +287,10 @@ fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
         ValueKind::Number if v.is_empty() => Ok(()),
         ValueKind::Number => parse_number(v).map(|_| ()),
         ValueKind::NumberIn(allowed) => {
-            if !v.is_empty() {
-                parse_number(v)?;
+            // nvlink compares the number: `-m=0x40` is `-m=64` (and is routed:
+            // not a plain decimal).
+            if !v.is_empty() && allowed.contains(&parse_number(v)?.to_string().as_str()) {
+                return Ok(());
             }
             check_value(&OptionDef { kind: ValueKind::Enum(allowed), ..*def }, v)
         }

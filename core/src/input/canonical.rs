@@ -11,6 +11,10 @@
 //! from what ptxas writes is left to the real nvlink: a false alarm costs a
 //! routed link, never a wrong answer.
 //!
+//! Beyond a wrong answer, damage can make nvJitLink read past a table (a
+//! prototype's string offset), and its worker's memory holds what it linked
+//! before: every entry that indexes another table is checked.
+//!
 //! The rules were read off every cubin in the parity corpus, in libcudadevrt
 //! and in the fatbins nvcc makes (`-G`, `-lineinfo`, sm_75 to sm_120,
 //! relocatable and executable): 650 cubins, all of which pass
@@ -72,6 +76,7 @@ pub(crate) fn unusual(elf: &Elf<'_>) -> Option<&'static str> {
         .or_else(|| symbols(elf).err())
         .or_else(|| relocations(elf))
         .or_else(|| info_sections(elf))
+        .or_else(|| cross_references(elf))
         .or_else(|| notes(elf))
 }
 
@@ -359,6 +364,8 @@ fn refers_as_ptxas_does(elf: &Elf<'_>, target: &Section, s: &Symbol) -> bool {
 /// `.nv.info` sections (and `.nv.compat`): whole entries of known formats up
 /// to the section's end.
 fn info_sections(elf: &Elf<'_>) -> Option<&'static str> {
+    let symbols = elf.symbols().ok()?;
+    let function = |i: u32| symbols.get(i as usize).is_some_and(|s| s.info & 0xf == 2);
     for s in elf.sections.iter().filter(|s| s.name.starts_with(".nv.info") || s.name == ".nv.compat") {
         let data = elf.section_data(s);
         let mut at = 0;
@@ -368,9 +375,60 @@ fn info_sections(elf: &Elf<'_>) -> Option<&'static str> {
             }
             let Some(bytes) = e.bytes else { return Some("an .nv.info entry cut short") };
             at += bytes.len();
+            // The whole-file attributes of a function (frame size, stack
+            // sizes, register count): its symbol's index, then the value.
+            if s.name == ".nv.info" && e.format == 4 {
+                let of_function = matches!(e.attr, 0x11 | 0x12 | 0x23 | 0x2f) && e.value == 8;
+                if !of_function || !u32_at(bytes, 4).is_some_and(function) {
+                    return Some("an .nv.info attribute of another function or shape");
+                }
+            }
+            // A kernel's parameter bank: a symbol of this cubin.
+            if e.attr == 0x0a && e.format == 4 && u32_at(bytes, 4).is_none_or(|i| i as usize >= symbols.len()) {
+                return Some("an .nv.info parameter bank of no symbol");
+            }
         }
         if at != data.len() {
             return Some("an .nv.info section that ends inside an entry");
+        }
+    }
+    None
+}
+
+/// `.nv.prototype` and `.nv.callgraph`, whose entries index the symbol table
+/// and (prototypes) the string table: nvlink and nvJitLink read past either
+/// without a check (an adversarial run read another link's names out of a
+/// shared worker that way).
+fn cross_references(elf: &Elf<'_>) -> Option<&'static str> {
+    let (symtab, table) = symbol_table(elf)?;
+    let symbols = elf.symbols().ok()?;
+    let strtab = elf.section_data(elf.sections.get(table.link as usize)?);
+    let kind = |i: u32| symbols.get(i as usize).map(|s| s.info & 0xf);
+    for s in elf.sections.iter().filter(|s| s.name == ".nv.prototype" || s.name == ".nv.callgraph") {
+        let d = elf.section_data(s);
+        if !d.len().is_multiple_of(8) || s.link as usize != symtab {
+            return Some("an unusual .nv.prototype or .nv.callgraph section");
+        }
+        for e in d.chunks_exact(8) {
+            let (a, b) = (u32_at(e, 0)?, u32_at(e, 4)?);
+            let fits = match s.name.as_str() {
+                // A function, and the offset of its prototype (`#ili`): a
+                // whole string of the table, from its start.
+                ".nv.prototype" => {
+                    let at = b as usize;
+                    kind(a) == Some(2)
+                        && (at == 0 || strtab.get(at - 1) == Some(&0))
+                        && strtab.get(at..).is_some_and(|r| r.first() == Some(&b'#') && r.contains(&0))
+                }
+                // A call (caller, callee or 0), or 0 and a marker.
+                _ => match a {
+                    0 => b >= 0xffff_fffc,
+                    _ => kind(a) == Some(2) && (b == 0 || matches!(kind(b), Some(2 | 3))),
+                },
+            };
+            if !fits {
+                return Some("an .nv.prototype or .nv.callgraph entry of no symbol or string");
+            }
         }
     }
     None

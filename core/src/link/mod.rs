@@ -538,6 +538,7 @@ impl Linker {
         if !req.speculative {
             bump(&self.stats.requests);
         }
+        ctl.cancel.set_tenant(req.tenant());
         // One view of the files for the whole link: options files, the key and
         // the link all see the same reads and stats.
         let memo = MemoFs::new(fs);

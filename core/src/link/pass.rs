@@ -115,7 +115,7 @@ impl<'a> Link<'a> {
         if spec.tool_name.is_some() {
             return self.route(Declined::new(Reason::Options, "-tool-name (nvlink's messages under that name)"));
         }
-        if spec.force_whole_lto && (!spec.lto || spec.relocatable || spec.force_partial_lto) {
+        if spec.force_whole_lto && (!spec.lto || spec.relocatable) {
             return self.route(Declined::new(Reason::Options, "-force-whole-lto without whole-program -dlto"));
         }
         if spec.report_arch && spec.arch.is_none() && !matches!(spec.mode(), Ok(Mode::Help | Mode::Version)) {

@@ -91,40 +91,6 @@ fn cancel_and_time_limit_kill_the_worker_at_once() {
     assert_eq!(pool.live(), 0);
 }
 
-/// A worker that linked for one tenant (a remote caller) never links for
-/// another: nvJitLink reads some damaged inputs from memory past them, and a
-/// worker's memory holds what it linked before. The host's own links and
-/// remote ones have workers of their own, each up to `max`.
-#[test]
-fn a_worker_links_for_one_tenant_only() {
-    let tk = Toolkit::open(cuda_home()).expect("toolkit");
-    let lib = tk.jitlink_spec();
-    let cubin = std::fs::read(corpus::dir().join("scale.cubin")).expect("scale.cubin");
-    let inputs = [JitInput { kind: InputType::Cubin, data: &cubin, name: "scale.cubin" }];
-    let opts = vec!["-arch=sm_90".to_string()];
-    let pool = WorkerPool::new(PoolConfig {
-        exe: nvlinkd(),
-        max: 1,
-        mem_limit: 0,
-        timeout: Duration::from_secs(600),
-        confine: Policy::default(),
-    });
-    let as_tenant = |t: [u8; 32]| {
-        let c = Cancel::new();
-        c.set_tenant(t);
-        pool.link(&lib, &opts, &inputs, false, &c).expect("link in a worker");
-        pool.idle_pids()
-    };
-    let alice = as_tenant([7; 32]);
-    assert_eq!(as_tenant([7; 32]), alice, "a tenant's next link reuses its worker");
-    let bob = as_tenant([8; 32]);
-    assert_eq!(bob.len(), 1, "one remote worker at most");
-    assert_ne!(bob, alice, "another tenant's link ran in alice's worker");
-    let local = as_tenant(nvlinkd_core::cancel::LOCAL);
-    assert_eq!(local.len(), 2, "the host's own links have workers of their own");
-    assert!(local.contains(&bob[0]));
-}
-
 /// The real nvlink as engine is under the same control: a cancelled link does
 /// not start it, and one past its time limit is killed (it then ends by a
 /// signal, which the linker never takes for a result).

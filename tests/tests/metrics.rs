@@ -258,8 +258,8 @@ fn classic_text_passes_promtool() {
 }
 
 /// One address keeping idle connections to the metrics port (40 of them,
-/// past the port's 32) leaves room for the probes of another: `/healthz`
-/// from elsewhere still answers.
+/// past the port's 32) leaves room for the probes of another, and of its
+/// own: `/healthz` from elsewhere and from that address still answers.
 #[test]
 fn idle_connections_from_one_address_leave_the_probes_room() {
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -281,6 +281,20 @@ fn idle_connections_from_one_address_leave_the_probes_room() {
     // Give the daemon time to take them all.
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(status_of(addr, "/healthz"), 200, "a probe found no room");
+    // A probe from the address holding them: it takes the place of the
+    // oldest, and answers.
+    let probe = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        let ask = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(ask.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw).await;
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    assert!(probe.starts_with("HTTP/1.1 200"), "a probe from the idle connections' address: {probe:?}");
     drop(idle);
     assert!(d.answers());
 }

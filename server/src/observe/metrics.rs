@@ -38,6 +38,7 @@
 //! shims reach. It serves plain HTTP/1.1 with hyper; anything but `GET` of
 //! these three paths is a 404.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -281,34 +282,54 @@ pub struct Sources {
 const MAX_CONNECTIONS: usize = 32;
 /// Of them, from one address (an IPv6 /64 as one): one process keeping idle
 /// connections open cannot take the probes' (the kubelet's, a scraper's).
+/// Past it the address's oldest connection is closed for the new one: a
+/// probe from the same address as a process holding idle connections (a
+/// local user on 127.0.0.1, or the kubelet's node) still gets its answer.
 const MAX_PER_ADDRESS: usize = MAX_CONNECTIONS / 4;
 
-/// The metrics port's connections by address; a slot given back when dropped.
+/// The metrics port's connections by address, oldest first; a slot given
+/// back when dropped.
 #[derive(Default)]
-struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+struct PerAddress {
+    open: std::sync::Mutex<PerAddressState>,
+}
 
-struct AddressSlot(Arc<PerAddress>, std::net::IpAddr);
+#[derive(Default)]
+struct PerAddressState {
+    next: u64,
+    /// Per address: each connection's id and the sender whose drop closes it.
+    by_address: HashMap<std::net::IpAddr, VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>,
+}
+
+struct AddressSlot(Arc<PerAddress>, std::net::IpAddr, u64);
 
 impl PerAddress {
-    fn take(self: &Arc<Self>, addr: std::net::IpAddr) -> Option<AddressSlot> {
+    /// A slot for a new connection from `addr`, and what tells it to close;
+    /// the address's oldest connection is told to close when it has
+    /// [`MAX_PER_ADDRESS`] already.
+    fn take(self: &Arc<Self>, addr: std::net::IpAddr) -> (AddressSlot, tokio::sync::oneshot::Receiver<()>) {
         let addr = crate::net::incoming::peer_group(addr);
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = m.entry(addr).or_default();
-        if *n >= MAX_PER_ADDRESS {
-            return None;
+        let mut st = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let id = st.next;
+        st.next += 1;
+        let (close, closed) = tokio::sync::oneshot::channel();
+        let open = st.by_address.entry(addr).or_default();
+        if open.len() >= MAX_PER_ADDRESS {
+            // Dropping its sender closes it.
+            open.pop_front();
         }
-        *n += 1;
-        Some(AddressSlot(self.clone(), addr))
+        open.push_back((id, close));
+        (AddressSlot(self.clone(), addr, id), closed)
     }
 }
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut m = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.1);
+        let mut st = self.0.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = st.by_address.get_mut(&self.1) {
+            open.retain(|(id, _)| *id != self.2);
+            if open.is_empty() {
+                st.by_address.remove(&self.1);
             }
         }
     }
@@ -344,10 +365,7 @@ pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::futu
                 }
                 Err(_) => continue,
             };
-            let Some(mine) = per_address.take(peer.ip()) else {
-                drop(stream);
-                continue;
-            };
+            let (mine, closed) = per_address.take(peer.ip());
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 drop(stream);
                 continue;
@@ -364,8 +382,14 @@ pub async fn serve(listener: TcpListener, sources: Sources, stop: impl std::futu
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(Duration::from_secs(2))
                     .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = conn.await {
-                    debug!("metrics connection: {e}");
+                tokio::select! {
+                    done = conn => {
+                        if let Err(e) = done {
+                            debug!("metrics connection: {e}");
+                        }
+                    }
+                    // A newer connection from the same address took its place.
+                    _ = closed => debug!("metrics connection closed for a newer one from its address"),
                 }
             });
         }

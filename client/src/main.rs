@@ -63,6 +63,11 @@ fn main() -> ExitCode {
         if policy::host_linker_script(&args, &cwd) {
             return fallback::exec_real(&tk, &args, "host linker script");
         }
+        // A remote daemon links with its own toolkit's libNVVM: another one
+        // the command line names is loaded by the real nvlink, here.
+        if session::remote() && policy::foreign_nvvm(&args, &cwd, tk.cuda_home.as_deref()) {
+            return fallback::exec_real(&tk, &args, "-nvvmpath names another libNVVM than the toolkit's");
+        }
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -239,6 +239,21 @@ pub fn host_linker_script(args: &[String], cwd: &Path) -> bool {
     tokens.iter().filter_map(|t| option_name(t)).any(|n| matches!(n, "ghls" | "gen-host-linker-script"))
 }
 
+/// Whether the command line's `-nvvmpath` (also in an options file) names
+/// another directory than the toolkit's own `nvvm` (or there is no toolkit
+/// to compare with): nvlink loads the libNVVM found there, which a remote
+/// daemon, holding its own toolkit's, cannot; the real nvlink runs here.
+pub fn foreign_nvvm(args: &[String], cwd: &Path, cuda_home: Option<&Path>) -> bool {
+    let tokens = expanded(args, cwd);
+    let given = tokens.iter().enumerate().filter_map(|(i, t)| {
+        (option_name(t) == Some("nvvmpath"))
+            .then(|| t.split_once('=').map(|(_, v)| v.to_owned()).or_else(|| tokens.get(i + 1).cloned()))
+            .flatten()
+    });
+    let own = cuda_home.and_then(|h| std::fs::canonicalize(h.join("nvvm")).ok());
+    given.into_iter().any(|v| own.is_none() || std::fs::canonicalize(cwd.join(v)).ok() != own)
+}
+
 /// Whether the command line names a file of the calling process itself:
 /// `/dev/stdout`, `/dev/stderr`, `/dev/stdin`, `/dev/fd/N`, `/proc/self/…`,
 /// `/proc/thread-self/…` or `/dev/tty`, directly, through symbolic links
@@ -513,6 +528,22 @@ mod tests {
         assert!(!names_caller_descriptors(&args(&["a.o", "-Llib", "-lbar"]), &dir));
         assert!(names_caller_descriptors(&args(&["a.o", "-L=lib", "-l=foo"]), &dir), "-L=dir, -l=name");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_foreign_nvvmpath_is_recognised() {
+        let home = std::env::temp_dir().join(format!("nvlinkd-nvvm-{}", std::process::id()));
+        std::fs::create_dir_all(home.join("nvvm")).unwrap();
+        std::fs::create_dir_all(home.join("fake")).unwrap();
+        let cwd = home.as_path();
+        let own = Some(cwd);
+        assert!(!foreign_nvvm(&args(&["-dlto", "a.o"]), cwd, own), "no -nvvmpath");
+        assert!(!foreign_nvvm(&args(&["-nvvmpath=nvvm", "-dlto"]), cwd, own));
+        assert!(!foreign_nvvm(&args(&["--nvvmpath", "./nvvm/"]), cwd, own));
+        assert!(foreign_nvvm(&args(&["-nvvmpath=fake"]), cwd, own));
+        assert!(foreign_nvvm(&args(&["-nvvmpath", "missing"]), cwd, own));
+        assert!(foreign_nvvm(&args(&["-nvvmpath=nvvm"]), cwd, None), "no toolkit to compare with");
+        let _ = std::fs::remove_dir_all(&home);
     }
 
     #[test]

@@ -1002,7 +1002,10 @@ fn parity_through_the_remote_path_as_another_user() {
     assert!(differing.is_empty(), "{}", differing.join("\n"));
     assert!(count("in_process") > 0, "no link was served remotely: {stats}");
     // Routed links run on the daemon's nvlink in a sandbox; none falls back.
-    let routed = cases.iter().filter(|c| ROUTED.iter().any(|(n, _)| *n == c.0)).count() as u64;
+    // (A link naming another libNVVM never reaches a remote daemon: the
+    // shim's nvlink answers it.)
+    let foreign_nvvm = |args: &str| args.contains("-nvvmpath=") && !args.contains("{NVVM}");
+    let routed = cases.iter().filter(|c| ROUTED.iter().any(|(n, _)| *n == c.0) && !foreign_nvvm(c.1)).count() as u64;
     assert!(count("nvlink_process") >= routed, "{routed} routed cases, fewer served by the daemon's nvlink: {stats}");
     assert_eq!(count("fallbacks"), 0, "links fell back to the caller's nvlink: {stats}");
 }
@@ -1041,6 +1044,40 @@ fn host_linker_scripts_are_made_on_the_callers_side() {
     println!("host linker scripts with a remote daemon: {} cases, {} differing", cases.len(), differing.len());
     assert!(cases.len() >= 7, "the corpus lost its -ghls cases");
     assert!(differing.is_empty(), "{}", differing.join("\n"));
+}
+
+/// A remote link whose `-nvvmpath` names another libNVVM than the toolkit's
+/// (an empty one here: nvlink's "elfLink linker library load error") runs the
+/// real nvlink on the caller's side, even under `NVLINKD_FALLBACK=never` and
+/// with no daemon answering: a remote daemon holds its own toolkit's.
+#[test]
+fn a_remote_link_with_another_libnvvm_runs_the_callers_nvlink() {
+    let work = TempDir::new("nvvm-remote");
+    std::fs::create_dir_all(work.path().join("fake/lib64")).unwrap();
+    std::fs::write(work.path().join("fake/lib64/libnvvm.so"), b"").unwrap();
+    for f in ["accumulate_lto.o", "scale_lto.o"] {
+        std::fs::copy(corpus::dir().join(f), work.path().join(f)).unwrap();
+    }
+    let addr = format!("https://127.0.0.1:{}", nvlinkd_tests::remote::free_port());
+    let env = vec![
+        (nvlinkd_proto::paths::ENV_ADDR.to_string(), addr),
+        (nvlinkd_proto::paths::ENV_FALLBACK.to_string(), "never".to_string()),
+        (nvlinkd_proto::paths::ENV_REAL_NVLINK.to_string(), real_nvlink().display().to_string()),
+    ];
+    let out = work.path().join("out");
+    let inv = Invocation {
+        args: words(&expand(
+            "--arch=sm_90 -dlto -nvvmpath=fake -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin",
+            &out.display().to_string(),
+        )),
+        cwd: work.path().to_path_buf(),
+        env: Vec::new(),
+        out_dir: out,
+    };
+    let expected = run(&real_nvlink(), &inv, &[]);
+    assert_ne!(expected.code, 0, "nvlink loaded an empty libNVVM");
+    let cmp = compare::runs(&expected, &run(&shim(), &inv, &env));
+    assert!(cmp.problems.is_empty(), "{:?}", cmp.problems);
 }
 
 /// The cache key of an invocation, as the daemon computes it (any toolkit identity).

@@ -36,6 +36,14 @@ const OPTIONS_FILES: &[&str] = &["options-file", "optf"];
 const NO_LINK: &[&str] = &["help", "h", "version", "V"];
 /// How deep options files may name options files.
 const MAX_DEPTH: usize = 15;
+/// Options whose next argument is passed on to ptxas or NVVM: never one of
+/// nvlink's own (`-Xptxas -o=F`, `-Xptxas --options-file=F` are ptxas's).
+const PASSED_ON: &[&str] = &["-Xptxas", "--Xptxas", "-Xnvvm", "--Xnvvm"];
+
+/// Whether `tokens[i]` is the value of `-Xptxas`/`-Xnvvm` given apart.
+fn passed_on(tokens: &[String], i: usize) -> bool {
+    i.checked_sub(1).is_some_and(|p| PASSED_ON.contains(&tokens[p].as_str()))
+}
 
 #[derive(Debug, Default)]
 pub struct Policy {
@@ -112,7 +120,7 @@ impl Policy {
                     p.names.insert(piece.to_owned());
                 }
             }
-            let Some(name) = option_name(t) else { continue };
+            let Some(name) = option_name(t).filter(|_| !passed_on(&tokens, i)) else { continue };
             no_link |= NO_LINK.contains(&name);
             for (short, long, list) in
                 [("-L", "--library-path", &mut p.lib_dirs), ("-l", "--library", &mut p.lib_names)]
@@ -353,7 +361,7 @@ pub fn expanded(args: &[String], cwd: &Path) -> Vec<String> {
 fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
     for (i, t) in args.iter().enumerate() {
         out.push(t.clone());
-        let Some(name) = option_name(t) else { continue };
+        let Some(name) = option_name(t).filter(|_| !passed_on(args, i)) else { continue };
         if !OPTIONS_FILES.contains(&name) || depth >= MAX_DEPTH {
             continue;
         }
@@ -365,11 +373,13 @@ fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
             if passes_own(Path::new("/"), &cwd.join(file)) {
                 continue;
             }
-            // At most what the daemon would take as an options file.
-            let Ok(text) = std::fs::read(cwd.join(file)) else { continue };
-            if text.len() > 1 << 20 {
+            // At most what the daemon would take as an options file, and a
+            // regular file only (a FIFO would block here, `/dev/zero` never end).
+            let path = cwd.join(file);
+            if !std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= 1 << 20) {
                 continue;
             }
+            let Ok(text) = std::fs::read(&path) else { continue };
             let more = nvlinkd_fs::options_words(&String::from_utf8_lossy(&text));
             expand(&more, cwd, out, depth + 1);
         }
@@ -485,6 +495,31 @@ mod tests {
         assert_eq!(virt.output(), None, "nvlink writes no -o file for a virtual target");
         let real = Policy::new(&args(&["-arch", "compute_90", "-arch", "sm_90", "a.o", "-o", "x"]), cwd, None, None);
         assert!(real.output().is_some());
+        // ptxas's own options (`-Xptxas -o=F`) are not nvlink's.
+        let ptxas =
+            Policy::new(&args(&["a.o", "-o", "out.cubin", "-Xptxas", "-o=F", "--Xnvvm", "-o"]), cwd, None, None);
+        assert_eq!(ptxas.output(), Some(Path::new("/w/out.cubin")));
+        assert!(!ptxas.may_write(Path::new("/w/F"), false));
+    }
+
+    #[test]
+    fn only_nvlinks_own_options_files_are_read_and_only_regular_ones() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-optf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ptxas.opts"), "-o named.cubin").unwrap();
+        let passed = expanded(&args(&["-Xptxas", "--options-file=ptxas.opts", "-o", "x"]), &dir);
+        assert!(!passed.iter().any(|t| t == "named.cubin"), "ptxas's options file read as nvlink's: {passed:?}");
+        let own = expanded(&args(&["--options-file=ptxas.opts"]), &dir);
+        assert!(own.iter().any(|t| t == "named.cubin"));
+        // A FIFO is not opened (it would block), `/dev/zero` not read.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo on a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = std::time::Instant::now();
+        assert_eq!(expanded(&args(&["-optf", "fifo", "-optf=/dev/zero"]), &dir).len(), 3);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

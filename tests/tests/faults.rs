@@ -1192,8 +1192,12 @@ fn options_nvlink_reads_its_own_way_get_nvlinks_answer() {
         "-m=0x40",
         "-m=+64",
         "-m=0100",
+        "-m=4294967360",
+        "-m=18446744073709551680",
+        "-maxrregcount=99999999999999999999",
         "-force-whole-lto",
         "-tool-name=x missing.o",
+        "-Xptxas -o=ptxas-out.cubin",
         "-tool-name=x --no-such-option",
     ]
     .iter()

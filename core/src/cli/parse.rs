@@ -283,14 +283,20 @@ fn split_eq(s: &str) -> (&str, Option<String>) {
 fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
     match def.kind {
         ValueKind::Text => Ok(()),
-        // nvlink takes an empty number (`-maxrregcount=`).
-        ValueKind::Number if v.is_empty() => Ok(()),
+        // nvlink takes an empty number (`-maxrregcount=`); one past 64 bits
+        // it refuses as past 32 (routed: `Parser::note_number`).
+        ValueKind::Number if v.is_empty() || integer_syntax(v) => Ok(()),
         ValueKind::Number => parse_number(v).map(|_| ()),
         ValueKind::NumberIn(allowed) => {
-            // nvlink compares the number: `-m=0x40` is `-m=64` (and is routed:
-            // not a plain decimal).
-            if !v.is_empty() && allowed.contains(&parse_number(v)?.to_string().as_str()) {
-                return Ok(());
+            // nvlink compares the number: `-m=0x40` is `-m=64`, and one past
+            // 32 bits it refuses as such (both routed: not plain decimals).
+            if !v.is_empty() {
+                match parse_c_long(v) {
+                    Some(n) if allowed.contains(&n.to_string().as_str()) || i32::try_from(n).is_err() => return Ok(()),
+                    None if integer_syntax(v) => return Ok(()),
+                    None => return Err(Diagnostic::fatal(format!("'{v}': expected a number"))),
+                    Some(_) => {}
+                }
             }
             check_value(&OptionDef { kind: ValueKind::Enum(allowed), ..*def }, v)
         }
@@ -310,6 +316,19 @@ fn check_value(def: &OptionDef, v: &str) -> Result<(), Diagnostic> {
 /// leading-`0` octal, optional sign), the whole value consumed.
 pub(crate) fn parse_number(v: &str) -> Result<i64, Diagnostic> {
     parse_c_long(v).ok_or_else(|| Diagnostic::fatal(format!("'{v}': expected a number")))
+}
+
+/// Whether `v` is a whole number as `strtol(v, &end, 0)` reads one, however
+/// large (`parse_c_long` is the same within 64 bits).
+fn integer_syntax(v: &str) -> bool {
+    let t = v.trim_start();
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    let (radix, digits) = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => (16, h),
+        None if t.len() > 1 && t.starts_with('0') => (8, &t[1..]),
+        None => (10, t),
+    };
+    !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix))
 }
 
 /// `strtol(v, &end, 0)` with `*end == 0` required.

@@ -144,8 +144,13 @@ impl Spec {
     /// directory `cwd` and `LIBRARY_PATH` ([`Spec::files`]).
     pub fn from_parsed(parsed: Parsed, cwd: &Path, library_path: Option<&str>) -> Result<Spec, Diagnostic> {
         let mut s = Spec { inputs: parsed.inputs.clone(), unmeasured: parsed.unmeasured.clone(), ..Default::default() };
-        // An empty number is nvlink's 0 (the link is routed: `unmeasured`).
-        let number = |v: &str| if v.is_empty() { Ok(0) } else { parse_number(v) };
+        // An empty number is nvlink's 0, one past 64 bits its refusal (the
+        // link is routed: `unmeasured`).
+        let routed = parsed.unmeasured.is_some();
+        let number = |v: &str| match parse_number(v) {
+            Err(_) if v.is_empty() || routed => Ok(0),
+            n => n,
+        };
         for o in &parsed.options {
             let v = o.value.clone();
             let text = || v.clone().unwrap_or_default();

@@ -59,7 +59,8 @@ impl Link<'_> {
     }
 
     /// The in-process engine (`engine::inprocess`) on the `--jobs` pool (at
-    /// idle CPU priority for a background link), inside the link's span.
+    /// idle CPU priority for a background link, a pool of its own for a
+    /// remote caller's), inside the link's span.
     fn link_in_process(&self, mode: Mode, plan: &mut plan::Plan) -> Result<Linked, NotLinked> {
         let (linker, tk, ctl) = (self.linker, &*self.tk, self.ctl);
         let artifacts = Artifacts {
@@ -83,6 +84,7 @@ impl Link<'_> {
         // The pool's threads work inside this link's span.
         let span = Span::current();
         let pool = match ctl.cancel.priority() {
+            Priority::Foreground if self.req.remote => &linker.remote_pool,
             Priority::Foreground => &linker.pool,
             Priority::Background => &linker.bg_pool,
         };

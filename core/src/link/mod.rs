@@ -94,6 +94,10 @@ pub struct Linker {
     pool: rayon::ThreadPool,
     /// The same for background links, threads at idle CPU priority (`sched.rs`).
     bg_pool: rayon::ThreadPool,
+    /// The same for remote callers' foreground links: a remote link blocks
+    /// a thread for its whole NVVM compile or ptxas run, and two of them
+    /// filling `pool` kept a local link waiting 118 s.
+    remote_pool: rayon::ThreadPool,
     /// Admission of links that must compute (`sched.rs`).
     sched: Scheduler,
     /// Links running now by (working directory, output file): a newer link of
@@ -263,6 +267,11 @@ impl Linker {
             .start_handler(|_| crate::sched::idle_priority())
             .build()
             .unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
+        let remote_pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("nvlinkd-remote-{i}"))
+            .num_threads(jobs)
+            .build()
+            .unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("thread pool"));
         let workers = config.worker_exe.clone().map(|exe| {
             WorkerPool::new(PoolConfig {
                 exe,
@@ -293,6 +302,7 @@ impl Linker {
             cache,
             pool,
             bg_pool,
+            remote_pool,
             sched: Scheduler::new(jobs),
             outputs: Default::default(),
             hooks: crate::hooks::TestHooks::from_env(),

@@ -181,11 +181,79 @@ fn one_line(buf: &[u8]) -> Option<Vec<u8>> {
     Some(out.into_bytes())
 }
 
+/// Whether no other user can change where `dir` leads: along its path,
+/// every symlink is this user's or root's, in a directory of theirs, and
+/// every directory is theirs and not writable by others, or sticky (`/tmp`)
+/// with the next entry theirs. (An adversarial run pointed a root daemon's
+/// `--cache-dir` through another user's dangling symlink in `/tmp`, and
+/// through that user's own directory: the user then owned the daemon's
+/// scratch directories and had its LTO links compile the user's PTX.) A
+/// part that does not exist yet ends the check: the daemon makes it.
+fn trusted_path(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let next_shown = |at: &Path, part: &std::ffi::OsStr| at.join(part).display().to_string();
+    let me = owner::euid();
+    let ours = |uid: u32| uid == me || uid == 0;
+    let mut at = std::path::absolute(dir).map_err(|e| format!("cache directory {}: {e}", dir.display()))?;
+    // Resolved part by part; a symlink's target is checked the same way.
+    let mut left: Vec<std::ffi::OsString> = at.components().skip(1).map(|c| c.as_os_str().to_owned()).collect();
+    left.reverse();
+    at = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = left.pop() {
+        let parent = std::fs::metadata(&at).map_err(|e| format!("cache directory {}: {e}", dir.display()))?;
+        let sticky = parent.mode() & 0o1000 != 0;
+        if !ours(parent.uid()) {
+            return Err(format!(
+                "cache directory {}: {} is in a directory of uid {}: refusing (that user could redirect it)",
+                dir.display(),
+                next_shown(&at, &part),
+                parent.uid()
+            ));
+        }
+        let next = match part.to_str() {
+            Some("..") => at.parent().map_or_else(|| PathBuf::from("/"), Path::to_owned),
+            Some(".") => at.clone(),
+            _ => at.join(&part),
+        };
+        let Ok(m) = std::fs::symlink_metadata(&next) else { return Ok(()) };
+        if parent.mode() & 0o022 != 0 && !(sticky && ours(m.uid())) {
+            return Err(format!(
+                "cache directory {} lies in {}, which other users can write: refusing",
+                dir.display(),
+                at.display()
+            ));
+        }
+        if m.file_type().is_symlink() {
+            links += 1;
+            if !ours(m.uid()) || links > 40 {
+                return Err(format!(
+                    "cache directory {}: {} is a symlink of uid {}: refusing",
+                    dir.display(),
+                    next.display(),
+                    m.uid()
+                ));
+            }
+            let target = std::fs::read_link(&next).map_err(|e| format!("cache directory {}: {e}", dir.display()))?;
+            let mut more: Vec<std::ffi::OsString> = target.components().map(|c| c.as_os_str().to_owned()).collect();
+            if target.is_absolute() {
+                at = PathBuf::from("/");
+                more.remove(0);
+            }
+            left.extend(more.into_iter().rev());
+            continue;
+        }
+        at = next;
+    }
+    Ok(())
+}
+
 /// Make the cache directory this user's own before anything is read from it
 /// or written to it: the cache decides what links answer, and the log names
 /// every link. Created 0700; an existing one must be a directory owned by
 /// this user, in a directory of this user's or root's (else another user
-/// could swap it), and is made 0700 (an older daemon made it readable by
+/// could swap it; every directory and symlink on the way is checked by
+/// [`trusted_path`]), and is made 0700 (an older daemon made it readable by
 /// all). A symlink is followed only where it is this user's or root's, in a
 /// directory of theirs (systemd's `DynamicUser` cache directories are such
 /// links). Refused otherwise, with why. A directory that cannot be made at
@@ -193,6 +261,7 @@ fn one_line(buf: &[u8]) -> Option<Vec<u8>> {
 pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let shown = dir.display();
+    trusted_path(dir)?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         let _ = std::fs::create_dir_all(parent);
     }

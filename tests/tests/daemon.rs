@@ -584,6 +584,20 @@ fn serve_keeps_its_cache_directory_to_its_own_user() {
     let out = serve(&inside);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("in a directory of uid 65534"), "{out:?}");
+    // Anywhere on the way: another user's dangling symlink (they make its
+    // target later, and own the daemon's scratch), or a symlink of root's
+    // inside another user's directory (they point it elsewhere later).
+    let dangling = root.path().join("dangling");
+    symlink(root.path().join("nowhere"), &dangling).unwrap();
+    std::os::unix::fs::lchown(&dangling, Some(65534), Some(65534)).unwrap();
+    let out = serve(&dangling.join("cache"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a symlink of uid 65534"), "{out:?}");
+    assert!(!root.path().join("nowhere").exists(), "the cache directory was made through their symlink");
+    symlink(&older, theirs.join("l2")).unwrap();
+    let out = serve(&theirs.join("l2/cache"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in a directory of uid 65534"), "{out:?}");
     // Planted while the directory was open to others: a store elsewhere, a
     // file of another user; an open directory that is not empty.
     let planted = root.path().join("planted");

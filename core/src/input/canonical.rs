@@ -92,6 +92,10 @@ fn u64_at(d: &[u8], at: usize) -> Option<u64> {
 
 fn header(elf: &Elf<'_>) -> Option<&'static str> {
     let d = elf.data;
+    // Relocatable, or executable (a whole-program fatbin's SASS).
+    if !matches!(elf.e_type, 1 | 2) {
+        return Some("an unusual e_type");
+    }
     if d.get(4..7) != Some(&IDENT[..]) || d.get(7) != Some(&OSABI_CUDA) || d.get(9..16) != Some(&[0u8; 7][..]) {
         return Some("an unusual e_ident");
     }

@@ -36,13 +36,71 @@ const OPTIONS_FILES: &[&str] = &["options-file", "optf"];
 const NO_LINK: &[&str] = &["help", "h", "version", "V"];
 /// How deep options files may name options files.
 const MAX_DEPTH: usize = 15;
-/// Options whose next argument is passed on to ptxas or NVVM: never one of
-/// nvlink's own (`-Xptxas -o=F`, `-Xptxas --options-file=F` are ptxas's).
-const PASSED_ON: &[&str] = &["-Xptxas", "--Xptxas", "-Xnvvm", "--Xnvvm"];
+/// nvlink's options that take a value, by long and short name
+/// (`core/src/cli/options.rs`): given apart (`-L dir`), the next argument is
+/// that value, never an option of nvlink's (`-Xptxas -o=F` and
+/// `-L --options-file=G` name no output and no options file of nvlink's).
+const VALUED: &[&str] = &[
+    "output-file",
+    "o",
+    "arch",
+    "machine",
+    "m",
+    "library",
+    "l",
+    "library-path",
+    "L",
+    "register-link-binaries",
+    "kernels-used",
+    "variables-used",
+    "cpu-arch",
+    "time",
+    "nvvmpath",
+    "split-compile",
+    "split-compile-extended",
+    "Ofast-compile",
+    "Ofc",
+    "Xptxas",
+    "Xnvvm",
+    "maxrregcount",
+    "device-stack-protector",
+    "options-file",
+    "optf",
+    "gen-host-linker-script",
+    "ghls",
+    "uidx-file",
+    "uidx",
+    "host-ccbin",
+    "tool-name",
+    "verbose-tkinfo",
+    "host-linker-options",
+    "Xlinker",
+    "dot-file",
+    "dot",
+    "disable-smem-reservation",
+    "syscall-const-offset",
+    "cuda-api-version",
+    "nv-host",
+    "enable-extended-smem",
+    "device-stack-protector-frame-size-threshold",
+];
 
-/// Whether `tokens[i]` is the value of `-Xptxas`/`-Xnvvm` given apart.
-fn passed_on(tokens: &[String], i: usize) -> bool {
-    i.checked_sub(1).is_some_and(|p| PASSED_ON.contains(&tokens[p].as_str()))
+/// Which of `args` are values given apart, walking them as nvlink's parser
+/// does: an option that takes a value consumes the next argument.
+fn separate_values(args: &[String]) -> Vec<bool> {
+    let mut value = vec![false; args.len()];
+    let mut i = 0;
+    while i < args.len() {
+        let t = &args[i];
+        let takes_next = !t.contains('=') && option_name(t).is_some_and(|n| VALUED.contains(&n));
+        if takes_next && i + 1 < args.len() {
+            value[i + 1] = true;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    value
 }
 
 #[derive(Debug, Default)]
@@ -83,7 +141,8 @@ impl Policy {
     pub fn new(args: &[String], cwd: &Path, library_path: Option<&str>, cuda_home: Option<&Path>) -> Policy {
         let mut p = Policy::default();
         let mut tokens = Vec::new();
-        expand(args, cwd, &mut tokens, 0);
+        let mut apart = Vec::new();
+        expand_marked(args, cwd, &mut tokens, &mut apart, 0);
         let resolve = |name: &str| cwd.join(name);
         let mut no_link = false;
         let mut arch: Option<String> = None;
@@ -120,7 +179,7 @@ impl Policy {
                     p.names.insert(piece.to_owned());
                 }
             }
-            let Some(name) = option_name(t).filter(|_| !passed_on(&tokens, i)) else { continue };
+            let Some(name) = option_name(t).filter(|_| !apart[i]) else { continue };
             no_link |= NO_LINK.contains(&name);
             for (short, long, list) in
                 [("-L", "--library-path", &mut p.lib_dirs), ("-l", "--library", &mut p.lib_names)]
@@ -359,9 +418,16 @@ pub fn expanded(args: &[String], cwd: &Path) -> Vec<String> {
 /// The command line with the contents of its options files (read here),
 /// recursively up to [`MAX_DEPTH`].
 fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
+    expand_marked(args, cwd, out, &mut Vec::new(), depth)
+}
+
+/// [`expand`], marking in `apart` which tokens are values given apart.
+fn expand_marked(args: &[String], cwd: &Path, out: &mut Vec<String>, apart: &mut Vec<bool>, depth: usize) {
+    let values = separate_values(args);
     for (i, t) in args.iter().enumerate() {
         out.push(t.clone());
-        let Some(name) = option_name(t).filter(|_| !passed_on(args, i)) else { continue };
+        apart.push(values[i]);
+        let Some(name) = option_name(t).filter(|_| !values[i]) else { continue };
         if !OPTIONS_FILES.contains(&name) || depth >= MAX_DEPTH {
             continue;
         }
@@ -381,7 +447,7 @@ fn expand(args: &[String], cwd: &Path, out: &mut Vec<String>, depth: usize) {
             }
             let Ok(text) = std::fs::read(&path) else { continue };
             let more = nvlinkd_fs::options_words(&String::from_utf8_lossy(&text));
-            expand(&more, cwd, out, depth + 1);
+            expand_marked(&more, cwd, out, apart, depth + 1);
         }
     }
 }
@@ -511,6 +577,13 @@ mod tests {
         assert!(!passed.iter().any(|t| t == "named.cubin"), "ptxas's options file read as nvlink's: {passed:?}");
         let own = expanded(&args(&["--options-file=ptxas.opts"]), &dir);
         assert!(own.iter().any(|t| t == "named.cubin"));
+        // `-Xptxas` as another option's value passes nothing on: the options
+        // file after it is nvlink's own.
+        for valued in [&["-L", "-Xptxas"][..], &["-Xptxas", "-Xptxas"], &["-l", "-Xnvvm"]] {
+            let mut a = valued.to_vec();
+            a.push("--options-file=ptxas.opts");
+            assert!(expanded(&args(&a), &dir).iter().any(|t| t == "named.cubin"), "{a:?}");
+        }
         // A FIFO is not opened (it would block), `/dev/zero` not read.
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();

@@ -256,8 +256,9 @@ fn trusted_path(dir: &Path) -> Result<(), String> {
 /// [`trusted_path`]), and is made 0700 (an older daemon made it readable by
 /// all). A symlink is followed only where it is this user's or root's, in a
 /// directory of theirs (systemd's `DynamicUser` cache directories are such
-/// links). Refused otherwise, with why. A directory that cannot be made at
-/// all (read-only, full) is left to the cache, which then runs in memory.
+/// links). Refused otherwise, with why, and when it cannot be made; one that
+/// exists but cannot be written (read-only, full) is left to the cache,
+/// which then runs in memory.
 pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let shown = dir.display();
@@ -265,8 +266,16 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         let _ = std::fs::create_dir_all(parent);
     }
-    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
-    let Ok(m) = std::fs::symlink_metadata(dir) else { return Ok(()) };
+    let made = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    // Again, now that every part exists: another user could have made one
+    // of the missing parts between the check and the creation.
+    trusted_path(dir)?;
+    // One that cannot be made is refused: the daemon's scratch directories
+    // would be made there later, through whatever is there then.
+    let m = std::fs::symlink_metadata(dir).map_err(|e| {
+        let why = made.err().unwrap_or(e);
+        format!("cache directory {shown} cannot be made: {why}; give --cache-dir a directory of your own")
+    })?;
     let me = owner::euid();
     let parent_of = |p: &Path| p.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned();
     let mine_or_roots = owner::Rule::owned_by(owner::Owners::MeOrRoot);

@@ -762,7 +762,13 @@ fn a_read_only_output_of_another_run_is_left_alone_as_nvlink_does() {
     let expected = as_nobody(&with(real_nvlink()), &[]).unwrap();
     assert!(!expected.status.success(), "nvlink wrote a read-only file: {expected:?}");
     let socket = work.path().join("run/nvlinkd.sock");
-    let env = nvlinkd_tests::env::auto_start_env(&socket, &work.path().join("cache"));
+    // Its cache outside the open working directory (serve refuses a cache
+    // directory in one that others can write).
+    let caches = TempDir::new("ro-out-cache");
+    let cache = caches.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let env = nvlinkd_tests::env::auto_start_env(&socket, &cache);
     let actual = as_nobody(&with(shim()), &env).unwrap();
     let stop = [nvlinkd().display().to_string(), "stop".into(), "--socket".into(), socket.display().to_string()];
     let _ = as_nobody(&stop, &[]);

@@ -55,6 +55,12 @@ pub struct Request {
 }
 
 impl Request {
+    /// A link of this machine's own user on its own files (`nvlinkd exec`,
+    /// library users): the filesystem shared, nothing remote.
+    pub fn local(args: Vec<String>, cwd: PathBuf) -> Request {
+        Request { args, cwd, shared_fs: true, nvvm_stat: true, ..Default::default() }
+    }
+
     /// Whom the link computes for (see [`crate::cancel::Tenant`]).
     pub fn tenant(&self) -> crate::cancel::Tenant {
         match (self.remote, self.caller) {

@@ -277,19 +277,10 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
         format!("cache directory {shown} cannot be made: {why}; give --cache-dir a directory of your own")
     })?;
     let me = owner::euid();
-    let parent_of = |p: &Path| p.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned();
-    let mine_or_roots = owner::Rule::owned_by(owner::Owners::MeOrRoot);
-    let foreign_parent = |p: &Path| match std::fs::metadata(parent_of(p)).map(|pm| mine_or_roots.check(&pm)) {
-        Ok(Err(owner::Refusal::Owner { uid, .. })) => Some(uid),
-        _ => None,
-    };
+    // (`trusted_path` refused a symlink, or a directory it lies in, of
+    // another user's.) The directory a symlink of ours leads to is checked
+    // as the directory itself.
     if m.file_type().is_symlink() {
-        if let Err(owner::Refusal::Owner { uid, .. }) = mine_or_roots.check(&m) {
-            return Err(format!("cache directory {shown} is a symlink of uid {uid}: refusing"));
-        }
-        if let Some(u) = foreign_parent(dir) {
-            return Err(format!("cache directory {shown} is a symlink in a directory of uid {u}: refusing"));
-        }
         return match std::fs::canonicalize(dir) {
             Ok(real) if real != dir => private_cache_dir(&real),
             _ => Ok(()),
@@ -302,12 +293,6 @@ pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
         return Err(format!(
             "cache directory {shown} {why}: refusing (another user could write what links answer); give \
              --cache-dir a directory of your own"
-        ));
-    }
-    if let Some(u) = foreign_parent(dir) {
-        return Err(format!(
-            "cache directory {shown} is in a directory of uid {u}: refusing (that user could replace it); \
-             give --cache-dir a directory of your own"
         ));
     }
     // What another user could have put in the directory: nothing, if it was

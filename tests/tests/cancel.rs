@@ -105,17 +105,7 @@ fn nvlink_engine_runs_are_cancellable_and_time_limited() {
     let args: Vec<String> = ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "out.cubin"].map(String::from).to_vec();
     let cwd = corpus::dir().clone();
     let spec = Spec::from_parsed(parse(&args, &LocalFs, &cwd).expect("parse"), &cwd, None).expect("spec");
-    let req = Request {
-        args,
-        cwd,
-        env: Default::default(),
-        toolkit: None,
-        shared_fs: true,
-        caller: None,
-        nvvm_stat: true,
-        speculative: false,
-        remote: false,
-    };
+    let req = Request::local(args, cwd);
     let nvlink = cuda_home().join("bin/nvlink");
 
     let scratch = [out.path().to_path_buf()];

@@ -34,17 +34,7 @@ impl Recorder {
 /// Link `args` (templated as the parity cases are) as link `id`; its events.
 fn link(linker: &Linker, rec: &Recorder, args: &str, out: &TempDir) -> (u64, EngineKind, Vec<LinkEvent>) {
     let inv = Invocation::templated(args, corpus::dir(), out);
-    let req = Request {
-        args: inv.args,
-        cwd: inv.cwd,
-        env: Default::default(),
-        toolkit: None,
-        shared_fs: true,
-        caller: None,
-        nvvm_stat: true,
-        speculative: false,
-        remote: false,
-    };
+    let req = Request::local(inv.args, inv.cwd);
     let (id, span) = linker.link_span_with_id(&req);
     let _in_link = span.enter();
     let outcome = linker.link_cancellable(id, &req, &LocalFs, &Cancel::new());

@@ -318,34 +318,33 @@ pub(crate) fn parse_number(v: &str) -> Result<i64, Diagnostic> {
     parse_c_long(v).ok_or_else(|| Diagnostic::fatal(format!("'{v}': expected a number")))
 }
 
-/// Whether `v` is a whole number as `strtol(v, &end, 0)` reads one, however
-/// large (`parse_c_long` is the same within 64 bits).
-fn integer_syntax(v: &str) -> bool {
-    let t = v.trim_start();
-    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
-    let (radix, digits) = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(h) => (16, h),
-        None if t.len() > 1 && t.starts_with('0') => (8, &t[1..]),
-        None => (10, t),
-    };
-    !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix))
-}
-
-/// `strtol(v, &end, 0)` with `*end == 0` required.
-pub(crate) fn parse_c_long(v: &str) -> Option<i64> {
+/// `v` as `strtol(v, &end, 0)` reads it: leading space skipped, then whether
+/// a `-` sign came, the radix its prefix names (`0x` 16, a leading `0` 8,
+/// else 10) and the digits after the prefix, unchecked.
+fn c_long_parts(v: &str) -> (bool, u32, &str) {
     let t = v.trim_start();
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
         Some(b'+') => (false, &t[1..]),
         _ => (false, t),
     };
-    let (radix, digits) = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        (16, h)
-    } else if t.len() > 1 && t.starts_with('0') {
-        (8, &t[1..])
-    } else {
-        (10, t)
-    };
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => (neg, 16, h),
+        None if t.len() > 1 && t.starts_with('0') => (neg, 8, &t[1..]),
+        None => (neg, 10, t),
+    }
+}
+
+/// Whether `v` is a whole number as `strtol(v, &end, 0)` reads one, however
+/// large (`parse_c_long` is the same within 64 bits).
+fn integer_syntax(v: &str) -> bool {
+    let (_, radix, digits) = c_long_parts(v);
+    !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix))
+}
+
+/// `strtol(v, &end, 0)` with `*end == 0` required.
+pub(crate) fn parse_c_long(v: &str) -> Option<i64> {
+    let (neg, radix, digits) = c_long_parts(v);
     if digits.is_empty() {
         return None;
     }

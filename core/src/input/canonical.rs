@@ -71,13 +71,25 @@ const RELOCATION_TYPES: std::ops::RangeInclusive<u32> = 1..=115;
 
 /// The first way `elf` differs from a cubin ptxas writes, or `None`.
 pub(crate) fn unusual(elf: &Elf<'_>) -> Option<&'static str> {
-    header(elf)
-        .or_else(|| sections(elf))
-        .or_else(|| symbols(elf).err())
-        .or_else(|| relocations(elf))
-        .or_else(|| info_sections(elf))
-        .or_else(|| cross_references(elf))
-        .or_else(|| notes(elf))
+    unusual_with_symbols(elf).err()
+}
+
+/// [`unusual`], and the symbols (read once) of a cubin that is not.
+pub(crate) fn unusual_with_symbols(elf: &Elf<'_>) -> Result<Vec<Symbol>, &'static str> {
+    if let Some(what) = header(elf).or_else(|| sections(elf)) {
+        return Err(what);
+    }
+    let symbols = elf.symbols().map_err(|_| "a symbol name outside its string table")?;
+    let first = symbols_placed(elf, &symbols)
+        .err()
+        .or_else(|| relocations(elf, &symbols))
+        .or_else(|| info_sections(elf, &symbols))
+        .or_else(|| cross_references(elf, &symbols))
+        .or_else(|| notes(elf));
+    match first {
+        Some(what) => Err(what),
+        None => Ok(symbols),
+    }
 }
 
 fn u16_at(d: &[u8], at: usize) -> Option<u16> {
@@ -222,8 +234,8 @@ fn named_for_its_type(elf: &Elf<'_>, s: &Section) -> bool {
     }
 }
 
-/// The symbol table and its symbols.
-fn symbols(elf: &Elf<'_>) -> Result<(), &'static str> {
+/// The symbol table, and its symbols where they lie.
+fn symbols_placed(elf: &Elf<'_>, symbols: &[Symbol]) -> Result<(), &'static str> {
     let (symtab, table) = symbol_table(elf).ok_or("not one symbol table")?;
     if table.entsize != 24 || table.size % 24 != 0 {
         return Err("a symbol table of another entry size than 24");
@@ -231,7 +243,6 @@ fn symbols(elf: &Elf<'_>) -> Result<(), &'static str> {
     if elf.sections.get(table.link as usize).is_none_or(|s| s.sh_type != SHT_STRTAB) || table.link == 0 {
         return Err("a symbol table without a string table");
     }
-    let symbols = elf.symbols().map_err(|_| "a symbol name outside its string table")?;
     let first_global = table.info as usize;
     if first_global == 0 || first_global > symbols.len() {
         return Err("a symbol table's first-global index out of range");
@@ -321,10 +332,9 @@ fn undefined(s: &Symbol) -> Result<(), &'static str> {
     }
 }
 
-fn relocations(elf: &Elf<'_>) -> Option<&'static str> {
+fn relocations(elf: &Elf<'_>, symbols: &[Symbol]) -> Option<&'static str> {
     let (symtab, table) = symbol_table(elf)?;
     let count = table.size / 24;
-    let symbols = elf.symbols().ok()?;
     for s in elf.sections.iter().filter(|s| s.sh_type == SHT_RELA || s.sh_type == SHT_REL) {
         let entry = if s.sh_type == SHT_RELA { 24 } else { 16 };
         if s.entsize != entry || s.size % entry != 0 || s.link as usize != symtab {
@@ -367,8 +377,7 @@ fn refers_as_ptxas_does(elf: &Elf<'_>, target: &Section, s: &Symbol) -> bool {
 
 /// `.nv.info` sections (and `.nv.compat`): whole entries of known formats up
 /// to the section's end.
-fn info_sections(elf: &Elf<'_>) -> Option<&'static str> {
-    let symbols = elf.symbols().ok()?;
+fn info_sections(elf: &Elf<'_>, symbols: &[Symbol]) -> Option<&'static str> {
     let function = |i: u32| symbols.get(i as usize).is_some_and(|s| s.info & 0xf == 2);
     for s in elf.sections.iter().filter(|s| s.name.starts_with(".nv.info") || s.name == ".nv.compat") {
         let data = elf.section_data(s);
@@ -403,9 +412,8 @@ fn info_sections(elf: &Elf<'_>) -> Option<&'static str> {
 /// and (prototypes) the string table: nvlink and nvJitLink read past either
 /// without a check (an adversarial run read another link's names out of a
 /// shared worker that way).
-fn cross_references(elf: &Elf<'_>) -> Option<&'static str> {
+fn cross_references(elf: &Elf<'_>, symbols: &[Symbol]) -> Option<&'static str> {
     let (symtab, table) = symbol_table(elf)?;
-    let symbols = elf.symbols().ok()?;
     let strtab = elf.section_data(elf.sections.get(table.link as usize)?);
     let kind = |i: u32| symbols.get(i as usize).map(|s| s.info & 0xf);
     for s in elf.sections.iter().filter(|s| s.name == ".nv.prototype" || s.name == ".nv.callgraph") {

@@ -103,10 +103,8 @@ fn compat_value(data: &[u8], attr: u8) -> u16 {
 /// ([`super::canonical`]); an unusual one is `Malformed`, left to nvlink.
 pub fn read_input(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let elf = Elf::parse(data)?;
-    if let Some(what) = super::canonical::unusual(&elf) {
-        return Err(ElfError::Malformed(what));
-    }
-    read(data)
+    let symbols = super::canonical::unusual_with_symbols(&elf).map_err(ElfError::Malformed)?;
+    read_parsed(&elf, symbols)
 }
 
 /// The first way `data` differs from a cubin ptxas writes, if it does
@@ -120,10 +118,14 @@ pub fn unusual(data: &[u8]) -> Option<&'static str> {
 
 pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
     let elf = Elf::parse(data)?;
+    let symbols = elf.symbols()?;
+    read_parsed(&elf, symbols)
+}
+
+fn read_parsed(elf: &Elf<'_>, symbols: Vec<crate::elf::Symbol>) -> Result<CubinInfo, ElfError> {
     if elf.machine != EM_CUDA {
         return Err(ElfError::Malformed("not a device ELF"));
     }
-    let symbols = elf.symbols()?;
     // Functions in symbol-table order: the order nvlink's merge visits them.
     let functions: Vec<InputFunction> = symbols
         .iter()
@@ -144,7 +146,7 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
         names.push(".nv_debug.shared".to_owned());
     }
     let mut info = CubinInfo {
-        sm: sm_of(&elf),
+        sm: sm_of(elf),
         relocatable: elf.e_type == object::elf::ET_REL.0,
         accelerated: elf.section(".nv.compat").is_some_and(|(_, c)| compat_value(elf.section_data(c), 0x09) > 0),
         kernels: functions.iter().filter(|f| f.is_kernel).map(|f| f.name.clone()).collect(),
@@ -153,7 +155,7 @@ pub fn read(data: &[u8]) -> Result<CubinInfo, ElfError> {
             .filter(|s| s.kind() == object::elf::STT_FUNC.0 && s.is_defined() && !s.is_global())
             .map(|s| s.name.clone())
             .collect(),
-        refs: relocation_refs(&elf, &symbols)?,
+        refs: relocation_refs(elf, &symbols)?,
         functions,
         names: names.into(),
         tools_patch: elf

@@ -109,12 +109,9 @@ impl<'a> Link<'a> {
         if let Some(why) = &spec.unmeasured {
             return self.route(Declined::new(Reason::Options, why.clone()));
         }
-        // `-tool-name` renames nvlink in its own messages; `-force-whole-lto`
-        // without `-dlto`, or with a relocatable link, is one of several
-        // conflicts nvlink reports in an order of its own.
-        if spec.tool_name.is_some() {
-            return self.route(Declined::new(Reason::Options, "-tool-name (nvlink's messages under that name)"));
-        }
+        // (`-tool-name` is in `unmeasured`.) `-force-whole-lto` without
+        // `-dlto`, or with a relocatable link, is one of several conflicts
+        // nvlink reports in an order of its own.
         if spec.force_whole_lto && (!spec.lto || spec.relocatable) {
             return self.route(Declined::new(Reason::Options, "-force-whole-lto without whole-program -dlto"));
         }

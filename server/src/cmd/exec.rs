@@ -24,17 +24,7 @@ pub fn run(args: Vec<String>, explain: bool) -> ExitCode {
         worker_exe: std::env::current_exe().ok(),
         ..Default::default()
     });
-    let req = Request {
-        args,
-        cwd,
-        env,
-        toolkit: None,
-        shared_fs: true,
-        caller: None,
-        nvvm_stat: true,
-        speculative: false,
-        remote: false,
-    };
+    let req = Request { env, ..Request::local(args, cwd) };
     let out = linker.link(&req, &LocalFs);
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(reason) = out.fallback {

@@ -448,6 +448,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("recursion-ptx-beside-werror", "--arch=sm_90 -Werror --disable-infos saxpy_ptx.o recursion.o -o {OUT}/out.cubin", ""),
     ("recursion-lto-partial-werror", "--arch=sm_90 -dlto -Werror -nvvmpath={NVVM} -L{L} recursion_xa_lto.o recursion_xb.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("recursion-lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} recursion_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("recursion-lto-report-arch-werror", "--arch=sm_90 -dlto -report-arch -Werror -nvvmpath={NVVM} -L{L} recursion_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     ("recursion-undefined-werror", "--arch=sm_90 -Werror recursion.o recursion_xa.o missing.o -o {OUT}/out.cubin", ""),
     ("recursion-kernels-used", "--arch=sm_90 --kernels-used=fibTable recursion.o -o {OUT}/out.cubin", ""),
     ("recursion-debug", "--arch=sm_90 -g recursion_G.o recursion_dead.o -o {OUT}/out.cubin", ""),
@@ -651,6 +652,8 @@ const IN_PROCESS: &[&str] = &[
     "recursion-ptx-werror",
     "recursion-ptx-beside-werror",
     "recursion-lto-partial-werror",
+    "recursion-lto",
+    "recursion-lto-report-arch-werror",
     "recursion-undefined-werror",
     "recursion-kernels-used",
     "recursion-debug",
@@ -688,9 +691,6 @@ const ROUTED: &[(&str, &str)] = &[
     // A virtual target: nvlink links no device code, it registers the objects.
     ("ptx-only-nvcc-dlink", "arch"),
     ("ptx-only-with-output", "arch"),
-    // Whole-program LTO of recursive code: nvlink's embedded ptxas warns
-    // (`ptxas warning : Stack size ...`); ptxas's messages route a link.
-    ("recursion-lto", "tool"),
     // Archives nvlink's reader refuses ('archive member size exceeds library
     // bounds', 'unexpected archive format'), declined in process.
     ("archive-symtab-cut-short", "input"),

@@ -1055,14 +1055,28 @@ fn lto_ptxas(
         return cx.timed(spec, || lto_row("ptxas"), || debug_ptxas(cx, plan, ptx, args, extra));
     }
     args.extend_from_slice(extra);
-    let key = cx.artifacts.key(Level::Ptxas, &[ptx, args.join(" ").as_bytes()]);
+    // The artifact is ptxas's cubin with its warnings, which nvlink's embedded
+    // ptxas prints the same (whole-program code with recursion: `ptxas warning
+    // : Stack size for entry function ...`); the key's last part keeps these
+    // entries apart from those of a cubin alone.
+    let key = cx.artifacts.key(Level::Ptxas, &[ptx, args.join(" ").as_bytes(), b"cubin and warnings"]);
     let phase = cx.obs.phase(Phase::Ptxas).detail("ptx_bytes", ptx.len() as u64);
     let compile = || {
         cx.artifacts.get_or_compute(Level::Ptxas, key, &phase, || {
-            ptxas::compile(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
+            ptxas::compile_with_warnings(cx.tk, ptx, &args, cx.scratch, cx.cancel, cx.limit, cx.confine)
+                .map(|(cubin, warnings)| ptxas::Warned::encode(&cubin, &warnings))
         })
     };
-    Ok(cx.timed(spec, || lto_row("ptxas"), compile)?.to_vec())
+    let artifact = cx.timed(spec, || lto_row("ptxas"), compile)?;
+    let Some(ptxas::Warned { cubin, warnings }) = ptxas::Warned::decode(&artifact) else {
+        return no(Reason::Tool, "a ptxas artifact that does not decode");
+    };
+    if !warnings.is_empty() && args.iter().any(|a| a == "-c") {
+        // Partial LTO's relocatable compile: whether nvlink prints them is not measured.
+        return no(Reason::Tool, "ptxas printed messages (partial LTO)");
+    }
+    plan.tool_warnings.extend(warnings);
+    Ok(cubin.to_vec())
 }
 
 /// The options nvlink's embedded ptxas adds under `-dlto -g`.

@@ -153,3 +153,52 @@ fn compile_in(
         Err(e) => Err(env("ptxas output", e)),
     }
 }
+
+/// A whole-program compile's artifact: ptxas's cubin and the warnings it
+/// printed, framed as `u32 n_warning_bytes`, the warnings (one per line, each
+/// ending in a newline), then the cubin.
+pub struct Warned<'a> {
+    pub cubin: &'a [u8],
+    pub warnings: Vec<String>,
+}
+
+impl<'a> Warned<'a> {
+    pub fn encode(cubin: &[u8], warnings: &[String]) -> Vec<u8> {
+        let text: String = warnings.iter().map(|w| format!("{w}\n")).collect();
+        let mut v = Vec::with_capacity(4 + text.len() + cubin.len());
+        v.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        v.extend_from_slice(text.as_bytes());
+        v.extend_from_slice(cubin);
+        v
+    }
+
+    /// The parts of an encoded artifact; `None` for bytes `encode` did not write.
+    pub fn decode(bytes: &'a [u8]) -> Option<Warned<'a>> {
+        let n = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        let text = std::str::from_utf8(bytes.get(4..4usize.checked_add(n)?)?).ok()?;
+        let cubin = &bytes[4 + n..];
+        if cubin.is_empty() || !text.is_empty() && !text.ends_with('\n') {
+            return None;
+        }
+        Some(Warned { cubin, warnings: text.lines().map(str::to_owned).collect() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Warned;
+
+    #[test]
+    fn a_compile_artifact_keeps_its_cubin_and_warnings() {
+        let w =
+            vec!["ptxas warning : Stack size for entry function '_Z1kv' cannot be statically determined".to_owned()];
+        for warnings in [Vec::new(), w] {
+            let bytes = Warned::encode(b"\x7fELF cubin", &warnings);
+            let back = Warned::decode(&bytes).expect("decodes");
+            assert_eq!((back.cubin, back.warnings), (&b"\x7fELF cubin"[..], warnings));
+        }
+        assert!(Warned::decode(b"\x7fELF").is_none(), "a bare cubin is not an artifact of this kind");
+        assert!(Warned::decode(&[0, 0, 0, 0]).is_none(), "no cubin");
+        assert!(Warned::decode(&[3, 0, 0, 0, b'a', b'b', b'c', 1]).is_none(), "a warning without its newline");
+    }
+}

@@ -201,13 +201,16 @@ impl Policy {
             if value.as_deref() == Some("") && name == "nvvmpath" {
                 p.nvvm.extend(NVVM_LIBRARIES.iter().map(|l| resolve("").join(l)));
             }
-            // `-o ''`: nvlink cannot open it, and the shim's write of what the
-            // daemon resolves it to (`cwd/`, a directory) fails the same way.
+            // `-o ''`, `-time ''`: nvlink cannot open it, and the shim's write
+            // of what the daemon resolves it to (`cwd/`, a directory) fails
+            // the same way.
             if value.as_deref() == Some("") && OUTPUTS.contains(&name) {
                 p.writes.insert(resolve(""));
                 if matches!(name, "o" | "output-file") {
                     p.output = Some(resolve(""));
                 }
+            } else if value.as_deref() == Some("") && APPENDS.contains(&name) {
+                p.appends.insert(resolve(""));
             }
             let Some(value) = value.filter(|v| !v.is_empty()) else { continue };
             if matches!(name, "arch" | "arch-name") {

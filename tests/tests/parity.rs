@@ -352,6 +352,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("empty-output-name", "--arch=sm_90 accumulate.o scale.o -o {EMPTY}", ""),
     ("empty-input-name", "--arch=sm_90 accumulate.o {EMPTY} scale.o -o {OUT}/out.cubin", ""),
     ("empty-time-name", "--arch=sm_90 accumulate.o scale.o -time {EMPTY} -o {OUT}/out.cubin", ""),
+    ("time-names-a-directory", "--arch=sm_90 accumulate.o scale.o -time lib -o {OUT}/out.cubin", ""),
     ("empty-options-file-names", "-optf ,link.opts, -optf {EMPTY} -o {OUT}/out.cubin", ""),
     ("archive-symtab-cut-short", "--arch=sm_90 dynsmem.o badar/libdevmath_cut.a -o {OUT}/out.cubin", ""),
     ("archive-symtab-past-end", "--arch=sm_90 -Lbadar dynsmem.o -ldevmath_symsize -o {OUT}/out.cubin", ""),
@@ -478,6 +479,9 @@ const CASES: &[(&str, &str, &str)] = &[
 /// Cases the in-process engine must serve itself (a routing regression fails
 /// the test even when the real nvlink engine keeps the bytes right).
 const IN_PROCESS: &[&str] = &[
+    // `-time` naming a directory: nvlink's fatal, from the shim's write.
+    "empty-time-name",
+    "time-names-a-directory",
     // Code in other styles: dynamic shared memory, line and debug information.
     "dynsmem-nvcc-dlink",
     "dynsmem-beside-units",
@@ -682,8 +686,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-preserve-relocs", "options"),
     ("opt-extra-warnings", "options"),
     ("static-lib-LIBRARY_PATH-routed", "options"),
-    // `-time` naming a file nvlink cannot open.
-    ("empty-time-name", "options"),
     // Device code after a libcudadevrt of which nothing is linked.
     ("archive-after-cudadevrt", "diagnostics"),
     // -g with an input fatal: nvlink's JIT warnings come first.

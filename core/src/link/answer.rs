@@ -114,21 +114,25 @@ pub(super) fn uidx_fatal(fs: &dyn InputFs, spec: &Spec, uidx: &Named) -> Result<
 
 /// Whether the link's `-time` file is still to be created (nvlink then writes
 /// the table's header first); `Ok(false)` without `-time` or with `-time -`.
-/// A name that is there but not a regular file is left to nvlink.
+/// nvlink creates anything but an existing regular file, header first, before
+/// it links: a directory (`-time ''` names the working directory) fails
+/// there, and the shim's write of the header fails the same way (`Cannot
+/// open file ''`, exit 1, no other output). Another error of its stat is
+/// left to nvlink.
 pub(super) fn time_file_is_new(fs: &dyn InputFs, spec: &Spec) -> Result<bool, Declined> {
     let Some(time) = &spec.files.written.time else { return Ok(false) };
     let t = &time.given;
     match fs.stat(&time.path) {
-        Ok(st) if !st.is_dir => Ok(false),
+        Ok(st) => Ok(st.is_dir),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Ok(_) => Err(Declined::new(Reason::Options, format!("-time {t}: a directory"))),
         Err(e) => Err(Declined::new(Reason::Options, format!("-time {t}: {e}"))),
     }
 }
 
 /// nvlink's `-time` table added to an in-process answer: on stdout (`-time
 /// -`), header first, or appended to the file (the header only when the link
-/// creates it), written before the other outputs as nvlink writes it first.
+/// creates it; nvlink opens an existing file only to append rows), written
+/// before the other outputs as nvlink writes it first.
 pub(super) fn with_time_table(mut o: Outcome, spec: &Spec, file_is_new: bool, rows: &[inprocess::TimeRow]) -> Outcome {
     let Some(t) = spec.time.as_deref() else { return o };
     let table = inprocess::time_rows(rows, spec.arch.as_deref().unwrap_or_default());

@@ -181,6 +181,12 @@ impl FileIdentity {
         }
     }
 
+    /// Whether this names contents (`of_contents`) rather than a local file:
+    /// two names of equal contents may then be one file or two.
+    pub(crate) fn is_contents(&self) -> bool {
+        self.dev == u64::MAX && self.mtime_ns < 0
+    }
+
     /// The status change time, in nanoseconds since the epoch.
     pub(crate) fn ctime_ns(&self) -> i128 {
         self.ctime_ns

@@ -268,6 +268,37 @@ pub fn keys(
     for digest in digests {
         k.bytes(&digest?);
     }
+    // What nvlink decides by name and by file rather than by contents: each
+    // input's extension (`input/load.rs`: `.ptx`, `.fatbin`, `.cubin`, none,
+    // `.so`... are read differently), and which inputs and existing `-l`
+    // candidates are one file (nvlink takes an archive once, by identity).
+    for input in &files.inputs {
+        match crate::input::load::extension(&input.given) {
+            Some(ext) => k.str("ext").str(ext),
+            None => k.str("no ext"),
+        };
+    }
+    let candidates = files.libraries.iter().flat_map(|l| &l.candidates);
+    let identities: Vec<_> = files.inputs.iter().chain(candidates).map(|f| fs.identity(&f.path)).collect();
+    for (i, id) in identities.iter().enumerate() {
+        let first = id.and_then(|id| identities[..i].iter().position(|other| *other == Some(id)));
+        // Equal contents known by digest only (a remote caller's files) are
+        // not known to be one file: keyed apart from a local file named twice.
+        match first {
+            Some(j) if id.is_some_and(|id| id.is_contents()) => k.str("same contents as").u64(j as u64),
+            Some(j) => k.str("same file as").u64(j as u64),
+            None => k.str("a file of its own"),
+        };
+    }
+    // Which written files are one (`-o F --register-link-binaries=F`: one
+    // file, written twice), or an input.
+    let written = [&files.written.output, &files.written.register];
+    for (i, w) in written.iter().enumerate() {
+        let Some(w) = w else { continue };
+        let same_written = written[..i].iter().position(|o| o.as_ref().is_some_and(|o| o.path == w.path));
+        let same_input = files.inputs.iter().position(|input| input.path == w.path);
+        k.u64(same_written.map_or(u64::MAX, |j| j as u64)).u64(same_input.map_or(u64::MAX, |j| j as u64));
+    }
     // Every candidate of a `-l` search that exists, up to a directory (where
     // the search stops): which one links is decided by reading them (a tiny
     // file or another machine's archive is skipped, `load.rs`), so a change

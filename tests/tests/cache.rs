@@ -235,3 +235,51 @@ fn a_library_found_past_an_incompatible_one_is_in_the_key() {
     same(&changed, &run(&shim(), &inv(args, dir.path(), &out), &d.shim_env()));
     assert_eq!(d.stat("cache_hits"), hits, "served from the cache: the key missed the library that changed");
 }
+
+/// What nvlink decides by a file's name or identity rather than its contents
+/// is in the key: an input's extension (`acc` without a dot is skipped,
+/// `acc.o` linked), one archive named twice (a symlink: taken once) against
+/// two copies (both taken), and a registration file that is the output file.
+/// Each pair has equal contents and different answers; the second link of
+/// each pair must not be the first one's cache hit.
+#[test]
+fn what_nvlink_decides_by_name_or_file_is_in_the_key() {
+    let d = Daemon::start();
+    let dir = TempDir::new("by-name");
+    let corpus = corpus::dir();
+    std::fs::copy(corpus.join("accumulate.o"), dir.path().join("acc.o")).unwrap();
+    std::fs::copy(corpus.join("accumulate.o"), dir.path().join("acc")).unwrap();
+    std::fs::copy(corpus.join("scale.o"), dir.path().join("scale.o")).unwrap();
+    let ar = std::process::Command::new("ar").args(["rcs", "libacc.a", "acc.o"]).current_dir(dir.path()).status();
+    assert!(ar.unwrap().success());
+    std::os::unix::fs::symlink("libacc.a", dir.path().join("link.a")).unwrap();
+    std::fs::copy(dir.path().join("libacc.a"), dir.path().join("copy.a")).unwrap();
+    let pairs = [
+        ("--arch=sm_90 scale.o acc -o {OUT}/out.cubin", "--arch=sm_90 scale.o acc.o -o {OUT}/out.cubin"),
+        (
+            "--arch=sm_90 scale.o libacc.a link.a -o {OUT}/out.cubin",
+            "--arch=sm_90 scale.o libacc.a copy.a -o {OUT}/out.cubin",
+        ),
+        (
+            "--arch=sm_90 scale.o acc.o --register-link-binaries={OUT}/out.cubin -o {OUT}/out.cubin",
+            "--arch=sm_90 scale.o acc.o --register-link-binaries={OUT}/reg.c -o {OUT}/out.cubin",
+        ),
+    ];
+    for (first, second) in pairs {
+        let runs: Vec<(Run, Run)> = [first, second]
+            .iter()
+            .map(|args| {
+                let (a, b) = (TempDir::new("by-name-nvlink"), TempDir::new("by-name-shim"));
+                (
+                    run(&real_nvlink(), &inv(args, dir.path(), &a), &[]),
+                    run(&shim(), &inv(args, dir.path(), &b), &d.shim_env()),
+                )
+            })
+            .collect();
+        let differ = compare::runs(&runs[0].0, &runs[1].0);
+        assert!(!(differ.problems.is_empty() && differ.identical), "nvlink answers {first} and {second} alike");
+        for (expected, actual) in &runs {
+            same(expected, actual);
+        }
+    }
+}

@@ -22,11 +22,13 @@ pub struct KeyBuilder(blake3::Hasher);
 impl KeyBuilder {
     pub fn new(domain: &str) -> Self {
         let mut h = blake3::Hasher::new();
-        // The version changes whenever a fix changes an answer already cached
-        // (v2: libcudadevrt's members chosen again after PTX is compiled;
-        // v3: only undefined functions take them, `nvlink -r` outputs beside
-        // libcudadevrt).
-        h.update(b"nvlinkd-cache-v3\0");
+        // The code that computes answers (core/build.rs): a build with other
+        // code reads no entry of this one, so a fix never meets the wrong
+        // answers cached before it (in a cache directory kept across an
+        // upgrade, or in the fleet's shared tier).
+        h.update(b"nvlinkd-cache\0");
+        h.update(env!("NVLINKD_ENGINE_DIGEST").as_bytes());
+        h.update(b"\0");
         h.update(domain.as_bytes());
         h.update(b"\0");
         KeyBuilder(h)
@@ -144,6 +146,19 @@ impl LinkEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_belong_to_the_code_that_computes_answers() {
+        let digest = env!("NVLINKD_ENGINE_DIGEST");
+        assert!(digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()), "{digest}");
+        // The same fields under another build's code digest give another key.
+        let mut other = blake3::Hasher::new();
+        other.update(b"nvlinkd-cache\0").update(&[b'0'; 64]).update(b"\0").update(b"link\0");
+        assert_ne!(KeyBuilder::new("link").finish(), *other.finalize().as_bytes());
+        let mut same = blake3::Hasher::new();
+        same.update(b"nvlinkd-cache\0").update(digest.as_bytes()).update(b"\0").update(b"link\0");
+        assert_eq!(KeyBuilder::new("link").finish(), *same.finalize().as_bytes());
+    }
 
     #[test]
     fn entry_roundtrip_and_garbage() {

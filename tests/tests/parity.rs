@@ -1353,3 +1353,39 @@ fn ld_r_merged_objects_match_nvlink() {
     assert!(differing.is_empty(), "{}", differing.join("\n"));
     assert_eq!(daemon.stat("nvlink_process"), 0, "links were routed to nvlink");
 }
+
+/// `.ptx` files nvlink reads its own way: below sm_90 it compiles one and
+/// links none of its code (an empty cubin, also with `-r`), and for a
+/// family target (`sm_100f`) its tool note names the plain arch. Compiled
+/// here with nvcc, linked through the real nvlink and the daemon, twice (the
+/// second from the cache): the same answers.
+#[test]
+fn ptx_files_nvlink_links_its_own_way_get_nvlinks_answer() {
+    let dir = TempDir::new("ptx-files");
+    std::fs::write(dir.path().join("k.cu"), "__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n").unwrap();
+    for arch in ["sm_80", "sm_86", "sm_100f"] {
+        let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
+            .args(["--ptx", "-rdc=true", &format!("-arch={arch}"), "k.cu", "-o", &format!("k_{arch}.ptx")])
+            .current_dir(dir.path())
+            .output()
+            .expect("run nvcc");
+        assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    }
+    let d = Daemon::start();
+    for args in [
+        "--arch=sm_80 k_sm_80.ptx -o {OUT}/out.cubin",
+        "--arch=sm_86 k_sm_80.ptx -o {OUT}/out.cubin",
+        "--arch=sm_80 -r k_sm_80.ptx -o {OUT}/out.o",
+        "--arch=sm_86 k_sm_86.ptx k_sm_86.ptx -o {OUT}/out.cubin",
+        "--arch=sm_100f k_sm_100f.ptx -o {OUT}/out.cubin",
+    ] {
+        let out = TempDir::new("ptx-files-nvlink");
+        let expected = run(&real_nvlink(), &Invocation::templated(args, dir.path(), &out), &[]);
+        for _ in 0..2 {
+            let out = TempDir::new("ptx-files-shim");
+            let actual = run(&shim(), &Invocation::templated(args, dir.path(), &out), &d.shim_env());
+            let cmp = compare::runs(&expected, &actual);
+            assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+        }
+    }
+}

@@ -271,6 +271,15 @@ impl LoadContext<'_> {
                 if !is_ptx(&data) {
                     return unsupported(Reason::Input, format!("{given}: non-PTX content in a .ptx file"));
                 }
+                // Below sm_90 nvlink compiles a `.ptx` file and links none of
+                // its code; for a suffixed target its tool note names the
+                // plain arch. Neither is reproduced.
+                if self.target.sm < 90 {
+                    return unsupported(Reason::Arch, format!("{given}: a .ptx file linked below sm_90"));
+                }
+                if self.target.suffix.is_some() {
+                    return unsupported(Reason::Arch, format!("{given}: a .ptx file for a suffixed target"));
+                }
                 let unit = Unit {
                     name: given.to_owned(),
                     module_ids: vec![self.synthetic_id(given)],

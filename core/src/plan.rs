@@ -57,6 +57,20 @@ pub struct Plan {
     /// The decompressed fatbin members it holds, counted daemon-wide while
     /// it lives.
     pub decompressed: crate::input::load::DecompressedHold,
+    /// Where nvlink printed its first input warning; what `-Werror` makes
+    /// of it depends on that (`Link::plan`).
+    pub first_warning: Option<FirstWarning>,
+}
+
+/// Where the first input warning came from, and whether PTX had been
+/// compiled by then (nvlink's embedded ptxas leaves later warnings
+/// warnings under `-Werror`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FirstWarning {
+    /// The input (index into `Spec::inputs`) that warned; `None`: a `-l` search.
+    pub input: Option<usize>,
+    /// A unit up to and including it holds PTX to compile.
+    pub after_ptx: bool,
 }
 
 impl Plan {
@@ -99,8 +113,14 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>) -> Result<Plan, LoadError> {
     // prefetched: decoding waits on nothing).
     let inputs: Vec<_> = spec.inputs.par_iter().map(|input| ctx.input(input)).collect();
     let libraries: Vec<_> = spec.files.libraries.par_iter().map(|search| ctx.library(search)).collect();
-    for loaded in inputs {
+    let mut first_warning = None;
+    let has_ptx = |u: &Unit| u.modules.iter().any(|m| matches!(m.code, crate::input::load::Code::Ptx(_)));
+    for (i, loaded) in inputs.into_iter().enumerate() {
         let loaded = loaded?;
+        if first_warning.is_none() && !loaded.warnings.is_empty() {
+            let this = matches!(&loaded.item, InputItem::Unit(u) if has_ptx(u));
+            first_warning = Some(FirstWarning { input: Some(i), after_ptx: this || units.iter().any(has_ptx) });
+        }
         warnings.extend(loaded.warnings);
         match loaded.item {
             InputItem::Unit(u) => units.push(u),
@@ -116,6 +136,9 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>) -> Result<Plan, LoadError> {
     }
     for loaded in libraries {
         let loaded = loaded?;
+        if first_warning.is_none() && !loaded.warnings.is_empty() {
+            first_warning = Some(FirstWarning { input: None, after_ptx: units.iter().any(has_ptx) });
+        }
         warnings.extend(loaded.warnings);
         if let Some(lib) = loaded.item {
             skipped_host_objects |= lib.skipped_host_objects;
@@ -149,6 +172,7 @@ pub fn build(spec: &Spec, ctx: &LoadContext<'_>) -> Result<Plan, LoadError> {
         tool_warnings: Vec::new(),
         link_warnings: Vec::new(),
         decompressed: Default::default(),
+        first_warning,
     })
 }
 
@@ -558,6 +582,7 @@ mod tests {
                 tool_warnings: Vec::new(),
                 link_warnings: Vec::new(),
                 decompressed: Default::default(),
+                first_warning: None,
             };
             plan.prune(&spec, mode);
             assert_eq!(plan.pruning.is_some(), *prunes, "{args} {kinds:?} codeless={codeless}");
@@ -657,6 +682,7 @@ mod tests {
                 tool_warnings: Vec::new(),
                 link_warnings: Vec::new(),
                 decompressed: Default::default(),
+                first_warning: None,
             };
             assert_eq!(plan.device_code_after_runtime(*lto), *stops, "{before:?} then {after:?} lto={lto}");
         }

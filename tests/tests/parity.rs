@@ -352,6 +352,9 @@ const CASES: &[(&str, &str, &str)] = &[
     ("empty-output-name", "--arch=sm_90 accumulate.o scale.o -o {EMPTY}", ""),
     ("empty-input-name", "--arch=sm_90 accumulate.o {EMPTY} scale.o -o {OUT}/out.cubin", ""),
     ("empty-time-name", "--arch=sm_90 accumulate.o scale.o -time {EMPTY} -o {OUT}/out.cubin", ""),
+    ("conflict-force-partial-lto-emit-ptx", "--arch=sm_90 -emit-ptx -force-partial-lto accumulate.o -o {OUT}/out.ptx", ""),
+    ("conflict-nvvm-latest-emit-ptx", "--arch=sm_90 -emit-ptx -nvvm-latest accumulate.o -o {OUT}/out.ptx", ""),
+    ("lto-emit-ptx-split-compile-extended", "--arch=sm_90 -dlto --emit-ptx -split-compile-extended=2 -nvvmpath={NVVM} saxpy_lto.o -o {OUT}/out.ptx", ""),
     ("time-names-a-directory", "--arch=sm_90 accumulate.o scale.o -time lib -o {OUT}/out.cubin", ""),
     ("empty-options-file-names", "-optf ,link.opts, -optf {EMPTY} -o {OUT}/out.cubin", ""),
     ("archive-symtab-cut-short", "--arch=sm_90 dynsmem.o badar/libdevmath_cut.a -o {OUT}/out.cubin", ""),
@@ -585,9 +588,7 @@ const IN_PROCESS: &[&str] = &[
     "opt-lto-ofast-compile",
     "opt-lto-force-whole",
     "opt-lto-split-compile",
-    "opt-lto-split-compile-extended",
     "opt-lto-split-compile-xcall",
-    "opt-lto-split-compile-extended-xcall",
     // nvlink's link errors.
     "undefined-symbol",
     "opt-report-arch",
@@ -703,6 +704,10 @@ const ROUTED: &[(&str, &str)] = &[
     ("lto-ir-newer-without-dlto", "arch"),
     // --emit-ptx with -r: nvlink's PTX of a partial link.
     ("lto-emit-ptx-relocatable", "lto_options"),
+    // -split-compile-extended under -dlto: nvlink links the parts NVVM splits.
+    ("opt-lto-split-compile-extended", "lto_options"),
+    ("opt-lto-split-compile-extended-xcall", "lto_options"),
+    ("lto-emit-ptx-split-compile-extended", "lto_options"),
     // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
     ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];
@@ -1387,5 +1392,60 @@ fn ptx_files_nvlink_links_its_own_way_get_nvlinks_answer() {
             let cmp = compare::runs(&expected, &actual);
             assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
         }
+    }
+}
+
+/// `-Werror` with an input warning (`SM Arch ('sm_100') not found in ...`):
+/// nvlink's answer depends on what came before and after the warned input
+/// (an error and `elfLink internal error`; the error alone, exit 255, after
+/// the last input; a warning and a linked output once PTX was compiled;
+/// `elfLink fatbinary error` before a .ptx file). Objects compiled here.
+#[test]
+fn werror_on_an_input_warning_gets_nvlinks_answer() {
+    let dir = TempDir::new("werror-inputs");
+    let src = "extern __device__ float scale(float); __global__ void k(float *x) { x[threadIdx.x] = scale(x[threadIdx.x]); }\n";
+    std::fs::write(dir.path().join("k.cu"), src).unwrap();
+    std::fs::write(dir.path().join("s.cu"), "__device__ float scale(float v) { return 2.0f * v; }\n").unwrap();
+    std::fs::write(dir.path().join("h.cu"), "__global__ void h(int *p) { *p = 1; }\n").unwrap();
+    for (args, out) in [
+        (
+            &[
+                "-gencode",
+                "arch=compute_75,code=sm_75",
+                "-gencode",
+                "arch=compute_120,code=[sm_120,compute_120]",
+                "k.cu",
+            ][..],
+            "warned.o",
+        ),
+        (&["-gencode", "arch=compute_90,code=compute_90", "s.cu"][..], "ptx.o"),
+        (&["-arch=sm_100", "h.cu"][..], "host.o"),
+        (&["-arch=sm_100", "--ptx", "h.cu"][..], "h.ptx"),
+    ] {
+        let ptx = args.contains(&"--ptx");
+        let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
+            .args(if ptx { &["-rdc=true"][..] } else { &["-dc"][..] })
+            .args(args)
+            .args(["-o", out])
+            .current_dir(dir.path())
+            .output()
+            .expect("run nvcc");
+        assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+    }
+    let d = Daemon::start();
+    for args in [
+        "--arch=sm_100 -Werror warned.o host.o -o {OUT}/out.cubin",
+        "--arch=sm_100 -Werror warned.o -o {OUT}/out.cubin",
+        "--arch=sm_100 -Werror -r warned.o -o {OUT}/out.o",
+        "--arch=sm_100 -Werror ptx.o warned.o host.o -o {OUT}/out.cubin",
+        "--arch=sm_100 -Werror warned.o h.ptx -o {OUT}/out.cubin",
+    ] {
+        let out = TempDir::new("werror-inputs-nvlink");
+        let expected = run(&real_nvlink(), &Invocation::templated(args, dir.path(), &out), &[]);
+        assert!(String::from_utf8_lossy(&expected.stderr).contains("not found in 'warned.o'"), "{args}: no warning");
+        let out = TempDir::new("werror-inputs-shim");
+        let actual = run(&shim(), &Invocation::templated(args, dir.path(), &out), &d.shim_env());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
     }
 }

@@ -270,10 +270,11 @@ impl Spec {
             return conflict("-suppress-debug-info", "no -g");
         }
         if !self.lto {
+            // In nvlink's order of checks.
             for (given, name) in [
-                (self.emit_ptx, "-emit-ptx"),
                 (self.force_partial_lto, "-force-partial-lto"),
                 (self.nvvm_latest, "-nvvm-latest"),
+                (self.emit_ptx, "-emit-ptx"),
                 (self.ofast_compile.is_some(), "--Ofast-compile"),
             ] {
                 if given {

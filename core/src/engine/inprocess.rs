@@ -1252,8 +1252,12 @@ fn lto_forwarding(spec: &Spec) -> Result<(Vec<String>, Vec<String>), Declined> {
         nvvm.push(format!("-split-compile={n}"));
         ptxas.push(format!("--split-compile={n}"));
     }
-    if let Some(n) = spec.split_compile_extended.filter(|n| *n != 1) {
-        nvvm.push(format!("-split-compile-extended={n}"));
+    if split.1.is_some() {
+        // Where NVVM splits the program, nvlink compiles each part with
+        // ptxas `-c` and links them (a tool entry each, other bytes); the
+        // engine's NVVM hands back one PTX, and whether NVVM split is not
+        // known beforehand.
+        return no(Reason::LtoOptions, "-split-compile-extended with -dlto (nvlink links the parts NVVM splits)");
     }
     Ok((nvvm, ptxas))
 }

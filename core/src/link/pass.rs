@@ -498,13 +498,30 @@ impl<'a> Link<'a> {
         }
         if spec.warning_as_error && !plan.warnings.is_empty() {
             // nvlink stops at the first warning, printed as an error, with its
-            // link step's fatal (`-w` or not).
-            if plan.notes.is_empty() {
+            // link step's fatal (`-w` or not), where no PTX was compiled by
+            // then and a host object or archive follows the warned input (or
+            // a `-l` search warned). Otherwise it answers in other ways (the
+            // error alone, exit 255, after the last input; `elfLink fatbinary
+            // error` before a .ptx or .fatbin file; after compiled PTX the
+            // warning stays a warning and the link goes on): left to nvlink.
+            let host_file_follows = |i: usize| {
+                spec.inputs.get(i + 1).is_some_and(|next| {
+                    !matches!(
+                        crate::input::load::extension(next),
+                        Some("ptx" | "fatbin" | "cubin" | "nvvm" | "ltoir" | "bc")
+                    )
+                })
+            };
+            let stops = match plan.first_warning {
+                Some(w) if !w.after_ptx => w.input.is_none_or(host_file_follows),
+                _ => false,
+            };
+            if stops && plan.notes.is_empty() {
                 let first = Diagnostic::error(plan.warnings[0].message.clone());
                 let ds = vec![first, Diagnostic::fatal("elfLink internal error")];
                 return Err(Box::new(self.linker.fatals(ds.into_iter().map(|d| report_arch(spec, d)).collect())));
             }
-            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings beside infos");
+            let why = Declined::new(Reason::Diagnostics, "-Werror with input warnings (nvlink's answer varies)");
             return Err(Box::new(self.route(why)));
         }
         Ok(plan)

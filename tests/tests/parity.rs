@@ -49,6 +49,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("lto", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // An -nvvmpath without a libNVVM: nvlink cannot load one and fails.
     ("lto-nvvmpath-without-nvvm", "--arch=sm_90 -dlto -nvvmpath=/nonexistent/nvvm -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
+    ("lto-nvvmpath-without-nvvm-non-lto-inputs", "--arch=sm_90 -dlto -report-arch -nvvmpath={OUT} missing.o saxpy.o -o {OUT}/out.cubin", ""),
     ("lto-cdp", "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} cdp_lto.o -lcudadevrt -o {OUT}/out.cubin", ""),
     // Partial LTO for libcudadevrt alone without host information: NVVM gets --device-c alone.
     // Partial LTO for libcudadevrt alone in other styles: templated children,
@@ -708,8 +709,6 @@ const ROUTED: &[(&str, &str)] = &[
     ("opt-lto-split-compile-extended", "lto_options"),
     ("opt-lto-split-compile-extended-xcall", "lto_options"),
     ("lto-emit-ptx-split-compile-extended", "lto_options"),
-    // Not the toolkit's libNVVM: nvlink loads what -nvvmpath names.
-    ("lto-nvvmpath-without-nvvm", "lto_options"),
 ];
 
 /// The routing reason counted (`stats --json` `routed`, reason → count) for

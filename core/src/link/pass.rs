@@ -391,6 +391,21 @@ impl<'a> Link<'a> {
         foreign.then(|| Declined::new(Reason::LtoOptions, format!("-nvvmpath {given} is not this toolkit's nvvm")))
     }
 
+    /// An LTO link whose `-nvvmpath` holds no libNVVM (`lib64/libnvvm.so`,
+    /// `lib/libnvvm.so`) as the caller sees it: nvlink loads it before it
+    /// reads any input, and fails (`elfLink linker library load error`, exit
+    /// 1, no output), with or without LTO objects. Left to nvlink with
+    /// `-time` or `--uidx-file` (files it writes or reads first).
+    fn no_libnvvm(&self, mode: Mode) -> bool {
+        let spec = &self.spec;
+        let Some(given) = spec.nvvmpath.as_deref().filter(|_| mode.is_lto()) else { return false };
+        if spec.time.is_some() || spec.files.written.uidx.is_some() {
+            return false;
+        }
+        let asked = self.req.shared_fs || self.req.nvvm_stat;
+        asked && !crate::fs::has_libnvvm(self.fs, &absolute(&self.req.cwd, given))
+    }
+
     /// Passes 4 to 7, modes A to E: plan, a compute slot, then the in-process
     /// engine or the real nvlink, and the answer.
     fn compute(&self, mode: Mode) -> Outcome {
@@ -398,6 +413,10 @@ impl<'a> Link<'a> {
         // A release the in-process engine is not proven on: its own nvlink.
         if !tk.release.in_process_proven() {
             return self.route(unproven(tk));
+        }
+        if self.no_libnvvm(mode) {
+            let d = Diagnostic::fatal("elfLink linker library load error");
+            return self.linker.fatal(report_arch(spec, d));
         }
         if let Some(why) = self.foreign_nvvm(mode) {
             return self.route(why);

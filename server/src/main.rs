@@ -282,8 +282,16 @@ impl ServeArgs {
         let fleet_key = match &self.remote_cache_key {
             Some(f) => {
                 let bytes = net::auth::read_private(f, "--remote-cache-key")?;
-                if bytes.iter().all(u8::is_ascii_whitespace) {
-                    return Err(format!("--remote-cache-key {}: the file is empty", f.display()));
+                // A secret as long as a token's at least: a guessable key
+                // lets any writer of the tier forge entries for the farm.
+                let length = bytes.trim_ascii().len();
+                if length < net::auth::MIN_SECRET {
+                    return Err(format!(
+                        "--remote-cache-key {}: the key is {length} bytes; a fleet key needs at least {} (as a \
+                         token does): e.g. head -c 32 /dev/urandom | base64 > {0}",
+                        f.display(),
+                        net::auth::MIN_SECRET
+                    ));
                 }
                 Some(reapi::FleetKey::from_file_bytes(&bytes))
             }

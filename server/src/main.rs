@@ -566,12 +566,14 @@ fn report(r: Result<String, String>) -> ExitCode {
     match r {
         Ok(msg) => {
             if !msg.is_empty() {
-                println!("{msg}");
+            // What a daemon said (a version, a path, a message) is shown,
+            // never obeyed by the terminal.
+                println!("{}", control::printable(&msg));
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nvlinkd: {e}");
+            eprintln!("nvlinkd: {}", control::printable(&e));
             ExitCode::FAILURE
         }
     }
@@ -713,7 +715,7 @@ fn main() -> ExitCode {
             match runtime().block_on(control::events(&socket_or_default(socket), filter)) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("nvlinkd: {e}");
+                    eprintln!("nvlinkd: {}", control::printable(&e));
                     ExitCode::FAILURE
                 }
             }

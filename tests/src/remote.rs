@@ -202,6 +202,11 @@ impl NobodyDaemon {
     }
 
     /// Its cache directory (the sandboxes of its links go under `tmp/`).
+    /// Its unix socket (in a sticky directory others may write).
+    pub fn socket(&self) -> std::path::PathBuf {
+        self._dir.path().join("sock")
+    }
+
     pub fn cache_dir(&self) -> std::path::PathBuf {
         self._dir.path().join("cache")
     }

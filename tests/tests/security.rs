@@ -2666,3 +2666,60 @@ fn held_storing(d: &Daemon, hold: &Path, which: &str) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `nvlinkd <command> --socket S` with `env`: (success, stdout, stderr); a
+/// command still running after 20 s is ended (`timeout`).
+fn nvlinkd_command(what: &str, socket: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
+    let o = Command::new("timeout")
+        .arg("20")
+        .arg(nvlinkd())
+        .arg(what)
+        .args(["--socket".as_ref(), socket.as_os_str()])
+        .args(if what == "start" { vec!["--cuda-home".to_string(), cuda_home().display().to_string()] } else { vec![] })
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The control commands talk only to a daemon of this user's or root's, as
+/// the shim does (`SO_PEERCRED`, before anything is sent): another user's
+/// process behind the socket (in a directory it made first, where the
+/// victim's default socket would be) is refused with the reason, so it can
+/// neither say that a daemon is running (`start` starts none), nor print
+/// its words, nor have `watch` write files.
+#[test]
+fn a_control_command_refuses_a_daemon_of_another_user() {
+    let pki = Pki::new();
+    let Some(theirs) = NobodyDaemon::start(&pki) else { return };
+    let socket = theirs.socket();
+    let refused = |what: &str, (ok, stdout, stderr): (bool, String, String)| {
+        assert!(!ok, "{what} took another user's daemon: {stdout}{stderr}");
+        assert!(stderr.contains("refusing the daemon at") && stderr.contains("uid 65534"), "{what}: {stderr}");
+        assert!(!stdout.contains("running"), "{what}: {stdout}");
+    };
+    for what in ["status", "start", "stats", "stop", "events"] {
+        refused(what, nvlinkd_command(what, &socket, &[]));
+    }
+    let out = TempDir::new("sec-watch-out");
+    let o = Command::new("timeout")
+        .arg("20")
+        .arg(nvlinkd())
+        .args(["watch", "--socket"])
+        .arg(&socket)
+        .arg("--")
+        .args(["--arch=sm_90", "accumulate.o", "scale.o", "-o"])
+        .arg(out.path().join("out.cubin"))
+        .current_dir(corpus::dir())
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    refused("watch", (o.status.success(), text(&o.stdout), text(&o.stderr)));
+    // `stop` stopped nothing: their daemon still answers.
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+}

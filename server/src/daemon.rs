@@ -446,7 +446,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let remote = opts.remote.map(Arc::new);
     // A farm daemon needs more descriptors than the usual soft limit of 1024.
     let nofile = crate::net::incoming::raise_fd_limit();
-    let unix = crate::net::listener::bind_unix(&opts.socket)
+    let (unix, bound) = crate::net::listener::bind_unix(&opts.socket)
         .map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let jobs = opts.linker.jobs;
     // Without a whole-link cache a speculative link's result would go nowhere
@@ -718,7 +718,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             Ok(())
         }
     };
-    let _ = std::fs::remove_file(&opts.socket);
+    // Only the socket bound, where it was bound.
+    bound.remove();
     if let Err(e) = &result {
         error!("server error: {e}");
     }

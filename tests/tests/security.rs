@@ -2723,3 +2723,57 @@ fn a_control_command_refuses_a_daemon_of_another_user() {
     // `stop` stopped nothing: their daemon still answers.
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
 }
+
+/// The default socket only in a runtime directory of this user's own: one
+/// another user made first (or a symlink, or one others can write) is
+/// refused by the control commands and by `serve`, naming the fix; nothing
+/// is bound or changed there.
+#[test]
+fn the_default_runtime_directory_must_be_this_users_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = TempDir::new("sec-rt");
+    let runtime = base.path().join("nvlinkd");
+    let socket = runtime.join("nvlinkd.sock");
+    let xdg = base.path().display().to_string();
+    let env = [("XDG_RUNTIME_DIR", xdg.as_str()), ("NVLINKD_SOCKET", "")];
+    let elsewhere = base.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // A symlink to a private directory of this user's: another user's link
+    // could be re-pointed between the checks and the bind.
+    std::os::unix::fs::symlink(&elsewhere, &runtime).unwrap();
+    let serve = |env: &[(&str, &str)]| {
+        Command::new("timeout")
+            .arg("20")
+            .arg(nvlinkd())
+            .args(["serve", "--cuda-home"])
+            .arg(cuda_home())
+            .arg("--cache-dir")
+            .arg(base.path().join("cache"))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = serve(&env);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && o.status.code() != Some(124), "served through a symlink: {o:?}");
+    assert!(stderr.contains("is a symlink"), "{stderr}");
+    assert!(!elsewhere.join("nvlinkd.sock").exists(), "a socket was bound through the symlink");
+    let (ok, _, stderr) = nvlinkd_command("status", &socket, &env);
+    assert!(!ok && stderr.contains("refusing the daemon at") && stderr.contains("is a symlink"), "{stderr}");
+    // Another user's directory, open to all as it may be.
+    std::fs::remove_file(&runtime).unwrap();
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if std::os::unix::fs::chown(&runtime, Some(65534), None).is_ok() {
+        for what in ["status", "stop", "start"] {
+            let (ok, _, stderr) = nvlinkd_command(what, &socket, &env);
+            assert!(!ok, "{what}: {stderr}");
+            assert!(
+                stderr.contains("refusing the daemon at") && stderr.contains("belongs to uid 65534"),
+                "{what}: {stderr}"
+            );
+        }
+    }
+}

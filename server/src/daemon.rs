@@ -567,6 +567,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             client_certificates: !local && client_certificates,
             reply_memory: reply_memory.clone(),
             tokens: remote.as_ref().and_then(|r| r.auth.clone()),
+            refusal_log: Arc::default(),
             certificates: certificates.clone(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)

@@ -2777,3 +2777,56 @@ fn the_default_runtime_directory_must_be_this_users_own() {
         }
     }
 }
+
+/// Refused calls are logged at most once per interval, with the count held
+/// back: a token holder asking for administration over TCP thousands of
+/// times (or another user calling on an opened local socket) cannot fill
+/// the log.
+#[test]
+fn refused_calls_are_logged_at_most_once_per_interval() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    runtime().block_on(async {
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        for _ in 0..300 {
+            let e = client.shutdown(with_token(ShutdownRequest {}, TOKEN)).await.unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        }
+    });
+    d.wait_log("administration over the remote listener refused", 1);
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = d.log().lines().filter(|l| l.contains("administration over the remote listener refused")).count();
+    assert!(lines <= 2, "{lines} lines for 300 refusals:\n{}", d.log());
+    assert!(d.answers(), "the daemon died");
+    // Another user on the opened unix socket.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let sock = d.socket();
+    std::fs::set_permissions(sock.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| {
+        Command::new("timeout")
+            .args(["60", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "sh", "-c", script])
+            .current_dir("/")
+            .output()
+    };
+    let nvlinkd = nvlinkd().display().to_string();
+    match as_nobody(&format!("'{nvlinkd}' --version")) {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("skipped the local part: nobody cannot run nvlinkd here ({other:?})");
+            return;
+        }
+    }
+    let script =
+        format!("for i in $(seq 40); do '{nvlinkd}' stats --socket '{}' 2>/dev/null; done; true", sock.display());
+    as_nobody(&script).unwrap();
+    assert!(d.stat("auth_failures") >= 40, "{}", d.stats());
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = d.log().lines().filter(|l| l.contains("a caller of another user on the local socket refused")).count();
+    assert!((1..=2).contains(&lines), "{lines} lines for 40 refusals:\n{}", d.log());
+}
+

@@ -150,6 +150,11 @@ pub struct Service {
     /// Remote links by client certificate subject, for callers without a
     /// token (stats and metrics).
     pub certificates: Arc<crate::net::auth::CertificateFigures>,
+    /// Refused calls (another user on the unix socket, administration over
+    /// TCP) are logged at most once per `LOG_EVERY`, with the count held back:
+    /// a caller refused on purpose, thousands of times a second, cannot fill
+    /// the log.
+    pub refusal_log: Arc<crate::net::incoming::LogLimit>,
 }
 
 /// Who a remote link is: for its slot, its audit line and its token's figures.
@@ -805,7 +810,11 @@ impl Service {
             uid => {
                 self.auth_failures.fetch_add(1, Ordering::Relaxed);
                 let who = uid.map_or_else(|| "an unknown user".to_owned(), |u| format!("uid {u}"));
-                warn!(peer = %who, "a caller of another user on the local socket refused");
+                if let Some(suppressed) = self.refusal_log.allow() {
+                    warn!(peer = %who, suppressed, "a caller of another user on the local socket refused (logged at \
+                          most every {}s; suppressed: refusals not logged since the last line)",
+                          crate::net::incoming::LOG_EVERY.as_secs());
+                }
                 Err(Status::permission_denied(format!(
                     "this daemon serves uid {me}, not {who}: start your own (nvlinkd start)"
                 )))
@@ -818,7 +827,15 @@ impl Service {
         if self.local {
             Ok(())
         } else {
-            warn!(what, "administration over the remote listener refused");
+            if let Some(suppressed) = self.refusal_log.allow() {
+                warn!(
+                    what,
+                    suppressed,
+                    "administration over the remote listener refused (logged at most every {}s; \
+                      suppressed: refusals not logged since the last line)",
+                    crate::net::incoming::LOG_EVERY.as_secs()
+                );
+            }
             Err(Status::permission_denied(format!("{what} is only allowed over the daemon's local unix socket")))
         }
     }

@@ -46,7 +46,6 @@ use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -567,8 +566,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             client_certificates: !local && client_certificates,
             reply_memory: reply_memory.clone(),
             tokens: remote.as_ref().and_then(|r| r.auth.clone()),
-            refusal_log: Arc::default(),
             certificates: certificates.clone(),
+            refusal_log: Arc::default(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -625,10 +624,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         });
     }
 
-    let unix_server = builder()
-        .add_service(health_service.clone())
-        .add_service(service(true, None))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(close_rx.clone()));
+    let unix_server =
+        builder().add_service(health_service.clone()).add_service(service(true, None)).serve_with_incoming_shutdown(
+            crate::net::local::guarded(
+                unix,
+                crate::net::local::LocalLimits::new(opts.max_connections, nofile),
+                Arc::default(),
+            ),
+            stopped(close_rx.clone()),
+        );
     type Served = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
     let tcp_server: Option<Served> = match &remote {
         Some(remote) => {

@@ -158,7 +158,8 @@ struct ServeArgs {
     #[arg(long)]
     max_speculative: Option<usize>,
     /// Most TCP connections at once (the listener's; also at most half the open-file
-    /// limit), a quarter of them from one address; more are closed at once
+    /// limit), a quarter of them from one address; more are closed at once. The unix
+    /// socket takes as many (at most a quarter of the limit), a few from another user
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
     /// Most remote links at once (a token or client certificate at most half of
@@ -565,9 +566,9 @@ fn runtime() -> tokio::runtime::Runtime {
 fn report(r: Result<String, String>) -> ExitCode {
     match r {
         Ok(msg) => {
-            if !msg.is_empty() {
             // What a daemon said (a version, a path, a message) is shown,
             // never obeyed by the terminal.
+            if !msg.is_empty() {
                 println!("{}", control::printable(&msg));
             }
             ExitCode::SUCCESS

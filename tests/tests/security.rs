@@ -1462,6 +1462,70 @@ fn a_flood_past_the_file_limit_starves_nothing() {
     assert!(d.answers(), "the daemon died");
 }
 
+/// A flood of idle connections on the unix socket past the daemon's
+/// open-file limit (300 against a limit of 128): connections past the local
+/// cap (a quarter of the limit) are closed at once and the admitted ones that
+/// make no call soon after, so the accept loop never runs out of descriptors
+/// (it spun on EMFILE) and the daemon idles; a local link is answered
+/// promptly. Another user's flood on a socket opened to all takes a few
+/// slots only: the daemon's own user links at once.
+#[test]
+fn a_unix_socket_flood_past_the_file_limit_starves_nothing() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Instant;
+    let d = Daemon::start_with_file_limit(&[], 128);
+    let socket = d.socket();
+    let flood: Vec<std::os::unix::net::UnixStream> =
+        (0..300).filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok()).collect();
+    assert!(flood.len() > 128, "the flood could not pass the file limit: {} connections", flood.len());
+    // The admitted connections past half the cap have a second for a call.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = d.pid().expect("daemon pid");
+    let ticks = nvlinkd_tests::daemon::cpu_ticks_over(pid, Duration::from_secs(2));
+    assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
+    let out = TempDir::new("sec-unixflood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link during the flood");
+    assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
+    drop(flood);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other user's flood: needs root");
+        return;
+    }
+    std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "import socket,sys,time\nss=[]\nfor i in range(200):\n  s=socket.socket(socket.AF_UNIX)\n  \
+         try: s.connect('{}'); ss.append(s)\n  except OSError: pass\nprint(len(ss),flush=True)\ntime.sleep(30)\n",
+        socket.display()
+    );
+    let spawned = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn();
+    let Ok(mut theirs) = spawned else {
+        eprintln!("skipped the other user's flood: no setpriv or python3");
+        return;
+    };
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(theirs.stdout.take().unwrap()).read_line(&mut line);
+    let t0 = Instant::now();
+    let mine = run(&shim(), &link, &d.shim_env());
+    let took = t0.elapsed();
+    let _ = theirs.kill();
+    let _ = theirs.wait();
+    if line.trim().parse::<usize>().unwrap_or(0) < 100 {
+        eprintln!("skipped the other user's flood: it made {line:?} connections");
+        return;
+    }
+    assert_same(&expected, &mine, "a local link during another user's flood");
+    assert!(took < Duration::from_secs(5), "the local link took {took:?} during another user's flood");
+}
+
 /// Another user's symlink in a sticky, world-writable directory (`/tmp`'s
 /// kind) as the output: with `fs.protected_symlinks` the kernel refuses to
 /// follow it for nvlink ("Could not open output file", exit 1), and so for
@@ -2829,4 +2893,3 @@ fn refused_calls_are_logged_at_most_once_per_interval() {
     let lines = d.log().lines().filter(|l| l.contains("a caller of another user on the local socket refused")).count();
     assert!((1..=2).contains(&lines), "{lines} lines for 40 refusals:\n{}", d.log());
 }
-

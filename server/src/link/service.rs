@@ -170,6 +170,11 @@ struct RemoteCaller {
     subject: Option<String>,
 }
 
+/// The credentials of a call's peer on the unix socket.
+fn local_peer<T>(request: &Request<T>) -> Option<tokio::net::unix::UCred> {
+    request.extensions().get::<crate::net::local::LocalConnectInfo>().and_then(|i| i.uds.peer_cred)
+}
+
 /// The subject of a DER certificate (`CN=…, O=…`), as a log may show it.
 fn subject(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
@@ -743,7 +748,7 @@ impl Service {
     fn connection<T>(&self, request: &Request<T>) -> Option<Arc<Connection>> {
         use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
         if self.local {
-            return None;
+            return request.extensions().get::<crate::net::local::LocalConnectInfo>().map(|i| i.connection.clone());
         }
         let ext = request.extensions();
         let info =
@@ -772,7 +777,11 @@ impl Service {
     /// the reserved connection slots for a while (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if self.local {
-            return self.check_local_peer(request);
+            let checked = self.check_local_peer(request);
+            if let (Ok(()), Some(c)) = (&checked, self.connection(request)) {
+                c.authenticated();
+            }
+            return checked;
         }
         let checked = self.check_token(request);
         if checked.is_ok() {
@@ -802,7 +811,7 @@ impl Service {
     /// The socket is 0600 in a private directory; this holds where an operator
     /// opened it up. Another user runs a daemon of their own.
     fn check_local_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        let peer = local_peer(request);
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         match peer.map(|c| c.uid()) {
@@ -852,7 +861,7 @@ impl Nvlinkd for Service {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         let active = self.activity.begin();
-        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        let peer = local_peer(&request);
         let same_user = crate::link::staging::same_user(peer);
         let remote = (!self.local).then(|| RemoteCaller {
             caller: self.caller(&request),
@@ -876,6 +885,8 @@ impl Nvlinkd for Service {
         self.authenticate(&request)?;
         // Every link's cwd and arguments: for the daemon's own user only.
         self.local_only("Events")?;
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         let want = request.into_inner();
         let nonempty = |s: String| (!s.is_empty()).then(|| PathBuf::from(s));
         let filter = crate::observe::events::Filter {
@@ -887,6 +898,7 @@ impl Nvlinkd for Service {
         let mut shutdown = self.shutdown.subscribe();
         let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
+            let _call = call;
             loop {
                 let event = tokio::select! {
                     ev = rx.recv() => match ev {
@@ -914,6 +926,8 @@ impl Nvlinkd for Service {
     async fn watch(&self, request: Request<Start>) -> Result<Response<WatchStream>, Status> {
         self.authenticate(&request)?;
         self.local_only("Watch")?;
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         let start = request.into_inner();
         let req = self.link_request(&start);
         if !req.shared_fs {
@@ -944,6 +958,7 @@ impl Nvlinkd for Service {
         info!(id, "watching a link for nvlinkd watch");
         let watcher = self.watcher.clone();
         tokio::spawn(async move {
+            let _call = call;
             tx.closed().await;
             debug!(id, "nvlinkd watch went away");
             watcher.unsubscribe(id);

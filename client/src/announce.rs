@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use nvlinkd_proto::paths;
 use nvlinkd_proto::v1::AnnouncedFile;
 
-use crate::policy::Policy;
+use nvlinkd_proto::policy::Policy;
 
 /// Largest file announced by digest (what the shim serves at most).
 const MAX_FILE: u64 = 4 << 30;

@@ -17,13 +17,14 @@
 
 mod announce;
 mod fallback;
-mod policy;
 mod remap;
 mod session;
 mod toolkit;
 mod warn;
 
 use std::process::ExitCode;
+
+use nvlinkd_proto::policy;
 
 /// The environment variables nvlink reads (its binary's `getenv` names)
 /// besides `LIBRARY_PATH` and `TMPDIR`.

@@ -25,8 +25,8 @@ use nvlinkd_proto::v1::{
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::policy::Policy;
 use crate::toolkit::Toolkit;
+use nvlinkd_proto::policy::Policy;
 
 /// How long a daemon the shim starts stays without a link (`$NVLINKD_IDLE_EXIT`).
 const DEFAULT_IDLE_EXIT: &str = "2h";

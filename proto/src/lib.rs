@@ -25,4 +25,5 @@ pub fn pieces(data: &bytes::Bytes) -> impl Iterator<Item = (bytes::Bytes, bool)>
 
 pub mod codec;
 pub mod paths;
+pub mod policy;
 pub mod shared;

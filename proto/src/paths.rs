@@ -144,14 +144,36 @@ pub fn runtime_dir() -> PathBuf {
 /// user and writable by nobody else. None otherwise: in `/tmp` another user
 /// may have made it first, to plant a daemon or a symlink there.
 pub fn private_runtime_dir() -> Option<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::DirBuilderExt;
     let dir = runtime_dir();
     if let Some(parent) = dir.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
     let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-    let m = std::fs::symlink_metadata(&dir).ok()?;
-    (m.is_dir() && m.uid() == uid() && m.mode() & 0o022 == 0).then_some(dir)
+    private_dir(&dir).ok().map(|()| dir)
+}
+
+/// Whether `dir` is this user's own private directory: a directory itself
+/// (`lstat`: not a symlink, which another user could re-point), owned by this
+/// user, writable by nobody else. The error says which rule it breaks. The
+/// shim, the daemon's socket and the control commands all hold the runtime
+/// directory to this.
+pub fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if m.file_type().is_symlink() {
+        return Err(format!("{} is a symlink, not a directory of this user's own", dir.display()));
+    }
+    if !m.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if m.uid() != uid() {
+        return Err(format!("{} belongs to uid {}, not to this user (uid {})", dir.display(), m.uid(), uid()));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!("{} is writable by others (mode {:o})", dir.display(), m.mode() & 0o7777));
+    }
+    Ok(())
 }
 
 /// The socket path: `$NVLINKD_SOCKET`, else `<runtime dir>/nvlinkd.sock`.

@@ -46,7 +46,6 @@ use nvlinkd_proto::v1::nvlinkd_server::NvlinkdServer;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{error, info, warn};
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -446,7 +445,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
     let remote = opts.remote.map(Arc::new);
     // A farm daemon needs more descriptors than the usual soft limit of 1024.
     let nofile = crate::net::incoming::raise_fd_limit();
-    let unix = crate::net::listener::bind_unix(&opts.socket)
+    let (unix, bound) = crate::net::listener::bind_unix(&opts.socket)
         .map_err(|e| format!("cannot serve on {}: {e}", opts.socket.display()))?;
     let jobs = opts.linker.jobs;
     // Without a whole-link cache a speculative link's result would go nowhere
@@ -568,6 +567,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             reply_memory: reply_memory.clone(),
             tokens: remote.as_ref().and_then(|r| r.auth.clone()),
             certificates: certificates.clone(),
+            refusal_log: Arc::default(),
         })
         .max_decoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nvlinkd_proto::MAX_MESSAGE_BYTES)
@@ -624,10 +624,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
         });
     }
 
-    let unix_server = builder()
-        .add_service(health_service.clone())
-        .add_service(service(true, None))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(close_rx.clone()));
+    let unix_server =
+        builder().add_service(health_service.clone()).add_service(service(true, None)).serve_with_incoming_shutdown(
+            crate::net::local::guarded(
+                unix,
+                crate::net::local::LocalLimits::new(opts.max_connections, nofile),
+                Arc::default(),
+            ),
+            stopped(close_rx.clone()),
+        );
     type Served = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
     let tcp_server: Option<Served> = match &remote {
         Some(remote) => {
@@ -718,7 +723,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Box<dyn std::error::Error>>
             Ok(())
         }
     };
-    let _ = std::fs::remove_file(&opts.socket);
+    // Only the socket bound, where it was bound.
+    bound.remove();
     if let Err(e) = &result {
         error!("server error: {e}");
     }

@@ -158,7 +158,8 @@ struct ServeArgs {
     #[arg(long)]
     max_speculative: Option<usize>,
     /// Most TCP connections at once (the listener's; also at most half the open-file
-    /// limit), a quarter of them from one address; more are closed at once
+    /// limit), a quarter of them from one address; more are closed at once. The unix
+    /// socket takes as many (at most a quarter of the limit), a few from another user
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
     /// Most remote links at once (a token or client certificate at most half of
@@ -282,8 +283,16 @@ impl ServeArgs {
         let fleet_key = match &self.remote_cache_key {
             Some(f) => {
                 let bytes = net::auth::read_private(f, "--remote-cache-key")?;
-                if bytes.iter().all(u8::is_ascii_whitespace) {
-                    return Err(format!("--remote-cache-key {}: the file is empty", f.display()));
+                // A secret as long as a token's at least: a guessable key
+                // lets any writer of the tier forge entries for the farm.
+                let length = bytes.trim_ascii().len();
+                if length < net::auth::MIN_SECRET {
+                    return Err(format!(
+                        "--remote-cache-key {}: the key is {length} bytes; a fleet key needs at least {} (as a \
+                         token does): e.g. head -c 32 /dev/urandom | base64 > {0}",
+                        f.display(),
+                        net::auth::MIN_SECRET
+                    ));
                 }
                 Some(reapi::FleetKey::from_file_bytes(&bytes))
             }
@@ -557,13 +566,15 @@ fn runtime() -> tokio::runtime::Runtime {
 fn report(r: Result<String, String>) -> ExitCode {
     match r {
         Ok(msg) => {
+            // What a daemon said (a version, a path, a message) is shown,
+            // never obeyed by the terminal.
             if !msg.is_empty() {
-                println!("{msg}");
+                println!("{}", control::printable(&msg));
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("nvlinkd: {e}");
+            eprintln!("nvlinkd: {}", control::printable(&e));
             ExitCode::FAILURE
         }
     }
@@ -705,7 +716,7 @@ fn main() -> ExitCode {
             match runtime().block_on(control::events(&socket_or_default(socket), filter)) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("nvlinkd: {e}");
+                    eprintln!("nvlinkd: {}", control::printable(&e));
                     ExitCode::FAILURE
                 }
             }

@@ -87,8 +87,9 @@ const ENTRY_MAC_DOMAIN: &[u8; 8] = b"nvlkdm01";
 const FLEET_KEY_CONTEXT: &str = "nvlinkd 2026-11-26 shared cache fleet key v1";
 
 /// The key that authenticates a fleet's shared-cache entries, derived from
-/// the bytes of `--remote-cache-key`'s file (any length; 32 random bytes or
-/// more is the intent).
+/// the bytes of `--remote-cache-key`'s file (at least
+/// [`MIN_SECRET`](crate::net::auth::MIN_SECRET) bytes besides surrounding
+/// whitespace, as a token; 32 random bytes or more is the intent).
 #[derive(Clone)]
 pub struct FleetKey([u8; 32]);
 

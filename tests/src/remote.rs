@@ -191,14 +191,22 @@ impl NobodyDaemon {
         Some(NobodyDaemon { child, port, _dir: dir })
     }
 
-    /// Its counters, read over its unix socket (root may connect to it).
+    /// Its counters, read over its unix socket as its own user (`nvlinkd`
+    /// talks only to a daemon of its own user or root).
     pub fn stats(&self) -> serde_json::Value {
-        let out = Command::new(nvlinkd())
+        let out = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(nvlinkd())
             .args(["stats", "--json", "--socket"])
             .arg(self._dir.path().join("sock"))
             .output()
             .unwrap();
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stats: {e}: {out:?}"))
+    }
+
+    /// Its unix socket (in a sticky directory others may write).
+    pub fn socket(&self) -> std::path::PathBuf {
+        self._dir.path().join("sock")
     }
 
     /// Its cache directory (the sandboxes of its links go under `tmp/`).

@@ -493,6 +493,40 @@ fn an_entry_naming_a_blob_past_257_mib_is_refused_before_any_download() {
     assert!(read < 1 << 20, "{read} bytes read for an entry past the cap: {s}");
 }
 
+/// A fleet key is a secret as long as a token's at least (16 bytes, besides
+/// surrounding whitespace): a shorter one is refused at start, naming the file
+/// and the rule; one of 16 bytes is taken.
+#[test]
+fn a_fleet_key_shorter_than_16_bytes_is_refused_at_start() {
+    let dir = TempDir::new("rp-short-key");
+    let key = dir.path().join("fleet.key");
+    // Nothing listens there: the key is read before any connection.
+    // A daemon that took the key serves on: `timeout` ends it (124).
+    let serve = || {
+        std::process::Command::new("timeout")
+            .arg("5")
+            .arg(nvlinkd())
+            .args(["serve", "--socket"])
+            .arg(dir.path().join("s.sock"))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .args(["--remote-cache", "grpc://127.0.0.1:9", "--remote-timeout", "1s", "--remote-cache-key"])
+            .arg(&key)
+            .output()
+            .unwrap()
+    };
+    for short in [&b"k"[..], b"k\n", b"  fifteen bytes!\n"] {
+        write_private(&key, short);
+        let out = serve();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.status.code() != Some(124), "{short:?}: {out:?}");
+        assert!(stderr.contains("fleet.key") && stderr.contains("at least 16"), "{short:?}: {stderr}");
+    }
+    write_private(&key, b"sixteen bytes!!!\n");
+    let out = serve();
+    assert_eq!(out.status.code(), Some(124), "a 16-byte key is taken: {out:?}");
+}
+
 /// The shared tier's token and the fleet key are secrets: a daemon refuses to
 /// start on a file another user can read (they could write entries every
 /// daemon of the farm serves), naming the file and the fix, as it does for

@@ -1462,6 +1462,70 @@ fn a_flood_past_the_file_limit_starves_nothing() {
     assert!(d.answers(), "the daemon died");
 }
 
+/// A flood of idle connections on the unix socket past the daemon's
+/// open-file limit (300 against a limit of 128): connections past the local
+/// cap (a quarter of the limit) are closed at once and the admitted ones that
+/// make no call soon after, so the accept loop never runs out of descriptors
+/// (it spun on EMFILE) and the daemon idles; a local link is answered
+/// promptly. Another user's flood on a socket opened to all takes a few
+/// slots only: the daemon's own user links at once.
+#[test]
+fn a_unix_socket_flood_past_the_file_limit_starves_nothing() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::Instant;
+    let d = Daemon::start_with_file_limit(&[], 128);
+    let socket = d.socket();
+    let flood: Vec<std::os::unix::net::UnixStream> =
+        (0..300).filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok()).collect();
+    assert!(flood.len() > 128, "the flood could not pass the file limit: {} connections", flood.len());
+    // The admitted connections past half the cap have a second for a call.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = d.pid().expect("daemon pid");
+    let ticks = nvlinkd_tests::daemon::cpu_ticks_over(pid, Duration::from_secs(2));
+    assert!(ticks < 30, "the daemon used {ticks} ticks of CPU in 2 s under the flood");
+    let out = TempDir::new("sec-unixflood-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    let t0 = Instant::now();
+    assert_same(&expected, &run(&shim(), &link, &d.shim_env()), "a local link during the flood");
+    assert!(t0.elapsed() < Duration::from_secs(10), "the local link took {:?}", t0.elapsed());
+    drop(flood);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the other user's flood: needs root");
+        return;
+    }
+    std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "import socket,sys,time\nss=[]\nfor i in range(200):\n  s=socket.socket(socket.AF_UNIX)\n  \
+         try: s.connect('{}'); ss.append(s)\n  except OSError: pass\nprint(len(ss),flush=True)\ntime.sleep(30)\n",
+        socket.display()
+    );
+    let spawned = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn();
+    let Ok(mut theirs) = spawned else {
+        eprintln!("skipped the other user's flood: no setpriv or python3");
+        return;
+    };
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(theirs.stdout.take().unwrap()).read_line(&mut line);
+    let t0 = Instant::now();
+    let mine = run(&shim(), &link, &d.shim_env());
+    let took = t0.elapsed();
+    let _ = theirs.kill();
+    let _ = theirs.wait();
+    if line.trim().parse::<usize>().unwrap_or(0) < 100 {
+        eprintln!("skipped the other user's flood: it made {line:?} connections");
+        return;
+    }
+    assert_same(&expected, &mine, "a local link during another user's flood");
+    assert!(took < Duration::from_secs(5), "the local link took {took:?} during another user's flood");
+}
+
 /// Another user's symlink in a sticky, world-writable directory (`/tmp`'s
 /// kind) as the output: with `fs.protected_symlinks` the kernel refuses to
 /// follow it for nvlink ("Could not open output file", exit 1), and so for
@@ -2665,4 +2729,167 @@ fn held_storing(d: &Daemon, hold: &Path, which: &str) {
         assert!(Instant::now() < deadline, "{which} never stored: {}", d.stats());
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `nvlinkd <command> --socket S` with `env`: (success, stdout, stderr); a
+/// command still running after 20 s is ended (`timeout`).
+fn nvlinkd_command(what: &str, socket: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
+    let o = Command::new("timeout")
+        .arg("20")
+        .arg(nvlinkd())
+        .arg(what)
+        .args(["--socket".as_ref(), socket.as_os_str()])
+        .args(if what == "start" { vec!["--cuda-home".to_string(), cuda_home().display().to_string()] } else { vec![] })
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The control commands talk only to a daemon of this user's or root's, as
+/// the shim does (`SO_PEERCRED`, before anything is sent): another user's
+/// process behind the socket (in a directory it made first, where the
+/// victim's default socket would be) is refused with the reason, so it can
+/// neither say that a daemon is running (`start` starts none), nor print
+/// its words, nor have `watch` write files.
+#[test]
+fn a_control_command_refuses_a_daemon_of_another_user() {
+    let pki = Pki::new();
+    let Some(theirs) = NobodyDaemon::start(&pki) else { return };
+    let socket = theirs.socket();
+    let refused = |what: &str, (ok, stdout, stderr): (bool, String, String)| {
+        assert!(!ok, "{what} took another user's daemon: {stdout}{stderr}");
+        assert!(stderr.contains("refusing the daemon at") && stderr.contains("uid 65534"), "{what}: {stderr}");
+        assert!(!stdout.contains("running"), "{what}: {stdout}");
+    };
+    for what in ["status", "start", "stats", "stop", "events"] {
+        refused(what, nvlinkd_command(what, &socket, &[]));
+    }
+    let out = TempDir::new("sec-watch-out");
+    let o = Command::new("timeout")
+        .arg("20")
+        .arg(nvlinkd())
+        .args(["watch", "--socket"])
+        .arg(&socket)
+        .arg("--")
+        .args(["--arch=sm_90", "accumulate.o", "scale.o", "-o"])
+        .arg(out.path().join("out.cubin"))
+        .current_dir(corpus::dir())
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    refused("watch", (o.status.success(), text(&o.stdout), text(&o.stderr)));
+    // `stop` stopped nothing: their daemon still answers.
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+}
+
+/// The default socket only in a runtime directory of this user's own: one
+/// another user made first (or a symlink, or one others can write) is
+/// refused by the control commands and by `serve`, naming the fix; nothing
+/// is bound or changed there.
+#[test]
+fn the_default_runtime_directory_must_be_this_users_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = TempDir::new("sec-rt");
+    let runtime = base.path().join("nvlinkd");
+    let socket = runtime.join("nvlinkd.sock");
+    let xdg = base.path().display().to_string();
+    let env = [("XDG_RUNTIME_DIR", xdg.as_str()), ("NVLINKD_SOCKET", "")];
+    let elsewhere = base.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // A symlink to a private directory of this user's: another user's link
+    // could be re-pointed between the checks and the bind.
+    std::os::unix::fs::symlink(&elsewhere, &runtime).unwrap();
+    let serve = |env: &[(&str, &str)]| {
+        Command::new("timeout")
+            .arg("20")
+            .arg(nvlinkd())
+            .args(["serve", "--cuda-home"])
+            .arg(cuda_home())
+            .arg("--cache-dir")
+            .arg(base.path().join("cache"))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = serve(&env);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && o.status.code() != Some(124), "served through a symlink: {o:?}");
+    assert!(stderr.contains("is a symlink"), "{stderr}");
+    assert!(!elsewhere.join("nvlinkd.sock").exists(), "a socket was bound through the symlink");
+    let (ok, _, stderr) = nvlinkd_command("status", &socket, &env);
+    assert!(!ok && stderr.contains("refusing the daemon at") && stderr.contains("is a symlink"), "{stderr}");
+    // Another user's directory, open to all as it may be.
+    std::fs::remove_file(&runtime).unwrap();
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if std::os::unix::fs::chown(&runtime, Some(65534), None).is_ok() {
+        for what in ["status", "stop", "start"] {
+            let (ok, _, stderr) = nvlinkd_command(what, &socket, &env);
+            assert!(!ok, "{what}: {stderr}");
+            assert!(
+                stderr.contains("refusing the daemon at") && stderr.contains("belongs to uid 65534"),
+                "{what}: {stderr}"
+            );
+        }
+    }
+}
+
+/// Refused calls are logged at most once per interval, with the count held
+/// back: a token holder asking for administration over TCP thousands of
+/// times (or another user calling on an opened local socket) cannot fill
+/// the log.
+#[test]
+fn refused_calls_are_logged_at_most_once_per_interval() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    runtime().block_on(async {
+        let mut client = NvlinkdClient::new(tls_channel(&pki, port).await);
+        for _ in 0..300 {
+            let e = client.shutdown(with_token(ShutdownRequest {}, TOKEN)).await.unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        }
+    });
+    d.wait_log("administration over the remote listener refused", 1);
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = d.log().lines().filter(|l| l.contains("administration over the remote listener refused")).count();
+    assert!(lines <= 2, "{lines} lines for 300 refusals:\n{}", d.log());
+    assert!(d.answers(), "the daemon died");
+    // Another user on the opened unix socket.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let sock = d.socket();
+    std::fs::set_permissions(sock.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| {
+        Command::new("timeout")
+            .args(["60", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "sh", "-c", script])
+            .current_dir("/")
+            .output()
+    };
+    let nvlinkd = nvlinkd().display().to_string();
+    match as_nobody(&format!("'{nvlinkd}' --version")) {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("skipped the local part: nobody cannot run nvlinkd here ({other:?})");
+            return;
+        }
+    }
+    let script =
+        format!("for i in $(seq 40); do '{nvlinkd}' stats --socket '{}' 2>/dev/null; done; true", sock.display());
+    as_nobody(&script).unwrap();
+    assert!(d.stat("auth_failures") >= 40, "{}", d.stats());
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = d.log().lines().filter(|l| l.contains("a caller of another user on the local socket refused")).count();
+    assert!((1..=2).contains(&lines), "{lines} lines for 40 refusals:\n{}", d.log());
 }

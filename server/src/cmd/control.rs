@@ -3,17 +3,50 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nvlinkd_proto::shared;
 use nvlinkd_proto::v1::{
     nvlinkd_client::NvlinkdClient, CancelRequest, EventsRequest, PingReply, PingRequest, ShutdownRequest, StatsRequest,
 };
+use nvlinkd_proto::{paths, shared};
 use tonic::transport::Channel;
 
+/// How an error refusing the daemon behind a socket begins.
+const REFUSING: &str = "refusing the daemon at";
+
+/// The daemon at `socket`, if it is this user's (or root's), as the shim
+/// holds it: the default socket only in a runtime directory of this user's
+/// own (in /tmp another user may have made `nvlinkd-$UID` first), and the
+/// process behind any socket checked by `SO_PEERCRED` before anything is
+/// sent ([`shared::connect_unix_own`]). Another user's daemon could tell
+/// `watch` what to write and `start` that one is running.
 pub async fn connect(socket: &Path) -> Result<NvlinkdClient<Channel>, String> {
-    let channel = shared::connect_unix(shared::unix_endpoint(), socket.to_path_buf())
+    let dir = paths::runtime_dir();
+    if socket.parent() == Some(dir.as_path()) && std::fs::symlink_metadata(&dir).is_ok() {
+        paths::private_dir(&dir).map_err(|why| {
+            format!(
+                "{REFUSING} {}: {why} (another user may have made it); fix: remove it, or set XDG_RUNTIME_DIR \
+                 or NVLINKD_SOCKET to a directory of your own",
+                socket.display()
+            )
+        })?;
+    }
+    let channel = shared::connect_unix_own(shared::unix_endpoint(), socket.to_path_buf())
         .await
         .map_err(|e| unreachable_reason(socket, &e))?;
     Ok(NvlinkdClient::new(channel))
+}
+
+/// `text` from the daemon as a terminal may show it: control characters
+/// (escape sequences) escaped, line breaks and tabs kept.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Why the daemon at `socket` could not be reached, in words: tonic says only
@@ -25,6 +58,9 @@ fn unreachable_reason(socket: &Path, e: &(dyn std::error::Error + 'static)) -> S
             return match io.kind() {
                 // No socket, or one no process listens on (a daemon that was killed).
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => not_running(socket),
+                std::io::ErrorKind::PermissionDenied if io.get_ref().is_some() => {
+                    format!("{REFUSING} {}: {io}", socket.display())
+                }
                 _ => format!("cannot reach the daemon at {}: {io}", socket.display()),
             };
         }
@@ -44,8 +80,11 @@ pub async fn ping(socket: &Path) -> Result<PingReply, String> {
 
 /// Start a detached daemon unless one answers already; wait until it answers.
 pub async fn start(socket: &Path, serve_args: Vec<String>) -> Result<String, String> {
-    if let Ok(p) = ping(socket).await {
-        return Ok(format!("nvlinkd already running (pid {}) on {}", p.pid, socket.display()));
+    match ping(socket).await {
+        Ok(p) => return Ok(format!("nvlinkd already running (pid {}) on {}", p.pid, socket.display())),
+        // Another user's daemon there, or its directory: not ours to start beside.
+        Err(e) if e.starts_with(REFUSING) => return Err(e),
+        Err(_) => {}
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(exe);
@@ -324,7 +363,7 @@ pub async fn events(socket: &Path, filter: EventsRequest) -> Result<String, Stri
         match stream.message().await {
             Ok(Some(ev)) => {
                 // A reader that went away (`| head`) ends us quietly.
-                if writeln!(out, "{}", ev.json).and_then(|()| out.flush()).is_err() {
+                if writeln!(out, "{}", printable(&ev.json)).and_then(|()| out.flush()).is_err() {
                     return Ok(String::new());
                 }
             }
@@ -352,6 +391,16 @@ pub fn default_socket() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a daemon says reaches the terminal with its control characters
+    /// escaped: no escape sequence of its choosing runs there.
+    #[test]
+    fn daemon_text_is_printed_with_control_characters_escaped() {
+        let said = "nvlinkd 0.fake\x1b]0;owned\x07 running\r\nline two\tok\n";
+        let shown = printable(said);
+        assert!(!shown.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{shown:?}");
+        assert_eq!(shown, "nvlinkd 0.fake\\u{1b}]0;owned\\u{7} running\\r\nline two\tok\n");
+    }
 
     /// Plain `stats` says in words what users ask about: links by engine,
     /// fallbacks and cancellations apart, and each token's remote links.

@@ -25,6 +25,12 @@
 //! shim would (found as the shim finds it: `NVLINKD_REAL_NVLINK`, the install
 //! record, `$CUDA_HOME/bin/nvlink`), and its diagnostics are read from its
 //! output. The command ends on Ctrl-C (or when the daemon stops).
+//!
+//! It trusts the daemon no more than the shim does: it talks only to a daemon
+//! of its own user or root (`control::connect`), and writes only the outputs
+//! its own command line names (`-o`, `--register-link-binaries` replaced, the
+//! `-time` file appended to: the shim's `Policy`); any other path the daemon
+//! names is a write error of the line, never written.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -32,8 +38,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use nvlinkd_proto::paths::{OverlayRecord, ENV_REAL_NVLINK};
+use nvlinkd_proto::policy::Policy;
 use nvlinkd_proto::shared::RELEVANT_ENV;
-use nvlinkd_proto::v1::{LinkResult, Start, WatchEvent};
+use nvlinkd_proto::v1::{LinkResult, OutputFile, Start, WatchEvent};
 
 use crate::cmd::control;
 use crate::observe::events::{diagnostic_fields, SCHEMA};
@@ -42,7 +49,7 @@ pub async fn run(socket: &Path, args: Vec<String>) -> ExitCode {
     match watch(socket, args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("nvlinkd watch: {e}");
+            eprintln!("nvlinkd watch: {}", control::printable(&e));
             ExitCode::FAILURE
         }
     }
@@ -118,6 +125,9 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
     // stands for (empty: the daemon's default toolkit).
     let release = nvlink.as_deref().and_then(release_of).unwrap_or_default();
     let mut client = control::connect(socket).await?;
+    let library_path = std::env::var("LIBRARY_PATH").ok();
+    let policies: Vec<Policy> =
+        targets.iter().map(|a| Policy::new(a, &cwd, library_path.as_deref(), toolkit.as_deref())).collect();
     let mut streams = tokio_stream::StreamMap::new();
     for (i, args) in targets.iter().enumerate() {
         let start = Start {
@@ -135,7 +145,7 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
     loop {
         tokio::select! {
             m = tokio_stream::StreamExt::next(&mut streams) => match m {
-                Some((i, Ok(ev))) => report(&ev, i, &targets[i], &cwd, nvlink.as_deref()),
+                Some((i, Ok(ev))) => report(&ev, i, &targets[i], &policies[i], &cwd, nvlink.as_deref()),
                 Some((i, Err(s))) => return Err(format!("link {i}: {}", s.message())),
                 None => return Err("the daemon ended the watch (stopped?)".into()),
             },
@@ -146,7 +156,7 @@ async fn watch(socket: &Path, args: Vec<String>) -> Result<(), String> {
 
 /// Write one result's outputs (or run the real nvlink for a fallback) and
 /// print its event line.
-fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: Option<&Path>) {
+fn report(ev: &WatchEvent, target: usize, args: &[String], policy: &Policy, cwd: &Path, nvlink: Option<&Path>) {
     let empty = LinkResult::default();
     let r = ev.result.as_ref().unwrap_or(&empty);
     let mut written = Vec::new();
@@ -174,18 +184,12 @@ fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: O
         }
     } else {
         diagnostics = diagnostic_fields(&r.stdout, &r.stderr, Some(cwd), args);
-        for f in &r.outputs {
-            let path = Path::new(&f.path);
-            let done = if f.append { append(path, &f.data) } else { nvlinkd_fs::write_atomically(path, &f.data) };
-            match done {
-                Ok(()) => written.push(f.path.clone()),
-                Err(e) => errors.push(format!("{}: {e}", f.path)),
-            }
-        }
-        // nvlink's own messages, as it would print them (stdout kept for events).
+        (written, errors) = write_outputs(&r.outputs, policy);
+        // nvlink's own messages, as it would print them (stdout kept for
+        // events), control characters escaped.
         let mut err = std::io::stderr().lock();
-        let _ = err.write_all(&r.stdout);
-        let _ = err.write_all(&r.stderr);
+        let _ = err.write_all(control::printable(&String::from_utf8_lossy(&r.stdout)).as_bytes());
+        let _ = err.write_all(control::printable(&String::from_utf8_lossy(&r.stderr)).as_bytes());
     }
     let line = serde_json::json!({
         "event": if ev.relink == 0 { "linked" } else { "relinked" },
@@ -208,6 +212,69 @@ fn report(ev: &WatchEvent, target: usize, args: &[String], cwd: &Path, nvlink: O
     let _ = out.flush();
 }
 
+/// Write the outputs the link's command line names (`policy`); the paths
+/// written, and an error for each output not written (another path the
+/// daemon named is refused, not written).
+fn write_outputs(outputs: &[OutputFile], policy: &Policy) -> (Vec<String>, Vec<String>) {
+    let (mut written, mut errors) = (Vec::new(), Vec::new());
+    for f in outputs {
+        let path = Path::new(&f.path);
+        if !policy.may_write(path, f.append) {
+            errors.push(format!("{}: not an output of this link; not written", control::printable(&f.path)));
+            continue;
+        }
+        let done = if f.append { append(path, &f.data) } else { nvlinkd_fs::write_atomically(path, &f.data) };
+        match done {
+            Ok(()) => written.push(f.path.clone()),
+            Err(e) => errors.push(format!("{}: {e}", f.path)),
+        }
+    }
+    (written, errors)
+}
+
 fn append(path: &Path, data: &[u8]) -> std::io::Result<()> {
     std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `watch` writes only the outputs its own command line names: a path
+    /// the daemon adds (a shell's rc file, any file of the user's) is a write
+    /// error of the line, and the file is untouched.
+    #[test]
+    fn watch_writes_only_the_outputs_its_command_line_names() {
+        let dir = std::env::temp_dir().join(format!("nvlinkd-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bashrc = dir.join(".bashrc");
+        std::fs::write(&bashrc, b"# mine\n").unwrap();
+        let args: Vec<String> =
+            ["--arch=sm_90", "a.o", "-o", "out.cubin", "-time", "t.csv"].iter().map(|a| a.to_string()).collect();
+        let policy = Policy::new(&args, &dir, None, None);
+        let file = |path: &Path, append: bool| OutputFile {
+            path: path.display().to_string(),
+            data: b"bytes".to_vec().into(),
+            append,
+            ..Default::default()
+        };
+        let outputs = [
+            file(&dir.join("out.cubin"), false),
+            file(&dir.join("t.csv"), true),
+            file(&bashrc, true),
+            file(&dir.join("notes.txt"), false),
+            // The -time file replaced, the -o file appended to: not as nvlink would.
+            file(&dir.join("t.csv"), false),
+            file(&dir.join("out.cubin"), true),
+        ];
+        let (written, errors) = write_outputs(&outputs, &policy);
+        assert_eq!(written.len(), 2, "{written:?} {errors:?}");
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        assert!(errors.iter().all(|e| e.contains("not an output of this link")), "{errors:?}");
+        assert_eq!(std::fs::read(&bashrc).unwrap(), b"# mine\n");
+        assert!(!dir.join("notes.txt").exists());
+        assert_eq!(std::fs::read(dir.join("out.cubin")).unwrap(), b"bytes");
+        assert_eq!(std::fs::read(dir.join("t.csv")).unwrap(), b"bytes");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -150,6 +150,11 @@ pub struct Service {
     /// Remote links by client certificate subject, for callers without a
     /// token (stats and metrics).
     pub certificates: Arc<crate::net::auth::CertificateFigures>,
+    /// Refused calls (another user on the unix socket, administration over
+    /// TCP) are logged at most once per `LOG_EVERY`, with the count held back:
+    /// a caller refused on purpose, thousands of times a second, cannot fill
+    /// the log.
+    pub refusal_log: Arc<crate::net::incoming::LogLimit>,
 }
 
 /// Who a remote link is: for its slot, its audit line and its token's figures.
@@ -163,6 +168,11 @@ struct RemoteCaller {
     /// The subject of its client certificate (`--client-ca`), control
     /// characters escaped.
     subject: Option<String>,
+}
+
+/// The credentials of a call's peer on the unix socket.
+fn local_peer<T>(request: &Request<T>) -> Option<tokio::net::unix::UCred> {
+    request.extensions().get::<crate::net::local::LocalConnectInfo>().and_then(|i| i.uds.peer_cred)
 }
 
 /// The subject of a DER certificate (`CN=…, O=…`), as a log may show it.
@@ -738,7 +748,7 @@ impl Service {
     fn connection<T>(&self, request: &Request<T>) -> Option<Arc<Connection>> {
         use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
         if self.local {
-            return None;
+            return request.extensions().get::<crate::net::local::LocalConnectInfo>().map(|i| i.connection.clone());
         }
         let ext = request.extensions();
         let info =
@@ -767,7 +777,11 @@ impl Service {
     /// the reserved connection slots for a while (`incoming.rs`).
     fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if self.local {
-            return self.check_local_peer(request);
+            let checked = self.check_local_peer(request);
+            if let (Ok(()), Some(c)) = (&checked, self.connection(request)) {
+                c.authenticated();
+            }
+            return checked;
         }
         let checked = self.check_token(request);
         if checked.is_ok() {
@@ -797,7 +811,7 @@ impl Service {
     /// The socket is 0600 in a private directory; this holds where an operator
     /// opened it up. Another user runs a daemon of their own.
     fn check_local_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        let peer = local_peer(request);
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         match peer.map(|c| c.uid()) {
@@ -805,7 +819,11 @@ impl Service {
             uid => {
                 self.auth_failures.fetch_add(1, Ordering::Relaxed);
                 let who = uid.map_or_else(|| "an unknown user".to_owned(), |u| format!("uid {u}"));
-                warn!(peer = %who, "a caller of another user on the local socket refused");
+                if let Some(suppressed) = self.refusal_log.allow() {
+                    warn!(peer = %who, suppressed, "a caller of another user on the local socket refused (logged at \
+                          most every {}s; suppressed: refusals not logged since the last line)",
+                          crate::net::incoming::LOG_EVERY.as_secs());
+                }
                 Err(Status::permission_denied(format!(
                     "this daemon serves uid {me}, not {who}: start your own (nvlinkd start)"
                 )))
@@ -818,7 +836,15 @@ impl Service {
         if self.local {
             Ok(())
         } else {
-            warn!(what, "administration over the remote listener refused");
+            if let Some(suppressed) = self.refusal_log.allow() {
+                warn!(
+                    what,
+                    suppressed,
+                    "administration over the remote listener refused (logged at most every {}s; \
+                      suppressed: refusals not logged since the last line)",
+                    crate::net::incoming::LOG_EVERY.as_secs()
+                );
+            }
             Err(Status::permission_denied(format!("{what} is only allowed over the daemon's local unix socket")))
         }
     }
@@ -835,7 +861,7 @@ impl Nvlinkd for Service {
         let (tx, rx) = mpsc::channel(16);
         let this = self.clone();
         let active = self.activity.begin();
-        let peer = request.extensions().get::<tonic::transport::server::UdsConnectInfo>().and_then(|i| i.peer_cred);
+        let peer = local_peer(&request);
         let same_user = crate::link::staging::same_user(peer);
         let remote = (!self.local).then(|| RemoteCaller {
             caller: self.caller(&request),
@@ -859,6 +885,8 @@ impl Nvlinkd for Service {
         self.authenticate(&request)?;
         // Every link's cwd and arguments: for the daemon's own user only.
         self.local_only("Events")?;
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         let want = request.into_inner();
         let nonempty = |s: String| (!s.is_empty()).then(|| PathBuf::from(s));
         let filter = crate::observe::events::Filter {
@@ -870,6 +898,7 @@ impl Nvlinkd for Service {
         let mut shutdown = self.shutdown.subscribe();
         let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
+            let _call = call;
             loop {
                 let event = tokio::select! {
                     ev = rx.recv() => match ev {
@@ -897,6 +926,8 @@ impl Nvlinkd for Service {
     async fn watch(&self, request: Request<Start>) -> Result<Response<WatchStream>, Status> {
         self.authenticate(&request)?;
         self.local_only("Watch")?;
+        // The connection is in use while the stream is open.
+        let call = self.connection(&request).map(|c| c.call());
         let start = request.into_inner();
         let req = self.link_request(&start);
         if !req.shared_fs {
@@ -927,6 +958,7 @@ impl Nvlinkd for Service {
         info!(id, "watching a link for nvlinkd watch");
         let watcher = self.watcher.clone();
         tokio::spawn(async move {
+            let _call = call;
             tx.closed().await;
             debug!(id, "nvlinkd watch went away");
             watcher.unsubscribe(id);

@@ -4,5 +4,6 @@
 pub mod auth;
 pub mod incoming;
 pub mod listener;
+pub mod local;
 pub mod partial;
 pub mod tls;

@@ -1,4 +1,5 @@
-//! What a daemon may ask of this shim: the shim trusts no daemon.
+//! What a daemon may ask of the shim (and of `nvlinkd watch`, which writes
+//! the outputs of the links it watches as the shim does): neither trusts a daemon.
 //!
 //! A daemon (a remote one above all) could ask the shim for any file it can
 //! read (`/etc/shadow`, private keys, `/proc/self/environ`) or hand it any path

@@ -581,6 +581,55 @@ fn remote_routed_links_run_in_a_sandbox_under_the_callers_names() {
     assert!(left.is_empty(), "sandboxes left behind: {left:?}");
 }
 
+/// A routed remote link with `--register-link-binaries` and a device-only
+/// input (a `.cubin`, a `.ptx`): nvlink names such an input in the
+/// registration file by its absolute path, mangled (`_w_p_scale_cubin`).
+/// The daemon's nvlink ran on the sandbox's copy, yet the file names the
+/// caller's path, byte for byte, and so does the entry a later local link of
+/// the same directory and arguments is served from; no answer names the
+/// sandbox, the daemon's cache directory or its pid.
+#[test]
+fn a_routed_remote_registration_file_names_the_callers_paths() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = private_copy(corpus::dir(), "sec-regbin-in");
+    let out = TempDir::new("sec-regbin-out");
+    let remote = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
+    let cases = [
+        // Routed for -v.
+        "--arch=sm_90 -v --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin",
+        // Routed for -split-compile with PTX.
+        "--arch=sm_90 -split-compile=4 --register-link-binaries={OUT}/reg.c accumulate.o saxpy.ptx -o {OUT}/out.cubin",
+    ];
+    let cache = d.cache_dir().display().to_string();
+    let pid = d.pid().unwrap().to_string();
+    for args in cases {
+        let before = d.stats();
+        let expected = run(&real_nvlink(), &inv(args, inputs.path(), &out), &[]);
+        assert!(expected.files.get("reg.c").is_some_and(|r| !r.is_empty()), "{args}: no reg.c to compare");
+        let actual = run(&shim(), &inv(args, inputs.path(), &out), &remote);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: remote: {:?}", cmp.problems);
+        let after = d.stats();
+        let grew = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+        assert_eq!((grew("nvlink_process"), grew("fallbacks")), (1, 0), "{args}: not served by the daemon's nvlink");
+        // The same directory and arguments, locally: the cached answer.
+        let local = run(&shim(), &inv(args, inputs.path(), &out), &d.shim_env());
+        let cmp = compare::runs(&expected, &local);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: local: {:?}", cmp.problems);
+        for r in [&actual, &local] {
+            let texts = [&r.stdout, &r.stderr].into_iter().chain(r.files.values());
+            for t in texts {
+                let t = String::from_utf8_lossy(t);
+                let mangled = cache.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+                assert!(!t.contains(&cache) && !t.contains(&mangled), "{args}: an answer names the daemon's cache");
+                let scratch = [format!("nvlinkd-{pid}-"), format!("nvlinkd_{pid}_")];
+                assert!(!scratch.iter().any(|s| t.contains(s)), "{args}: an answer names the daemon's pid");
+            }
+        }
+    }
+}
+
 /// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
 /// frame header announcing a 1 GiB message; returns the grpc-status the daemon
 /// answers with (the stream is kept open: no body follows).

@@ -630,6 +630,45 @@ fn a_routed_remote_registration_file_names_the_callers_paths() {
     }
 }
 
+/// One archive named twice through two names of one file (a hard link, a
+/// symlink, `-L` through a symlinked directory): nvlink takes it once and
+/// links. A remote link gives nvlink's answer too (the remote shim runs the
+/// real nvlink for it: the daemon has names, not files, and its sandbox
+/// would hold two archives); two copies of the archive stay two files, served
+/// by the daemon, and give nvlink's "Multiple definition" answer.
+#[test]
+fn one_archive_under_two_names_links_once_for_a_remote_caller() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = private_copy(corpus::dir(), "sec-alias-in");
+    let dir = inputs.path();
+    let ar = Command::new("ar").arg("rcs").arg("libacc.a").args(["accumulate.o", "scale.o"]).current_dir(dir).status();
+    assert!(ar.is_ok_and(|s| s.success()), "ar failed");
+    std::fs::hard_link(dir.join("libacc.a"), dir.join("hard_libacc.a")).unwrap();
+    std::os::unix::fs::symlink("libacc.a", dir.join("sym_libacc.a")).unwrap();
+    std::fs::copy(dir.join("libacc.a"), dir.join("copy_libacc.a")).unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::os::unix::fs::symlink("../libacc.a", dir.join("sub/libacc.a")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("here")).unwrap();
+    let out = TempDir::new("sec-alias-out");
+    let remote = pki.shim_env(&format!("https://127.0.0.1:{port}"), "auto");
+    let cases = [
+        ("--arch=sm_90 libacc.a hard_libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 libacc.a sym_libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 -Lsub -lacc libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 -Lhere -lacc libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 libacc.a copy_libacc.a -o {OUT}/out.cubin", 1),
+    ];
+    for (args, served) in cases {
+        let before = d.stat_or_zero("requests");
+        let expected = run(&real_nvlink(), &inv(args, dir, &out), &[]);
+        let actual = run(&shim(), &inv(args, dir, &out), &remote);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+        assert_eq!(d.stat_or_zero("requests") - before, served, "{args}: served by the daemon");
+    }
+}
+
 /// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
 /// frame header announcing a 1 GiB message; returns the grpc-status the daemon
 /// answers with (the stream is kept open: no body follows).

@@ -27,8 +27,8 @@ use crate::policy::Policy;
 
 /// Largest file announced by digest (what the shim serves at most).
 const MAX_FILE: u64 = 4 << 30;
-/// Most paths announced.
-const MAX_PATHS: usize = 8192;
+/// Most paths announced (what a daemon accepts).
+const MAX_PATHS: usize = nvlinkd_proto::MAX_ANNOUNCED_FILES;
 /// What one announcement costs in the message besides its path (an estimate
 /// on the safe side: digest, numbers, framing).
 const ENTRY_BYTES: usize = 64;

@@ -2173,6 +2173,86 @@ async fn flooding_link(pki: &Pki, port: u16, tag: &str, announce: bool, flood: u
     result
 }
 
+/// A client with [`TOKEN`] whose `Start` announces `n` distinct 8-byte files
+/// `/tiny/<tag>/<i>`, its command line naming only `/tiny/<tag>/0.o`; it
+/// answers every read with the file's bytes. The daemon's answer (a result,
+/// or the status refusing the link) and the number of reads it asked for.
+async fn announcing_link(pki: &Pki, port: u16, tag: &str, n: usize) -> (Result<LinkResult, tonic::Status>, usize) {
+    use nvlinkd_proto::v1::{file_reply, server_message, AnnouncedFile, FileReply};
+    let dir = format!("/tiny/{tag}");
+    let bytes = |i: usize| bytes::Bytes::from((i as u64).to_le_bytes().to_vec());
+    let name = |i: usize| if i == 0 { format!("{dir}/0.o") } else { format!("{dir}/{i}") };
+    let files = (0..n)
+        .map(|i| AnnouncedFile {
+            path: name(i),
+            exists: true,
+            is_dir: false,
+            size: 8,
+            blake3: blake3::hash(&bytes(i)).as_bytes().to_vec(),
+        })
+        .collect();
+    let args = ["--arch=sm_90", "0.o", "-o", "out.cubin"].map(String::from).to_vec();
+    let start = Start { args, cwd: dir.clone(), files, ..Default::default() };
+    let mut client = NvlinkdClient::new(tls_channel(pki, port).await).max_encoding_message_size(64 << 20);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(4);
+    tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+    let mut inbound = match client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return (Err(status), 0),
+    };
+    let mut reads = 0;
+    loop {
+        let m = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => panic!("{tag}: the stream ended without a result"),
+            Err(status) => return (Err(status), reads),
+        };
+        let req = match m.msg {
+            Some(server_message::Msg::File(req)) => req,
+            Some(server_message::Msg::Result(r)) => return (Ok(r), reads),
+            _ => continue,
+        };
+        reads += 1;
+        let i = (0..n).find(|i| name(*i) == req.path).unwrap_or(0);
+        let reply = FileReply { id: req.id, result: Some(file_reply::Result::Data(bytes(i))), more: false };
+        let _ = tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await;
+    }
+}
+
+/// Blob files under the daemon's cache directory.
+fn blob_files(d: &Daemon) -> usize {
+    let shards = std::fs::read_dir(d.cache_dir().join("blobs/v2")).into_iter().flatten().flatten();
+    shards.map(|s| std::fs::read_dir(s.path()).map(|f| f.count()).unwrap_or(0)).sum()
+}
+
+/// Each blob a remote shim announces is a file in the daemon's store: a
+/// `Start` announcing tens of thousands of tiny files the link never reads
+/// once filled the store's filesystem with as many files (and its inodes),
+/// far beyond what the store accounted. A `Start` announcing more than
+/// `MAX_ANNOUNCED_FILES` is refused (`RESOURCE_EXHAUSTED`: the shim runs the
+/// real nvlink) before anything is asked; of one within the bound only the
+/// files the command line names are fetched when the link starts, the rest
+/// only if the link reads them. Honest remote links are served meanwhile.
+#[test]
+fn announced_files_the_link_never_reads_are_never_fetched() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let rt = runtime();
+    let (refused, reads) = rt.block_on(announcing_link(&pki, port, "many", nvlinkd_proto::MAX_ANNOUNCED_FILES + 1));
+    let status = refused.expect_err("a Start past the bound was taken");
+    assert_eq!((status.code(), reads), (Code::ResourceExhausted, 0), "{status:?}");
+    let (answered, reads) = rt.block_on(announcing_link(&pki, port, "unread", 4000));
+    assert!(answered.is_ok(), "{answered:?}");
+    assert!(reads <= 1, "{reads} announced files asked for");
+    assert!(blob_files(&d) <= 1, "{} blob files stored", blob_files(&d));
+    // An honest remote link.
+    let out = TempDir::new("sec-tiny-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}"))), "remote");
+    assert_eq!(blob_files(&d), 3, "the honest link's two inputs and the tiny one");
+}
+
 /// Remote shims' replies to reads by path are gathered in the daemon's
 /// memory; one link may read 8 GiB, so clients answering with huge files
 /// grew the daemon by as much, together. Four clients over TLS, each answering

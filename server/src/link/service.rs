@@ -224,6 +224,15 @@ impl Service {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
         };
+        // Announcements are blobs and stats the daemon keeps for the link:
+        // bounded, as the shim bounds them.
+        if start.files.len() > nvlinkd_proto::MAX_ANNOUNCED_FILES {
+            return Err(Status::resource_exhausted(format!(
+                "{} files announced, more than the {} a link may announce",
+                start.files.len(),
+                nvlinkd_proto::MAX_ANNOUNCED_FILES
+            )));
+        }
         // A remote link's slot (`admission.rs`), waited for here, without a
         // thread; held until the link's thread is done. A shim that goes away
         // meanwhile leaves the queue.
@@ -352,7 +361,8 @@ impl Service {
         let fs = if announced.is_empty() {
             fs
         } else {
-            fs.with_announced(announced, blobs.clone(), req.caller.unwrap_or_default()).await
+            let named = crate::link::stream_fs::Named::of(&req.args, &req.cwd);
+            fs.with_announced(announced, &named, blobs.clone(), req.caller.unwrap_or_default()).await
         };
         tokio::task::spawn_blocking(move || {
             let _active = active;

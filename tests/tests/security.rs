@@ -669,6 +669,43 @@ fn one_archive_under_two_names_links_once_for_a_remote_caller() {
     }
 }
 
+/// nvlink finds relative names through its process's working directory,
+/// not through the directory's name. The owner of a directory above a build
+/// directory may swap the build directory for its own under the same name
+/// while a link runs: the daemon opens the caller's directory once (checked
+/// to be the shim's) and reads the link's files through it, and the shim
+/// writes relative outputs through its own working directory. The link is
+/// the one of the directory it started in, its output lands there, and
+/// nothing lands in the other.
+#[test]
+fn a_build_directory_swapped_during_a_local_link_is_not_followed() {
+    let d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
+    let top = TempDir::new("sec-swap");
+    let [build, other, moved] = ["build", "other", "moved"].map(|n| top.path().join(n));
+    for dir in [&build, &other] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::copy(corpus::dir().join("scale.o"), dir.join("scale.o")).unwrap();
+    }
+    std::fs::copy(corpus::dir().join("accumulate.o"), build.join("accumulate.o")).unwrap();
+    std::fs::copy(corpus::dir().join("saxpy.o"), other.join("accumulate.o")).unwrap();
+    let args = ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "out.cubin"];
+    let real = Command::new(real_nvlink()).args(args).current_dir(&build).status().unwrap();
+    assert!(real.success());
+    let expected = std::fs::read(build.join("out.cubin")).unwrap();
+    std::fs::remove_file(build.join("out.cubin")).unwrap();
+    let (cwd, env) = (build.clone(), d.shim_env());
+    let link = std::thread::spawn(move || Command::new(shim()).args(args).current_dir(cwd).envs(env).output().unwrap());
+    // The link has started (its directory opened) and waits: swap.
+    d.wait_stat("in_flight", 1);
+    std::fs::rename(&build, &moved).unwrap();
+    std::fs::rename(&other, &build).unwrap();
+    let out = link.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!build.join("out.cubin").exists(), "the output was written into the other directory");
+    let got = std::fs::read(moved.join("out.cubin")).expect("no output in the link's own directory");
+    assert!(got == expected, "the link read the other directory's files");
+}
+
 /// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
 /// frame header announcing a 1 GiB message; returns the grpc-status the daemon
 /// answers with (the stream is kept open: no body follows).

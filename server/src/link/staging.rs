@@ -57,6 +57,9 @@ pub fn same_user(cred: Option<tokio::net::unix::UCred>) -> bool {
 #[derive(Debug, Default)]
 pub struct Staging {
     state: Mutex<State>,
+    /// The link's working directory, opened: outputs under it are staged
+    /// in the directory itself, not in whatever has its name by then.
+    cwd: Option<(std::path::PathBuf, nvlinkd_core::request::CwdDir)>,
 }
 
 #[derive(Debug, Default)]
@@ -67,13 +70,22 @@ struct State {
 }
 
 impl Staging {
+    /// Staging for a link of `req`.
+    pub fn of(req: &nvlinkd_core::request::Request) -> Staging {
+        Staging { cwd: req.cwd_dir.clone().map(|d| (req.cwd.clone(), d)), ..Default::default() }
+    }
+
     /// Write `data` beside the output `path` for the shim to rename (see the
     /// module docs for when); None: send it in messages.
     pub fn stage(&self, path: &Path, data: &[u8], counters: &Counters) -> Option<Staged> {
         if data.len() < MIN_BYTES {
             return None;
         }
-        let target = nvlinkd_fs::output_target(path);
+        let path = match &self.cwd {
+            Some((cwd, dir)) => dir.under(cwd, path),
+            None => path.to_owned(),
+        };
+        let target = nvlinkd_fs::output_target(&path);
         // A device, a FIFO or a directory: the shim writes (or fails) as nvlink would.
         match std::fs::metadata(&target) {
             Ok(m) if !m.is_file() => return None,

@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
+use nvlinkd_core::request::{CwdDir, Request};
 use nvlinkd_core::stats::Kind;
 use nvlinkd_proto::v1::{
     file_error, file_reply, file_request, server_message, AnnouncedFile, FileReply, FileRequest, ServerMessage,
@@ -489,10 +490,29 @@ impl Named {
     }
 }
 
+/// A local link's working directory: its name and, once opened, the
+/// directory itself.
+struct Pinned {
+    cwd: PathBuf,
+    dir: Option<CwdDir>,
+}
+
+impl Pinned {
+    /// Where this process opens `path` (see `Request::in_dir`).
+    fn at(&self, path: &Path) -> PathBuf {
+        match &self.dir {
+            Some(dir) => dir.under(&self.cwd, path),
+            None => path.to_owned(),
+        }
+    }
+}
+
 /// Where a link's files are.
 enum Source {
-    /// The daemon shares the caller's filesystem and reads the files itself.
-    Local,
+    /// The daemon shares the caller's filesystem and reads the files itself:
+    /// those under the caller's working directory through the directory it
+    /// opened (`Request::in_dir`), as nvlink finds them through its own.
+    Local(Pinned),
     /// Over the stream.
     Stream(Stream),
 }
@@ -523,9 +543,11 @@ pub struct LinkFs {
 }
 
 impl LinkFs {
-    pub fn new(channel: Arc<LinkChannel>, shared_fs: bool, budget: u64) -> Self {
-        let source = if shared_fs {
-            Source::Local
+    /// A link of `req`: its files read here when `req.shared_fs`, else over
+    /// the stream.
+    pub fn new(channel: Arc<LinkChannel>, req: &Request, budget: u64) -> Self {
+        let source = if req.shared_fs {
+            Source::Local(Pinned { cwd: req.cwd.clone(), dir: req.cwd_dir.clone() })
         } else {
             Source::Stream(Stream {
                 prefetched: Mutex::new(HashMap::new()),
@@ -743,11 +765,12 @@ impl LinkFs {
 
     fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
         let st = match &self.source {
-            Source::Local => {
+            Source::Local(req) => {
+                let path = &req.at(path);
                 return match &self.contents {
                     Some(memo) => memo.read(path, remaining),
                     None => corefs::read_regular_shared(path, remaining),
-                }
+                };
             }
             Source::Stream(st) => st,
         };
@@ -824,7 +847,7 @@ impl InputFs for LinkFs {
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         self.open()?;
         let st = match &self.source {
-            Source::Local => return LocalFs.stat(path),
+            Source::Local(req) => return LocalFs.stat(&req.at(path)),
             Source::Stream(st) => st,
         };
         if let Some(a) = st.announced.get(path.as_os_str()) {
@@ -842,7 +865,7 @@ impl InputFs for LinkFs {
 
     fn identity(&self, path: &Path) -> Option<FileIdentity> {
         match &self.source {
-            Source::Local => LocalFs.identity(path),
+            Source::Local(req) => LocalFs.identity(&req.at(path)),
             // Announced contents are known by their digest (and read only if
             // they are those): key digests of them are remembered by it.
             Source::Stream(st) => st

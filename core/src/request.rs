@@ -74,6 +74,16 @@ impl CwdDir {
         PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
     }
 
+    /// Whether [`CwdDir::path`] leads to the directory (no `/proc` mounted:
+    /// it does not, and the link goes by the directory's name).
+    pub fn reachable(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(fd) = self.0.try_clone() else { return false };
+        let opened = std::fs::File::from(fd).metadata();
+        let named = std::fs::metadata(self.path());
+        matches!((opened, named), (Ok(a), Ok(b)) if (a.dev(), a.ino()) == (b.dev(), b.ino()))
+    }
+
     /// `path` with a leading `cwd` (the name this directory was opened by)
     /// replaced by [`CwdDir::path`]; see [`Request::in_dir`].
     pub fn under(&self, cwd: &std::path::Path, path: &std::path::Path) -> PathBuf {
@@ -233,6 +243,7 @@ mod tests {
         }
         let root = Request { cwd: "/".into(), cwd_dir: Some(dir), ..Default::default() };
         assert_eq!(root.in_dir(std::path::Path::new("/a.o")), PathBuf::from(format!("{at}/a.o")));
+        assert!(CwdDir(std::sync::Arc::new(std::fs::File::open("/").unwrap().into())).reachable());
         let plain = Request { cwd: "/w/b".into(), ..Default::default() };
         assert_eq!(plain.in_dir(std::path::Path::new("/w/b/a.o")), PathBuf::from("/w/b/a.o"));
     }

@@ -194,6 +194,8 @@ impl Service {
             .filter(|(_, m)| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino)
             .map(|(dir, _)| nvlinkd_core::request::CwdDir(Arc::new(dir)));
         let shared_fs = cwd_dir.is_some();
+        // Without `/proc` the link goes by the directory's name.
+        let cwd_dir = cwd_dir.filter(|d| d.reachable());
         LinkRequest {
             args: start.args.clone(),
             cwd,

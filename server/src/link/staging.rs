@@ -96,6 +96,14 @@ impl Staging {
             return None;
         }
         match nvlinkd_fs::stage(&target, &[data]) {
+            Ok(staged) if !self.in_opened_dir(&target, &staged) => {
+                // Created by the directory's name while it was being moved:
+                // not where the link's directory is (nobody else can read it,
+                // 0600); gone again, and the bytes travel in messages.
+                nvlinkd_fs::discard(&staged);
+                tracing::debug!(output = %path.display(), "staged outside the link's directory: sent in messages");
+                None
+            }
             Ok(staged) => {
                 counters.files.fetch_add(1, Ordering::Relaxed);
                 counters.bytes.fetch_add(staged.size, Ordering::Relaxed);
@@ -107,6 +115,19 @@ impl Staging {
                 None
             }
         }
+    }
+
+    /// Whether `staged`, staged for `target`, lies in the link's opened
+    /// directory when `target` is in it (a target elsewhere, through an
+    /// output symlink, is as the kernel resolved it).
+    fn in_opened_dir(&self, target: &Path, staged: &Staged) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some((_, dir)) = &self.cwd else { return true };
+        let (Some(parent), Some(name)) = (target.parent(), staged.path.file_name()) else { return true };
+        if !target.starts_with(dir.path()) {
+            return true;
+        }
+        std::fs::symlink_metadata(parent.join(name)).is_ok_and(|m| (m.dev(), m.ino()) == (staged.dev, staged.ino))
     }
 
     /// The stream ended: remove whatever the shim did not rename.

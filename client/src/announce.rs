@@ -27,8 +27,8 @@ use nvlinkd_proto::policy::Policy;
 
 /// Largest file announced by digest (what the shim serves at most).
 const MAX_FILE: u64 = 4 << 30;
-/// Most paths announced.
-const MAX_PATHS: usize = 8192;
+/// Most paths announced (what a daemon accepts).
+const MAX_PATHS: usize = nvlinkd_proto::MAX_ANNOUNCED_FILES;
 /// What one announcement costs in the message besides its path (an estimate
 /// on the safe side: digest, numbers, framing).
 const ENTRY_BYTES: usize = 64;
@@ -85,22 +85,56 @@ pub fn files(policy: &Policy, cwd: &Path, room: usize) -> Vec<AnnouncedFile> {
     for path in policy.named() {
         add(path, &mut out, &mut memo);
     }
-    // `-l name`: its candidates in search order, up to the one nvlink takes
-    // (a directory, or a file of more than 8 bytes; smaller ones are skipped).
+    library_candidates(policy, cwd, |path| add(path, &mut out, &mut memo));
+    memo.save();
+    out
+}
+
+/// `-l name`: its candidates in search order, up to the one nvlink takes
+/// (a directory, or a file of more than 8 bytes; smaller ones are skipped),
+/// each given to `visit`, which answers its metadata.
+fn library_candidates(policy: &Policy, cwd: &Path, mut visit: impl FnMut(&Path) -> Option<std::fs::Metadata>) {
     let (dirs, libs) = policy.libraries();
     for name in libs {
         for dir in dirs {
             let trimmed = dir.trim_end_matches('/');
             let dir = if trimmed.is_empty() && dir.starts_with('/') { "" } else { trimmed };
             let path = cwd.join(format!("{dir}/lib{name}.a"));
-            match add(&path, &mut out, &mut memo) {
+            match visit(&path) {
                 Some(m) if m.is_dir() || m.len() > 8 => break,
                 _ => {}
             }
         }
     }
-    memo.save();
-    out
+}
+
+/// Two names of one regular file (a symlink, a hard link, a directory named
+/// through a symlink) among the files a link of `policy` reads or writes.
+/// nvlink takes such a file once (an archive named twice links once); a
+/// remote daemon has the names only, and its sandbox would hold two files:
+/// such a link is the real nvlink's, here.
+pub fn one_file_twice(policy: &Policy, cwd: &Path) -> Option<(PathBuf, PathBuf)> {
+    let mut names: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    let mut found = None;
+    let mut visit = |path: &Path| {
+        let m = std::fs::metadata(path).ok()?;
+        if m.is_file() && found.is_none() {
+            match names.get(&(m.dev(), m.ino())) {
+                // One spelling of one place (`./a.o`, `a.o`) is one name.
+                Some(other) if other != path => found = Some((other.clone(), path.to_owned())),
+                Some(_) => {}
+                None => {
+                    names.insert((m.dev(), m.ino()), path.to_owned());
+                }
+            }
+        }
+        Some(m)
+    };
+    for path in policy.named() {
+        visit(path);
+    }
+    library_candidates(policy, cwd, visit);
+    found
 }
 
 /// Digests by file identity, in `<runtime dir>/digests`.
@@ -208,6 +242,34 @@ mod tests {
         assert_eq!(parse(&line(&id, &d)), Some((id, d)));
         assert_eq!(parse("1 2 3 4 5 abc"), None);
         assert_eq!(parse(&(line(&id, &d) + " extra")), None);
+    }
+
+    /// Names of one file through a hard link, a symlink or a symlinked `-L`
+    /// directory are found; two spellings of one name and two files are not.
+    #[test]
+    fn two_names_of_one_file_are_found() {
+        let dir = std::env::temp_dir().join(format!("nvlink-aliases-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libmu.a"), b"!<arch>\nmembers").unwrap();
+        std::fs::write(dir.join("copy.a"), b"!<arch>\nmembers").unwrap();
+        std::fs::hard_link(dir.join("libmu.a"), dir.join("hard.a")).unwrap();
+        std::os::unix::fs::symlink("libmu.a", dir.join("sym.a")).unwrap();
+        std::os::unix::fs::symlink(".", dir.join("sub")).unwrap();
+        let rows: &[(&[&str], bool)] = &[
+            (&["libmu.a", "copy.a"], false),
+            (&["libmu.a", "./libmu.a"], false),
+            (&["libmu.a", "hard.a"], true),
+            (&["libmu.a", "sym.a"], true),
+            (&["-Lsub", "-lmu", "libmu.a"], true),
+            (&["-Lsub", "-lmu", "copy.a"], false),
+        ];
+        for (args, twice) in rows {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let policy = Policy::new(&args, &dir, None, None);
+            assert_eq!(one_file_twice(&policy, &dir).is_some(), *twice, "{args:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -69,6 +69,16 @@ fn main() -> ExitCode {
         if session::remote() && policy::foreign_nvvm(&args, &cwd, tk.cuda_home.as_deref()) {
             return fallback::exec_real(&tk, &args, "-nvvmpath names another libNVVM than the toolkit's");
         }
+        // One file under two names: nvlink takes it once, a remote daemon's
+        // sandbox would hold two.
+        if session::remote() {
+            let library_path = std::env::var("LIBRARY_PATH").ok();
+            let policy = policy::Policy::new(&args, &cwd, library_path.as_deref(), tk.cuda_home.as_deref());
+            if let Some((a, b)) = announce::one_file_twice(&policy, &cwd) {
+                let why = format!("{} and {} are one file", a.display(), b.display());
+                return fallback::exec_real(&tk, &args, &why);
+            }
+        }
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,

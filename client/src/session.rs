@@ -539,10 +539,11 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
     }
     for out in outputs {
         let path = PathBuf::from(&out.path);
+        let here = in_cwd(&path, cwd);
         let written = match &out.staged {
-            Some(staged) => place_staged(&path, staged),
-            None if out.append => append(&path, &out.pieces),
-            None => write_output(&path, &out.pieces),
+            Some(staged) => place_staged(&here, staged),
+            None if out.append => append(&here, &out.pieces),
+            None => write_output(&here, &out.pieces),
         };
         if let Err(failed) = written {
             // nvlink's words: the file as the command line named it, no OS
@@ -566,6 +567,21 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().write_all(&result.stderr);
     Ok(result.exit_code)
+}
+
+/// `path` under `cwd` (the name of this process's working directory) as a
+/// name relative to the working directory itself, as nvlink opens a relative
+/// output: through the directory, not through whatever has its name by now.
+/// Byte for byte (a trailing `/` stays); other paths as they are.
+fn in_cwd(path: &Path, cwd: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let (p, c) = (path.as_os_str().as_bytes(), cwd.as_os_str().as_bytes());
+    match p.strip_prefix(c) {
+        Some(rest) if c != b"/" && rest.starts_with(b"/") && rest.len() > 1 => {
+            PathBuf::from(std::ffi::OsStr::from_bytes(&rest[1..]))
+        }
+        _ => path.to_owned(),
+    }
 }
 
 /// How writing an output failed, in nvlink's terms.
@@ -873,6 +889,16 @@ fn daemon_binary(tk: &Toolkit) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_under_the_working_directory_are_written_through_it() {
+        let cwd = Path::new("/w/b");
+        assert_eq!(in_cwd(Path::new("/w/b/out.cubin"), cwd), PathBuf::from("out.cubin"));
+        assert_eq!(in_cwd(Path::new("/w/b/sub/x/"), cwd), PathBuf::from("sub/x/"));
+        assert_eq!(in_cwd(Path::new("/w/bc/out.cubin"), cwd), PathBuf::from("/w/bc/out.cubin"));
+        assert_eq!(in_cwd(Path::new("/w/b"), cwd), PathBuf::from("/w/b"));
+        assert_eq!(in_cwd(Path::new("/x/out.cubin"), Path::new("/")), PathBuf::from("/x/out.cubin"));
+    }
 
     #[test]
     fn outputs_are_named_as_the_command_line_named_them() {

@@ -21,6 +21,28 @@ pub(crate) fn synthetic_module_id(absolute: &Path) -> String {
     absolute.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
+/// `data` (a registration file) with `prefix` removed from the start of every
+/// module id: nvlink ran on files under a directory the caller does not have
+/// (a sandbox), whose synthetic ids are `synthetic_module_id(dir)` followed
+/// by the caller's own (the mapping is character by character, so the id of
+/// `dir` + `path` is the id of `dir` then the id of `path`).
+pub(crate) fn strip_id_prefix(data: &[u8], prefix: &str) -> Vec<u8> {
+    let from = format!("DEFINE_REGISTER_FUNC({prefix}");
+    let (from, to) = (from.as_bytes(), b"DEFINE_REGISTER_FUNC(");
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 /// The file's contents for these module ids, in link order.
 pub(crate) fn render(ids: &[String]) -> String {
     let mut out = format!("#define NUM_PRELINKED_OBJECTS {}\n", ids.len());
@@ -56,5 +78,18 @@ mod tests {
             "#define NUM_PRELINKED_OBJECTS 2\nDEFINE_REGISTER_FUNC(_a)\nDEFINE_REGISTER_FUNC(_b)\n"
         );
         assert_eq!(synthetic_module_id(Path::new("/tmp/c/dp.ptx")), "_tmp_c_dp_ptx");
+    }
+
+    /// A sandbox's synthetic ids are its own id then the caller's: removing
+    /// the first gives the ids nvlink writes for the caller's paths.
+    #[test]
+    fn sandbox_ids_lose_the_sandbox() {
+        let root = Path::new("/var/c/tmp/nvlinkd_12_3_ab-c/root");
+        let caller = Path::new("/w/p-q/scale.cubin");
+        let sandboxed = root.join(caller.strip_prefix("/").unwrap());
+        let prefix = synthetic_module_id(root);
+        let file = render(&["_1b2_x_cu_9".into(), synthetic_module_id(&sandboxed)]);
+        let want = render(&["_1b2_x_cu_9".into(), synthetic_module_id(caller)]);
+        assert_eq!(String::from_utf8(strip_id_prefix(file.as_bytes(), &prefix)).unwrap(), want);
     }
 }

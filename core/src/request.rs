@@ -52,6 +52,53 @@ pub struct Request {
     /// machine's): its foreground computation fills the slots the daemon
     /// host's own links leave, never keeps them waiting (`sched.rs`).
     pub remote: bool,
+    /// The caller's working directory itself, opened once (a link on the
+    /// caller's filesystem: `O_PATH`, checked to be the shim's by device and
+    /// inode). nvlink finds relative names through its process's directory,
+    /// not its name: the link's files under `cwd` are read, and the real
+    /// nvlink run, through this one ([`Request::in_dir`]), whatever the
+    /// directory is called meanwhile.
+    pub cwd_dir: Option<CwdDir>,
+}
+
+/// An opened working directory (see [`Request::cwd_dir`]).
+#[derive(Clone, Debug)]
+pub struct CwdDir(pub std::sync::Arc<std::os::fd::OwnedFd>);
+
+impl CwdDir {
+    /// The directory's name for this process (and, in a child before it
+    /// execs, for the child): `/proc/self/fd/N`, a link the kernel follows
+    /// to the directory itself.
+    pub fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
+    }
+
+    /// Whether [`CwdDir::path`] leads to the directory (no `/proc` mounted:
+    /// it does not, and the link goes by the directory's name).
+    pub fn reachable(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(fd) = self.0.try_clone() else { return false };
+        let opened = std::fs::File::from(fd).metadata();
+        let named = std::fs::metadata(self.path());
+        matches!((opened, named), (Ok(a), Ok(b)) if (a.dev(), a.ino()) == (b.dev(), b.ino()))
+    }
+
+    /// `path` with a leading `cwd` (the name this directory was opened by)
+    /// replaced by [`CwdDir::path`]; see [`Request::in_dir`].
+    pub fn under(&self, cwd: &std::path::Path, path: &std::path::Path) -> PathBuf {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let (p, cwd) = (path.as_os_str().as_bytes(), cwd.as_os_str().as_bytes());
+        let rest = match p.strip_prefix(cwd) {
+            Some(rest) if rest.is_empty() || rest.starts_with(b"/") => rest,
+            // The root directory: every absolute path is under it.
+            Some(_) if cwd == b"/" => p,
+            _ => return path.to_owned(),
+        };
+        let mut out = self.path().into_os_string().into_vec();
+        out.extend_from_slice(rest);
+        PathBuf::from(std::ffi::OsString::from_vec(out))
+    }
 }
 
 impl Request {
@@ -59,6 +106,17 @@ impl Request {
     /// library users): the filesystem shared, nothing remote.
     pub fn local(args: Vec<String>, cwd: PathBuf) -> Request {
         Request { args, cwd, shared_fs: true, nvvm_stat: true, ..Default::default() }
+    }
+
+    /// `path` (absolute, as the link names a file) with a leading `cwd`
+    /// replaced by the opened directory's name, if the request has one: the
+    /// file nvlink, in that directory, would open. Byte for byte (a trailing
+    /// `/` stays). Paths elsewhere are unchanged.
+    pub fn in_dir(&self, path: &std::path::Path) -> PathBuf {
+        match &self.cwd_dir {
+            Some(dir) => dir.under(&self.cwd, path),
+            None => path.to_owned(),
+        }
     }
 
     /// Whom the link computes for (see [`crate::cancel::Tenant`]).
@@ -158,5 +216,35 @@ impl Outcome {
     pub fn routed(mut self, why: Declined) -> Self {
         self.routed = Some(why);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names under the working directory go through the opened directory,
+    /// byte for byte; others stay as they are.
+    #[test]
+    fn names_under_the_working_directory_go_through_it() {
+        let dir = std::fs::File::open("/").unwrap();
+        let dir = CwdDir(std::sync::Arc::new(std::os::fd::OwnedFd::from(dir)));
+        let at = dir.path().display().to_string();
+        let req = Request { cwd: "/w/b".into(), cwd_dir: Some(dir.clone()), ..Default::default() };
+        let rows = [
+            ("/w/b/a.o", format!("{at}/a.o")),
+            ("/w/b/sub/x/", format!("{at}/sub/x/")),
+            ("/w/b", at.clone()),
+            ("/w/bc/a.o", "/w/bc/a.o".into()),
+            ("/abs/a.o", "/abs/a.o".into()),
+        ];
+        for (path, want) in rows {
+            assert_eq!(req.in_dir(std::path::Path::new(path)), PathBuf::from(want), "{path}");
+        }
+        let root = Request { cwd: "/".into(), cwd_dir: Some(dir), ..Default::default() };
+        assert_eq!(root.in_dir(std::path::Path::new("/a.o")), PathBuf::from(format!("{at}/a.o")));
+        assert!(CwdDir(std::sync::Arc::new(std::fs::File::open("/").unwrap().into())).reachable());
+        let plain = Request { cwd: "/w/b".into(), ..Default::default() };
+        assert_eq!(plain.in_dir(std::path::Path::new("/w/b/a.o")), PathBuf::from("/w/b/a.o"));
     }
 }

@@ -11,6 +11,11 @@ pub mod v1 {
 /// announcing 1 GiB costs nothing).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
+/// Most files one `Start` announces (`Start.files`): far above any real
+/// link's inputs and `-l` candidates. A daemon refuses a `Start` announcing
+/// more (`RESOURCE_EXHAUSTED`: the shim runs the real nvlink).
+pub const MAX_ANNOUNCED_FILES: usize = 8192;
+
 /// Largest piece of a file (`FileReply.data`, `OutputFile.data`) in one
 /// message; files larger than this travel in several (see the proto).
 pub const CHUNK_BYTES: usize = 1 << 20;

@@ -64,7 +64,7 @@ impl BlobStore {
             }
         });
         BlobStore {
-            store: Store::open(dir.as_deref(), mem, disk).content_addressed(),
+            store: Store::open(dir.as_deref(), mem, disk).content_addressed().with_file_limit(max_files(disk)),
             flights: Mutex::new(HashMap::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -135,6 +135,20 @@ impl BlobStore {
         ]
     }
 }
+
+/// Blob files a disk tier of `disk` bytes holds at most: one per
+/// [`BYTES_PER_FILE`], and at least [`MIN_FILES`]. Each blob is a file; a
+/// shim announcing many tiny ones would otherwise spend the filesystem's
+/// inodes long before the bytes (each is also accounted at its blocks and an
+/// inode's worth, `cache/store.rs`).
+pub fn max_files(disk: u64) -> usize {
+    usize::try_from(disk / BYTES_PER_FILE).unwrap_or(usize::MAX).max(MIN_FILES)
+}
+
+/// `--blob-size` bytes per blob file allowed (10 GiB: 327,680 files).
+const BYTES_PER_FILE: u64 = 32 << 10;
+/// Blob files allowed whatever `--blob-size` says.
+const MIN_FILES: usize = 4096;
 
 /// Whether files can be written in `dir` (made if missing).
 fn writable(dir: &Path) -> std::io::Result<()> {

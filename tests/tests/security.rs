@@ -581,6 +581,131 @@ fn remote_routed_links_run_in_a_sandbox_under_the_callers_names() {
     assert!(left.is_empty(), "sandboxes left behind: {left:?}");
 }
 
+/// A routed remote link with `--register-link-binaries` and a device-only
+/// input (a `.cubin`, a `.ptx`): nvlink names such an input in the
+/// registration file by its absolute path, mangled (`_w_p_scale_cubin`).
+/// The daemon's nvlink ran on the sandbox's copy, yet the file names the
+/// caller's path, byte for byte, and so does the entry a later local link of
+/// the same directory and arguments is served from; no answer names the
+/// sandbox, the daemon's cache directory or its pid.
+#[test]
+fn a_routed_remote_registration_file_names_the_callers_paths() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = private_copy(corpus::dir(), "sec-regbin-in");
+    let out = TempDir::new("sec-regbin-out");
+    let remote = remote_env(&pki, &format!("https://127.0.0.1:{port}"));
+    let cases = [
+        // Routed for -v.
+        "--arch=sm_90 -v --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin",
+        // Routed for -split-compile with PTX.
+        "--arch=sm_90 -split-compile=4 --register-link-binaries={OUT}/reg.c accumulate.o saxpy.ptx -o {OUT}/out.cubin",
+    ];
+    let cache = d.cache_dir().display().to_string();
+    let pid = d.pid().unwrap().to_string();
+    for args in cases {
+        let before = d.stats();
+        let expected = run(&real_nvlink(), &inv(args, inputs.path(), &out), &[]);
+        assert!(expected.files.get("reg.c").is_some_and(|r| !r.is_empty()), "{args}: no reg.c to compare");
+        let actual = run(&shim(), &inv(args, inputs.path(), &out), &remote);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: remote: {:?}", cmp.problems);
+        let after = d.stats();
+        let grew = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+        assert_eq!((grew("nvlink_process"), grew("fallbacks")), (1, 0), "{args}: not served by the daemon's nvlink");
+        // The same directory and arguments, locally: the cached answer.
+        let local = run(&shim(), &inv(args, inputs.path(), &out), &d.shim_env());
+        let cmp = compare::runs(&expected, &local);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: local: {:?}", cmp.problems);
+        for r in [&actual, &local] {
+            let texts = [&r.stdout, &r.stderr].into_iter().chain(r.files.values());
+            for t in texts {
+                let t = String::from_utf8_lossy(t);
+                let mangled = cache.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+                assert!(!t.contains(&cache) && !t.contains(&mangled), "{args}: an answer names the daemon's cache");
+                let scratch = [format!("nvlinkd-{pid}-"), format!("nvlinkd_{pid}_")];
+                assert!(!scratch.iter().any(|s| t.contains(s)), "{args}: an answer names the daemon's pid");
+            }
+        }
+    }
+}
+
+/// One archive named twice through two names of one file (a hard link, a
+/// symlink, `-L` through a symlinked directory): nvlink takes it once and
+/// links. A remote link gives nvlink's answer too (the remote shim runs the
+/// real nvlink for it: the daemon has names, not files, and its sandbox
+/// would hold two archives); two copies of the archive stay two files, served
+/// by the daemon, and give nvlink's "Multiple definition" answer.
+#[test]
+fn one_archive_under_two_names_links_once_for_a_remote_caller() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let inputs = private_copy(corpus::dir(), "sec-alias-in");
+    let dir = inputs.path();
+    let ar = Command::new("ar").arg("rcs").arg("libacc.a").args(["accumulate.o", "scale.o"]).current_dir(dir).status();
+    assert!(ar.is_ok_and(|s| s.success()), "ar failed");
+    std::fs::hard_link(dir.join("libacc.a"), dir.join("hard_libacc.a")).unwrap();
+    std::os::unix::fs::symlink("libacc.a", dir.join("sym_libacc.a")).unwrap();
+    std::fs::copy(dir.join("libacc.a"), dir.join("copy_libacc.a")).unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::os::unix::fs::symlink("../libacc.a", dir.join("sub/libacc.a")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("here")).unwrap();
+    let out = TempDir::new("sec-alias-out");
+    let remote = pki.shim_env(&format!("https://127.0.0.1:{port}"), "auto");
+    let cases = [
+        ("--arch=sm_90 libacc.a hard_libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 libacc.a sym_libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 -Lsub -lacc libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 -Lhere -lacc libacc.a -o {OUT}/out.cubin", 0),
+        ("--arch=sm_90 libacc.a copy_libacc.a -o {OUT}/out.cubin", 1),
+    ];
+    for (args, served) in cases {
+        let before = d.stat_or_zero("requests");
+        let expected = run(&real_nvlink(), &inv(args, dir, &out), &[]);
+        let actual = run(&shim(), &inv(args, dir, &out), &remote);
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+        assert_eq!(d.stat_or_zero("requests") - before, served, "{args}: served by the daemon");
+    }
+}
+
+/// nvlink finds relative names through its process's working directory,
+/// not through the directory's name. The owner of a directory above a build
+/// directory may swap the build directory for its own under the same name
+/// while a link runs: the daemon opens the caller's directory once (checked
+/// to be the shim's) and reads the link's files through it, and the shim
+/// writes relative outputs through its own working directory. The link is
+/// the one of the directory it started in, its output lands there, and
+/// nothing lands in the other.
+#[test]
+fn a_build_directory_swapped_during_a_local_link_is_not_followed() {
+    let d = Daemon::start_env(&[], &[("NVLINKD_TEST_SLOW_LINK_MS", "1500")]);
+    let top = TempDir::new("sec-swap");
+    let [build, other, moved] = ["build", "other", "moved"].map(|n| top.path().join(n));
+    for dir in [&build, &other] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::copy(corpus::dir().join("scale.o"), dir.join("scale.o")).unwrap();
+    }
+    std::fs::copy(corpus::dir().join("accumulate.o"), build.join("accumulate.o")).unwrap();
+    std::fs::copy(corpus::dir().join("saxpy.o"), other.join("accumulate.o")).unwrap();
+    let args = ["--arch=sm_90", "accumulate.o", "scale.o", "-o", "out.cubin"];
+    let real = Command::new(real_nvlink()).args(args).current_dir(&build).status().unwrap();
+    assert!(real.success());
+    let expected = std::fs::read(build.join("out.cubin")).unwrap();
+    std::fs::remove_file(build.join("out.cubin")).unwrap();
+    let (cwd, env) = (build.clone(), d.shim_env());
+    let link = std::thread::spawn(move || Command::new(shim()).args(args).current_dir(cwd).envs(env).output().unwrap());
+    // The link has started (its directory opened) and waits: swap.
+    d.wait_stat("in_flight", 1);
+    std::fs::rename(&build, &moved).unwrap();
+    std::fs::rename(&other, &build).unwrap();
+    let out = link.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!build.join("out.cubin").exists(), "the output was written into the other directory");
+    let got = std::fs::read(moved.join("out.cubin")).expect("no output in the link's own directory");
+    assert!(got == expected, "the link read the other directory's files");
+}
+
 /// Open a `Stats` call over raw HTTP/2 on the unix socket and send only a gRPC
 /// frame header announcing a 1 GiB message; returns the grpc-status the daemon
 /// answers with (the stream is kept open: no body follows).
@@ -2147,6 +2272,86 @@ async fn flooding_link(pki: &Pki, port: u16, tag: &str, announce: bool, flood: u
     };
     floods.iter().for_each(|f| f.abort());
     result
+}
+
+/// A client with [`TOKEN`] whose `Start` announces `n` distinct 8-byte files
+/// `/tiny/<tag>/<i>`, its command line naming only `/tiny/<tag>/0.o`; it
+/// answers every read with the file's bytes. The daemon's answer (a result,
+/// or the status refusing the link) and the number of reads it asked for.
+async fn announcing_link(pki: &Pki, port: u16, tag: &str, n: usize) -> (Result<LinkResult, tonic::Status>, usize) {
+    use nvlinkd_proto::v1::{file_reply, server_message, AnnouncedFile, FileReply};
+    let dir = format!("/tiny/{tag}");
+    let bytes = |i: usize| bytes::Bytes::from((i as u64).to_le_bytes().to_vec());
+    let name = |i: usize| if i == 0 { format!("{dir}/0.o") } else { format!("{dir}/{i}") };
+    let files = (0..n)
+        .map(|i| AnnouncedFile {
+            path: name(i),
+            exists: true,
+            is_dir: false,
+            size: 8,
+            blake3: blake3::hash(&bytes(i)).as_bytes().to_vec(),
+        })
+        .collect();
+    let args = ["--arch=sm_90", "0.o", "-o", "out.cubin"].map(String::from).to_vec();
+    let start = Start { args, cwd: dir.clone(), files, ..Default::default() };
+    let mut client = NvlinkdClient::new(tls_channel(pki, port).await).max_encoding_message_size(64 << 20);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ClientMessage>(4);
+    tx.send(ClientMessage { msg: Some(client_message::Msg::Start(start)) }).await.unwrap();
+    let mut inbound = match client.link(with_token(tokio_stream::wrappers::ReceiverStream::new(rx), TOKEN)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return (Err(status), 0),
+    };
+    let mut reads = 0;
+    loop {
+        let m = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => panic!("{tag}: the stream ended without a result"),
+            Err(status) => return (Err(status), reads),
+        };
+        let req = match m.msg {
+            Some(server_message::Msg::File(req)) => req,
+            Some(server_message::Msg::Result(r)) => return (Ok(r), reads),
+            _ => continue,
+        };
+        reads += 1;
+        let i = (0..n).find(|i| name(*i) == req.path).unwrap_or(0);
+        let reply = FileReply { id: req.id, result: Some(file_reply::Result::Data(bytes(i))), more: false };
+        let _ = tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) }).await;
+    }
+}
+
+/// Blob files under the daemon's cache directory.
+fn blob_files(d: &Daemon) -> usize {
+    let shards = std::fs::read_dir(d.cache_dir().join("blobs/v2")).into_iter().flatten().flatten();
+    shards.map(|s| std::fs::read_dir(s.path()).map(|f| f.count()).unwrap_or(0)).sum()
+}
+
+/// Each blob a remote shim announces is a file in the daemon's store: a
+/// `Start` announcing tens of thousands of tiny files the link never reads
+/// once filled the store's filesystem with as many files (and its inodes),
+/// far beyond what the store accounted. A `Start` announcing more than
+/// `MAX_ANNOUNCED_FILES` is refused (`RESOURCE_EXHAUSTED`: the shim runs the
+/// real nvlink) before anything is asked; of one within the bound only the
+/// files the command line names are fetched when the link starts, the rest
+/// only if the link reads them. Honest remote links are served meanwhile.
+#[test]
+fn announced_files_the_link_never_reads_are_never_fetched() {
+    let pki = Pki::new();
+    let (d, port) = secure_daemon(&pki);
+    let rt = runtime();
+    let (refused, reads) = rt.block_on(announcing_link(&pki, port, "many", nvlinkd_proto::MAX_ANNOUNCED_FILES + 1));
+    let status = refused.expect_err("a Start past the bound was taken");
+    assert_eq!((status.code(), reads), (Code::ResourceExhausted, 0), "{status:?}");
+    let (answered, reads) = rt.block_on(announcing_link(&pki, port, "unread", 4000));
+    assert!(answered.is_ok(), "{answered:?}");
+    assert!(reads <= 1, "{reads} announced files asked for");
+    assert!(blob_files(&d) <= 1, "{} blob files stored", blob_files(&d));
+    // An honest remote link.
+    let out = TempDir::new("sec-tiny-out");
+    let link = inv(LINK, corpus::dir(), &out);
+    let expected = run(&real_nvlink(), &link, &[]);
+    assert_same(&expected, &run(&shim(), &link, &remote_env(&pki, &format!("https://127.0.0.1:{port}"))), "remote");
+    assert_eq!(blob_files(&d), 3, "the honest link's two inputs and the tiny one");
 }
 
 /// Remote shims' replies to reads by path are gathered in the daemon's

@@ -45,6 +45,19 @@ const MAGIC: &[u8; 8] = b"nvlkdc02";
 const HEADER: usize = 8 + 32 + 32 + 8;
 /// The directory of this entry format under the cache directory.
 const FORMAT_DIR: &str = "v2";
+/// What a disk entry costs besides its bytes rounded up to [`BLOCK`]: an
+/// inode, a directory entry and its place in the in-memory index.
+const FILE_OVERHEAD: u64 = 1024;
+/// The allocation unit a file's bytes are rounded up to (ext4, tmpfs, xfs).
+const BLOCK: u64 = 4096;
+/// What a memory entry costs besides its bytes: the LRU's node and key, the
+/// value's allocation header.
+const MEM_OVERHEAD: u64 = 256;
+
+/// What a disk entry of `file_len` bytes (header included) is accounted at.
+fn disk_cost(file_len: u64) -> u64 {
+    file_len.div_ceil(BLOCK) * BLOCK + FILE_OVERHEAD
+}
 
 pub(crate) fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
@@ -56,10 +69,20 @@ struct DiskIndex {
     bytes: u64,
 }
 
+impl DiskIndex {
+    /// Whether it holds more than `bytes` or more than `files` entries.
+    fn over(&self, bytes: u64, files: usize) -> bool {
+        self.bytes > bytes || self.entries.len() > files
+    }
+}
+
 /// Both tiers.
 pub struct Store {
     dir: Option<PathBuf>,
+    /// Bytes of the disk tier, each entry at [`disk_cost`].
     disk_limit: u64,
+    /// Files of the disk tier.
+    disk_files: usize,
     mem: ByteLru<Key, Arc<[u8]>>,
     disk: Mutex<DiskIndex>,
     tmp_counter: AtomicU64,
@@ -90,14 +113,15 @@ impl Store {
         let mut index = DiskIndex { entries: HashMap::new(), bytes: 0 };
         if let Some(d) = &dir {
             for (key, size, mtime) in scan(d) {
-                index.bytes += size;
-                index.entries.insert(key, (size, mtime));
+                index.bytes += disk_cost(size);
+                index.entries.insert(key, (disk_cost(size), mtime));
             }
         }
         Store {
             dir,
             disk_limit,
-            mem: ByteLru::new(mem_limit, |v| v.len() as u64),
+            disk_files: usize::MAX,
+            mem: ByteLru::new(mem_limit, |v| v.len() as u64 + MEM_OVERHEAD),
             disk: Mutex::new(index),
             tmp_counter: AtomicU64::new(0),
             corrupt: AtomicU64::new(0),
@@ -112,6 +136,13 @@ impl Store {
     /// entry whose payload does not hash to its key is damaged, dropped and a miss.
     pub fn content_addressed(mut self) -> Store {
         self.addressed = true;
+        self
+    }
+
+    /// At most `files` entries on disk (the blob store: many tiny blobs
+    /// would spend a filesystem's inodes long before its bytes).
+    pub fn with_file_limit(mut self, files: usize) -> Store {
+        self.disk_files = files.max(1);
         self
     }
 
@@ -239,7 +270,7 @@ impl Store {
 
     fn put_disk(&self, key: &Key, value: &[u8]) -> std::io::Result<()> {
         let Some(path) = self.path(key) else { return Ok(()) };
-        let size = (HEADER + value.len()) as u64;
+        let size = disk_cost((HEADER + value.len()) as u64);
         if size > self.disk_limit {
             return Ok(());
         }
@@ -270,14 +301,14 @@ impl Store {
             }
             d.bytes += size;
             let mut victims = Vec::new();
-            if d.bytes > self.disk_limit {
-                // Trim to 90% of the bound, least recently used first.
-                let target = self.disk_limit / 10 * 9;
+            if d.over(self.disk_limit, self.disk_files) {
+                // Trim to 90% of the bounds, least recently used first.
+                let (bytes, files) = (self.disk_limit / 10 * 9, self.disk_files - self.disk_files / 10);
                 let mut by_age: Vec<(SystemTime, Key, u64)> =
                     d.entries.iter().map(|(k, (s, t))| (*t, *k, *s)).collect();
                 by_age.sort();
                 for (_, k, s) in by_age {
-                    if d.bytes <= target {
+                    if !d.over(bytes, files) {
                         break;
                     }
                     if &k == key {
@@ -456,14 +487,38 @@ mod tests {
     #[test]
     fn bounds_hold() {
         let d = tmpdir("bounds");
-        let s = Store::open(Some(&d), 1000, 5000);
+        let s = Store::open(Some(&d), 1000, 50_000);
         for n in 0..50u8 {
             s.put(&key(n), Arc::from(vec![n; 400]));
         }
         let (mem, disk) = s.sizes();
         assert!(mem <= 1000, "memory tier {mem}");
-        assert!(disk <= 5000, "disk tier {disk}");
+        assert!(disk <= 50_000, "disk tier {disk}");
         assert!(s.get(&key(49)).is_some(), "newest entry evicted");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// Each entry is a file (a block and an inode) and an index entry: a
+    /// store of tiny entries is held to its bounds at that cost, and to its
+    /// number of files, not at a few bytes each.
+    #[test]
+    fn tiny_entries_cost_a_block_and_a_file() {
+        let d = tmpdir("tiny");
+        let s = Store::open(Some(&d), 64 << 10, 1 << 20).content_addressed().with_file_limit(100);
+        for n in 0..1000u32 {
+            let blob = n.to_le_bytes();
+            s.put(blake3::hash(&blob).as_bytes(), Arc::from(&blob[..]));
+        }
+        let files: usize =
+            fs::read_dir(d.join(FORMAT_DIR)).unwrap().flatten().map(|e| fs::read_dir(e.path()).unwrap().count()).sum();
+        let (mem, disk) = s.sizes();
+        assert!(files <= 100, "{files} files on disk");
+        assert_eq!(disk, files as u64 * (BLOCK + FILE_OVERHEAD), "disk tier");
+        assert!(mem <= 64 << 10, "memory tier {mem}");
+        assert!(mem / (4 + MEM_OVERHEAD) <= 256, "{} tiny entries in 64 KiB", mem / (4 + MEM_OVERHEAD));
+        // Opened again, the disk tier is counted the same way.
+        let again = Store::open(Some(&d), 0, 1 << 20);
+        assert_eq!(again.sizes().1, disk);
         let _ = fs::remove_dir_all(&d);
     }
 }

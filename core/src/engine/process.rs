@@ -292,7 +292,10 @@ fn run_in(
             cmd
         }
     };
-    cmd.args(&args).current_dir(&req.cwd).env_clear();
+    // In the caller's directory itself when it was opened (the child's own
+    // descriptor of it, before it execs), not whatever now has its name.
+    let dir = if confined.is_none() { req.in_dir(&req.cwd) } else { req.cwd.clone() };
+    cmd.args(&args).current_dir(&dir).env_clear();
     // Of the caller's environment, only what the link depends on (the
     // request holds nothing else; checked again here, where a process starts).
     for (k, v) in req.env.iter().filter(|(k, _)| crate::request::LINK_ENV.contains(&k.as_str())) {

@@ -43,6 +43,7 @@ use crate::engine::process::Scratch;
 use crate::finalize::image::CubinImage;
 use crate::finalize::tkinfo;
 use crate::fs::{absolute, InputFs};
+use crate::regbin::{strip_id_prefix, synthetic_module_id};
 use crate::request::{OutputFile, Request};
 
 /// Why a link cannot run in a sandbox.
@@ -221,6 +222,14 @@ impl Mirror {
         let root = dir.0.join("root");
         let root_s = root.to_str().ok_or_else(|| unsupported("sandbox path not UTF-8"))?.to_owned();
         let cwd = mirror(&root, Path::new("/"), &req.cwd.to_string_lossy(), None)?;
+        // nvlink's getcwd there must be the root then the caller's own (the
+        // names it prints and mangles are made from it): a working directory
+        // as getcwd gives it, no `.`, `..`, `//` or trailing `/`.
+        let literal =
+            if req.cwd.as_os_str() == "/" { root_s.clone() } else { format!("{root_s}{}", req.cwd.display()) };
+        if cwd.to_str() != Some(literal.as_str()) {
+            return Err(unsupported("the caller's working directory is not as getcwd gives it"));
+        }
         // What nvlink reads, as the spec resolved it (`input/files.rs`).
         let lib_path = req.env.get("LIBRARY_PATH").map(String::as_str);
         let dirs: Vec<&str> = spec.files.search_dirs.iter().map(|n| n.given.as_str()).collect();
@@ -429,8 +438,14 @@ impl Sandbox {
         let root = self.root.as_bytes();
         let mut mapped = Vec::with_capacity(outputs.len() + 1);
         let out_path = spec.files.written.output.as_ref().map(|o| &o.path);
+        let reg_path = spec.files.written.register.as_ref().map(|o| &o.path);
+        let root_id = synthetic_module_id(Path::new(&self.root));
         for mut f in outputs {
             f.path = self.caller_path(&f.path);
+            if Some(&f.path) == reg_path {
+                // nvlink names a cubin or PTX input by its mangled absolute path.
+                f.data = strip_id_prefix(&f.data, &root_id).into();
+            }
             if contains(&f.data, root) {
                 if Some(&f.path) != out_path {
                     return Err(unsupported(format!("{} names the sandbox", f.path.display())));
@@ -444,7 +459,24 @@ impl Sandbox {
             let added = data.get(*old..).ok_or_else(|| unsupported("the -time file shrank"))?;
             mapped.push(OutputFile { path: t.path.clone(), data: strip(added, root).into(), append: true });
         }
-        Ok((strip(&stdout, root), strip(&stderr, root), mapped))
+        let answer = (strip(&stdout, root), strip(&stderr, root), mapped);
+        self.hidden(&answer)?;
+        Ok(answer)
+    }
+
+    /// Err when the sandbox's directory (the daemon's cache path, pid and
+    /// link counter are in its name) still shows in an answer, as written
+    /// or as nvlink mangles a path into a module id.
+    fn hidden(&self, (stdout, stderr, outputs): &Answer) -> Result<(), SandboxError> {
+        let dir = self.dir.0.to_string_lossy();
+        let id = synthetic_module_id(&self.dir.0);
+        let texts = [&stdout[..], &stderr[..]].into_iter().chain(outputs.iter().map(|f| &f.data[..]));
+        for t in texts {
+            if contains(t, dir.as_bytes()) || contains(t, id.as_bytes()) {
+                return Err(unsupported("the answer names the sandbox"));
+            }
+        }
+        Ok(())
     }
 
     fn caller_path(&self, p: &Path) -> PathBuf {

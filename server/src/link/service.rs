@@ -20,7 +20,7 @@
 //! in `CHUNK_BYTES` pieces.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -195,9 +195,17 @@ impl Service {
         let cwd = PathBuf::from(&start.cwd);
         let view = [start.mnt_ns_dev, start.mnt_ns_ino, start.root_dev, start.root_ino];
         let same_view = view == [0; 4] || view == *OWN_VIEW.get_or_init(nvlinkd_fs::fs_view);
-        let shared_fs = self.local
-            && same_view
-            && std::fs::metadata(&cwd).map(|m| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino).unwrap_or(false);
+        // The directory itself, opened once: the link reads (and nvlink runs)
+        // through it, as nvlink does through its own, whatever is named `cwd`
+        // meanwhile.
+        let cwd_dir = (self.local && same_view)
+            .then(|| open_dir(&cwd))
+            .flatten()
+            .filter(|(_, m)| m.dev() == start.cwd_dev && m.ino() == start.cwd_ino)
+            .map(|(dir, _)| nvlinkd_core::request::CwdDir(Arc::new(dir)));
+        let shared_fs = cwd_dir.is_some();
+        // Without `/proc` the link goes by the directory's name.
+        let cwd_dir = cwd_dir.filter(|d| d.reachable());
         LinkRequest {
             args: start.args.clone(),
             cwd,
@@ -209,6 +217,7 @@ impl Service {
             nvvm_stat: shared_fs || start.answers_nvvm_stat,
             speculative: false,
             remote: !self.local,
+            cwd_dir,
         }
     }
 
@@ -234,6 +243,15 @@ impl Service {
             Some(client_message::Msg::Start(s)) => s,
             _ => return Err(Status::invalid_argument("a link starts with a Start message")),
         };
+        // Announcements are blobs and stats the daemon keeps for the link:
+        // bounded, as the shim bounds them.
+        if start.files.len() > nvlinkd_proto::MAX_ANNOUNCED_FILES {
+            return Err(Status::resource_exhausted(format!(
+                "{} files announced, more than the {} a link may announce",
+                start.files.len(),
+                nvlinkd_proto::MAX_ANNOUNCED_FILES
+            )));
+        }
         // A remote link's slot (`admission.rs`), waited for here, without a
         // thread; held until the link's thread is done. A shim that goes away
         // meanwhile leaves the queue.
@@ -306,7 +324,7 @@ impl Service {
         // Outputs written here for the shim to rename (`staging.rs`); what it
         // leaves is removed once its stream ends.
         let staging = (self.local && same_user && start.accepts_staged && req.shared_fs)
-            .then(|| Arc::new(crate::link::staging::Staging::default()));
+            .then(|| Arc::new(crate::link::staging::Staging::of(&req)));
         let cleanup = staging.clone();
         let reply_timeout = self.limits.reply_timeout;
         tokio::spawn(async move {
@@ -358,11 +376,12 @@ impl Service {
         // through the stream. The announced blobs the store lacks are waited
         // for here, before the link takes a thread (a shim that never sends
         // them holds none).
-        let fs = LinkFs::new(channel.clone(), req.shared_fs, budget).with_contents(linker.contents().clone());
+        let fs = LinkFs::new(channel.clone(), &req, budget).with_contents(linker.contents().clone());
         let fs = if announced.is_empty() {
             fs
         } else {
-            fs.with_announced(announced, blobs.clone(), req.caller.unwrap_or_default()).await
+            let named = crate::link::stream_fs::Named::of(&req.args, &req.cwd);
+            fs.with_announced(announced, &named, blobs.clone(), req.caller.unwrap_or_default()).await
         };
         tokio::task::spawn_blocking(move || {
             let _active = active;
@@ -652,6 +671,19 @@ impl<S: Stream + Unpin> Stream for WithCall<S> {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
         Pin::new(&mut self.inner).poll_next(cx)
     }
+}
+
+/// `dir` opened (`O_PATH`: no read permission needed, nothing followed past
+/// it) with its metadata; None when it is no directory here.
+fn open_dir(dir: &Path) -> Option<(std::os::fd::OwnedFd, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    Some((f.into(), m))
 }
 
 fn fallback(reason: String) -> LinkResult {

@@ -57,6 +57,9 @@ pub fn same_user(cred: Option<tokio::net::unix::UCred>) -> bool {
 #[derive(Debug, Default)]
 pub struct Staging {
     state: Mutex<State>,
+    /// The link's working directory, opened: outputs under it are staged
+    /// in the directory itself, not in whatever has its name by then.
+    cwd: Option<(std::path::PathBuf, nvlinkd_core::request::CwdDir)>,
 }
 
 #[derive(Debug, Default)]
@@ -67,13 +70,22 @@ struct State {
 }
 
 impl Staging {
+    /// Staging for a link of `req`.
+    pub fn of(req: &nvlinkd_core::request::Request) -> Staging {
+        Staging { cwd: req.cwd_dir.clone().map(|d| (req.cwd.clone(), d)), ..Default::default() }
+    }
+
     /// Write `data` beside the output `path` for the shim to rename (see the
     /// module docs for when); None: send it in messages.
     pub fn stage(&self, path: &Path, data: &[u8], counters: &Counters) -> Option<Staged> {
         if data.len() < MIN_BYTES {
             return None;
         }
-        let target = nvlinkd_fs::output_target(path);
+        let path = match &self.cwd {
+            Some((cwd, dir)) => dir.under(cwd, path),
+            None => path.to_owned(),
+        };
+        let target = nvlinkd_fs::output_target(&path);
         // A device, a FIFO or a directory: the shim writes (or fails) as nvlink would.
         match std::fs::metadata(&target) {
             Ok(m) if !m.is_file() => return None,
@@ -84,6 +96,14 @@ impl Staging {
             return None;
         }
         match nvlinkd_fs::stage(&target, &[data]) {
+            Ok(staged) if !self.in_opened_dir(&target, &staged) => {
+                // Created by the directory's name while it was being moved:
+                // not where the link's directory is (nobody else can read it,
+                // 0600); gone again, and the bytes travel in messages.
+                nvlinkd_fs::discard(&staged);
+                tracing::debug!(output = %path.display(), "staged outside the link's directory: sent in messages");
+                None
+            }
             Ok(staged) => {
                 counters.files.fetch_add(1, Ordering::Relaxed);
                 counters.bytes.fetch_add(staged.size, Ordering::Relaxed);
@@ -95,6 +115,19 @@ impl Staging {
                 None
             }
         }
+    }
+
+    /// Whether `staged`, staged for `target`, lies in the link's opened
+    /// directory when `target` is in it (a target elsewhere, through an
+    /// output symlink, is as the kernel resolved it).
+    fn in_opened_dir(&self, target: &Path, staged: &Staged) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some((_, dir)) = &self.cwd else { return true };
+        let (Some(parent), Some(name)) = (target.parent(), staged.path.file_name()) else { return true };
+        if !target.starts_with(dir.path()) {
+            return true;
+        }
+        std::fs::symlink_metadata(parent.join(name)).is_ok_and(|m| (m.dev(), m.ino()) == (staged.dev, staged.ino))
     }
 
     /// The stream ended: remove whatever the shim did not rename.

@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nvlinkd_core::fs::{self as corefs, FileIdentity, FileStat, InputFs, LocalFs};
+use nvlinkd_core::request::{CwdDir, Request};
 use nvlinkd_core::stats::Kind;
 use nvlinkd_proto::v1::{
     file_error, file_reply, file_request, server_message, AnnouncedFile, FileReply, FileRequest, ServerMessage,
@@ -452,10 +453,66 @@ pub fn announced(files: &[AnnouncedFile]) -> HashMap<OsString, Announced> {
     map
 }
 
+/// The files a command line names, as far as the daemon can tell before the
+/// link parses it: each argument as a path, its value after `=`, or after a
+/// one-letter option it is glued to (`-L/x`), made absolute against the
+/// working directory; and the `lib<name>.a` of each `-l name`, in any
+/// directory. A superset of what the link reads first (options files name
+/// more, read when the link reads them).
+pub struct Named {
+    paths: std::collections::HashSet<PathBuf>,
+    libraries: std::collections::HashSet<OsString>,
+}
+
+impl Named {
+    pub fn of(args: &[String], cwd: &Path) -> Named {
+        let mut paths = std::collections::HashSet::new();
+        let mut libraries = std::collections::HashSet::new();
+        let mut after_l = false;
+        for a in args {
+            let values =
+                [Some(a.as_str()), a.split_once('=').map(|(_, v)| v), a.get(2..).filter(|_| a.starts_with('-'))];
+            for v in values.into_iter().flatten().filter(|v| !v.is_empty()) {
+                paths.insert(cwd.join(v));
+            }
+            let library = if after_l { Some(a.as_str()) } else { a.strip_prefix("-l").filter(|n| !n.is_empty()) };
+            if let Some(name) = library.or_else(|| a.strip_prefix("--library=")) {
+                libraries.insert(OsString::from(format!("lib{name}.a")));
+            }
+            after_l = a == "-l" || a == "--library";
+        }
+        Named { paths, libraries }
+    }
+
+    /// Whether `path` (an announced, absolute one) is one of these.
+    pub fn names(&self, path: &Path) -> bool {
+        self.paths.contains(path) || path.file_name().is_some_and(|f| self.libraries.contains(f))
+    }
+}
+
+/// A local link's working directory: its name and, once opened, the
+/// directory itself.
+struct Pinned {
+    cwd: PathBuf,
+    dir: Option<CwdDir>,
+}
+
+impl Pinned {
+    /// Where this process opens `path` (see `Request::in_dir`).
+    fn at(&self, path: &Path) -> PathBuf {
+        match &self.dir {
+            Some(dir) => dir.under(&self.cwd, path),
+            None => path.to_owned(),
+        }
+    }
+}
+
 /// Where a link's files are.
 enum Source {
-    /// The daemon shares the caller's filesystem and reads the files itself.
-    Local,
+    /// The daemon shares the caller's filesystem and reads the files itself:
+    /// those under the caller's working directory through the directory it
+    /// opened (`Request::in_dir`), as nvlink finds them through its own.
+    Local(Pinned),
     /// Over the stream.
     Stream(Stream),
 }
@@ -486,9 +543,11 @@ pub struct LinkFs {
 }
 
 impl LinkFs {
-    pub fn new(channel: Arc<LinkChannel>, shared_fs: bool, budget: u64) -> Self {
-        let source = if shared_fs {
-            Source::Local
+    /// A link of `req`: its files read here when `req.shared_fs`, else over
+    /// the stream.
+    pub fn new(channel: Arc<LinkChannel>, req: &Request, budget: u64) -> Self {
+        let source = if req.shared_fs {
+            Source::Local(Pinned { cwd: req.cwd.clone(), dir: req.cwd_dir.clone() })
         } else {
             Source::Stream(Stream {
                 prefetched: Mutex::new(HashMap::new()),
@@ -516,11 +575,13 @@ impl LinkFs {
 
     /// The files the shim announced, read by digest from `blobs` (a link over
     /// the stream only; a local link reads its files itself). The blobs the
-    /// store lacks are asked of the shim at once, all together (when they fit
-    /// the link's budget), unless another link is fetching them already
-    /// (`BlobStore::claim`); each is verified and stored as it arrives. The
-    /// others are read (and verified) only if the link reads them — a
-    /// whole-link hit whose key digests are remembered reads none.
+    /// store lacks of the files the command line names (`named`) are asked of
+    /// the shim at once, all together (when they fit the link's budget),
+    /// unless another link is fetching them already (`BlobStore::claim`);
+    /// each is verified and stored as it arrives. The others are asked for
+    /// (and verified, and kept) only if the link reads them — a whole-link
+    /// hit whose key digests are remembered reads none, and a file announced
+    /// and never read is never fetched.
     ///
     /// Runs on the runtime, before the link takes a thread, and returns once
     /// the blobs asked for have landed: a shim that announces files and then
@@ -533,6 +594,7 @@ impl LinkFs {
     pub async fn with_announced(
         mut self,
         files: HashMap<OsString, Announced>,
+        named: &Named,
         blobs: Arc<BlobStore>,
         caller: crate::blobs::Caller,
     ) -> Self {
@@ -540,7 +602,7 @@ impl LinkFs {
         let mut seen = std::collections::HashSet::new();
         let mut missing = Vec::new();
         for (path, a) in &files {
-            let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir) else { continue };
+            let Some(d) = a.digest.filter(|_| a.exists && !a.is_dir && named.names(Path::new(path))) else { continue };
             if seen.insert(d) && !blobs.has(&d) {
                 missing.push((path.clone(), a.size, d));
             }
@@ -703,11 +765,12 @@ impl LinkFs {
 
     fn read_bytes(&self, path: &Path, remaining: u64) -> io::Result<Arc<[u8]>> {
         let st = match &self.source {
-            Source::Local => {
+            Source::Local(req) => {
+                let path = &req.at(path);
                 return match &self.contents {
                     Some(memo) => memo.read(path, remaining),
                     None => corefs::read_regular_shared(path, remaining),
-                }
+                };
             }
             Source::Stream(st) => st,
         };
@@ -784,7 +847,7 @@ impl InputFs for LinkFs {
     fn stat(&self, path: &Path) -> io::Result<FileStat> {
         self.open()?;
         let st = match &self.source {
-            Source::Local => return LocalFs.stat(path),
+            Source::Local(req) => return LocalFs.stat(&req.at(path)),
             Source::Stream(st) => st,
         };
         if let Some(a) = st.announced.get(path.as_os_str()) {
@@ -802,7 +865,7 @@ impl InputFs for LinkFs {
 
     fn identity(&self, path: &Path) -> Option<FileIdentity> {
         match &self.source {
-            Source::Local => LocalFs.identity(path),
+            Source::Local(req) => LocalFs.identity(&req.at(path)),
             // Announced contents are known by their digest (and read only if
             // they are those): key digests of them are remembered by it.
             Source::Stream(st) => st
@@ -821,6 +884,25 @@ impl InputFs for LinkFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The files fetched when a link starts are those its command line names
+    /// (and its libraries' archives); any other announced one waits until read.
+    #[test]
+    fn only_named_files_are_fetched_at_the_start() {
+        let args: Vec<String> =
+            ["--arch=sm_90", "a.o", "/abs/b.o", "-L/libs", "-lmu", "-l", "x", "--library=y", "-o", "out.cubin"]
+                .map(String::from)
+                .to_vec();
+        let named = Named::of(&args, Path::new("/w"));
+        for p in
+            ["/w/a.o", "/w/./a.o", "/abs/b.o", "/libs", "/libs/libmu.a", "/w/libx.a", "/else/liby.a", "/w/out.cubin"]
+        {
+            assert!(named.names(Path::new(p)), "{p}");
+        }
+        for p in ["/w/c.o", "/w/0", "/abs/a.o", "/libs/libz.a"] {
+            assert!(!named.names(Path::new(p)), "{p}");
+        }
+    }
 
     /// Two links' reads share one bound: one gathering 3 MiB (in a buffer
     /// doubled to 4 MiB) leaves no room for the other's first piece, whose

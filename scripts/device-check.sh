@@ -5,8 +5,9 @@
 #   gpu-check      the demo built through an overlay and run on the GPU (CUDA_HOME);
 #   fresh, burst   the bench's (g) and (h) rows, medians of 5, and (e) (BURST_CUDA_HOME);
 #   traced*        one fresh daemon's burst of 16 links with its phase events and
-#                  the shims' timings, with the default pool and with --jobs 4;
-#   multiarch      the three-arch nvcc -dlto build (CUDA_HOME);
+#                  the shims' timings, with the default pool, with --jobs 4, and
+#                  on a warm daemon (new links of objects it has linked before);
+#   multiarch      the three-arch nvcc -dlto build (CUDA_HOME; MULTIARCH=0 skips it);
 #   bench          the whole bench once, when FULL=1 (CUDA_HOME).
 #
 #   BIN_DIR=DIR OUT=DIR [CUDA_HOME=DIR] [BURST_CUDA_HOME=DIR] scripts/device-check.sh
@@ -45,7 +46,9 @@ step() { # step NAME SECONDS COMMAND...
 cat "$out/machine.txt"
 
 # One fresh daemon (serve's extra arguments: "$@"), 16 distinct non-LTO
-# links at once, traced; files named traced$TAG-*.
+# links at once, traced; files named traced$TAG-*. With WARM=1 the daemon
+# first links four other sets of the same objects one after another, and
+# the burst starts once they have settled (a warm daemon's new links).
 traced_burst() {
   local work d lib links=() shims=() a b c i t=traced${TAG:-}
   work=$(dirname "$(find "$bin/nvlinkd-corpus" -name workload.done | head -1)")
@@ -61,6 +64,14 @@ traced_burst() {
   t0=$(date +%s.%N)
   while [[ ! -S $d/s ]]; do sleep 0.005; done
   echo "socket after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }') s"
+  if [[ ${WARM:-0} == 1 ]]; then
+    for i in 16 17 18 19; do
+      # shellcheck disable=SC2086 # the link's objects, one word each
+      (cd "$work" && NVLINKD_SOCKET=$d/s NVLINKD_FALLBACK=never \
+        "$bin/nvlink" --arch=sm_90 -L"$lib" ${links[$i]} transforms.o -lcudadevrt -o "$d/w$i.cubin")
+    done
+    sleep 2.5
+  fi
   "$bin/nvlinkd" events --json --socket "$d/s" >"$out/$t-events.jsonl" 2>&1 &
   sleep 0.05
   t0=$(date +%s.%N)
@@ -86,7 +97,10 @@ step fresh 70 env CUDA_HOME="$burst" NVLINKD_BENCH_ONLY=fresh scripts/bench.sh 5
 step burst 30 env CUDA_HOME="$burst" NVLINKD_BENCH_ONLY=burst scripts/bench.sh 5
 step traced 15 env CUDA_HOME="$burst" bash -c traced_burst
 step traced-jobs4 15 env CUDA_HOME="$burst" TAG=-jobs4 bash -c 'traced_burst --jobs 4'
-step multiarch 150 env CUDA_HOME="$cuda" scripts/bench-multiarch.sh "80 90 100" 1
+step traced-warm 20 env CUDA_HOME="$burst" TAG=-warm WARM=1 bash -c traced_burst
+if [[ ${MULTIARCH:-1} == 1 ]]; then
+  step multiarch 150 env CUDA_HOME="$cuda" scripts/bench-multiarch.sh "80 90 100" 1
+fi
 if [[ ${FULL:-0} == 1 ]]; then
   step bench 300 env CUDA_HOME="$cuda" NVLINKD_BENCH_DROP_CACHES=1 scripts/bench.sh 1
 fi

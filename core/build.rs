@@ -1,5 +1,7 @@
 //! The digest of the code that computes answers: this crate's sources and
-//! those of `nvlinkd-fs` (how inputs are read), as `NVLINKD_ENGINE_DIGEST`.
+//! those of `nvlinkd-fs` (how inputs are read), the workspace's `Cargo.lock`
+//! (the crates that read objects and decompress members) and the compiler's
+//! version, as `NVLINKD_ENGINE_DIGEST`.
 //! Every cache key carries it (`cache::KeyBuilder`), so a build whose code
 //! differs in any way never reads an entry another build wrote: a fix that
 //! changes an answer cannot meet the wrong entries of the builds before it,
@@ -21,7 +23,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn main() {
     let here = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let roots = [here.join("src"), here.join("../fs/src"), here.join("build.rs")];
+    let roots = [here.join("src"), here.join("../fs/src"), here.join("build.rs"), here.join("../Cargo.lock")];
     let mut files = Vec::new();
     for root in &roots {
         println!("cargo:rerun-if-changed={}", root.display());
@@ -44,5 +46,8 @@ fn main() {
         h.update(&(name.len() as u64).to_le_bytes()).update(name.as_bytes());
         h.update(&(data.len() as u64).to_le_bytes()).update(&data);
     }
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let version = std::process::Command::new(rustc).arg("-vV").output().map(|o| o.stdout).unwrap_or_default();
+    h.update(&(version.len() as u64).to_le_bytes()).update(&version);
     println!("cargo:rustc-env=NVLINKD_ENGINE_DIGEST={}", h.finalize().to_hex());
 }

@@ -135,7 +135,10 @@ struct Prepared {
 impl Prepared {
     fn new(args: &[String], tk: &Toolkit) -> Result<Prepared, Failure> {
         let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
-        let (dev, ino) = std::fs::metadata(&cwd).map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
+        // The directory this process is in (not whatever has its name by
+        // now): the daemon reads through the caller's files only where the
+        // directory it opens by name is this one.
+        let (dev, ino) = std::fs::metadata(".").map(|m| (m.dev(), m.ino())).unwrap_or((0, 0));
         let env: HashMap<String, String> =
             RELEVANT_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
         let policy = Policy::new(args, &cwd, env.get("LIBRARY_PATH").map(String::as_str), tk.cuda_home.as_deref());
@@ -233,7 +236,8 @@ async fn link(channel: Channel, token: Token, args: &[String], request: &Prepare
                 if !allowed {
                     return Err(violation(format!("the daemon asked for {}, which nvlink would not read", req.path)));
                 }
-                for reply in serve_file(req.id, path, req.op()) {
+                // Through the working directory itself, as nvlink reads a relative name.
+                for reply in serve_file(req.id, &in_cwd(path, cwd), req.op()) {
                     tx.send(ClientMessage { msg: Some(client_message::Msg::File(reply)) })
                         .await
                         .map_err(|_| lost("daemon stopped reading".to_string()))?;

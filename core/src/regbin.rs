@@ -16,15 +16,17 @@ use crate::fs::InputFs;
 use crate::request::OutputFile;
 
 /// The module id nvlink makes up for an input without host code:
-/// its absolute path with every character outside `[A-Za-z0-9]` replaced by `_`.
+/// its absolute path with every byte outside `[A-Za-z0-9]` replaced by `_`.
 pub(crate) fn synthetic_module_id(absolute: &Path) -> String {
-    absolute.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    use std::os::unix::ffi::OsStrExt;
+    // Byte by byte, as nvlink maps it: `é` (two bytes in UTF-8) is `__`.
+    absolute.as_os_str().as_bytes().iter().map(|&b| if b.is_ascii_alphanumeric() { b as char } else { '_' }).collect()
 }
 
 /// `data` (a registration file) with `prefix` removed from the start of every
 /// module id: nvlink ran on files under a directory the caller does not have
 /// (a sandbox), whose synthetic ids are `synthetic_module_id(dir)` followed
-/// by the caller's own (the mapping is character by character, so the id of
+/// by the caller's own (the mapping is byte by byte, so the id of
 /// `dir` + `path` is the id of `dir` then the id of `path`).
 pub(crate) fn strip_id_prefix(data: &[u8], prefix: &str) -> Vec<u8> {
     let from = format!("DEFINE_REGISTER_FUNC({prefix}");

@@ -1448,3 +1448,27 @@ fn werror_on_an_input_warning_gets_nvlinks_answer() {
         assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
     }
 }
+
+/// A device-only input (`.cubin`) registered from a directory whose name is
+/// not ASCII: nvlink's module id replaces every byte of the path outside
+/// `[A-Za-z0-9]` (`é` is two), cold and from the cache.
+#[test]
+fn a_device_only_input_under_a_non_ascii_path_is_registered_as_nvlink_names_it() {
+    let work = TempDir::new("non-ascii");
+    let dir = work.path().join("bâti-é");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["accumulate.o", "scale.cubin"] {
+        std::fs::copy(corpus::dir().join(f), dir.join(f)).unwrap();
+    }
+    let d = Daemon::start();
+    let args = "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin";
+    let out = TempDir::new("non-ascii-nvlink");
+    let expected = run(&real_nvlink(), &Invocation::templated(args, &dir, &out), &[]);
+    assert_eq!(expected.code, 0, "{}", String::from_utf8_lossy(&expected.stderr));
+    for _ in 0..2 {
+        let out = TempDir::new("non-ascii-shim");
+        let actual = run(&shim(), &Invocation::templated(args, &dir, &out), &d.shim_env());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
+    }
+}

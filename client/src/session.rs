@@ -545,7 +545,10 @@ fn finish(result: LinkResult, outputs: &[Received], args: &[String], cwd: &Path)
         let path = PathBuf::from(&out.path);
         let here = in_cwd(&path, cwd);
         let written = match &out.staged {
-            Some(staged) => place_staged(&here, staged),
+            // The staged file too, through the working directory itself.
+            Some(staged) => {
+                place_staged(&here, &nvlinkd_fs::Staged { path: in_cwd(&staged.path, cwd), ..staged.clone() })
+            }
             None if out.append => append(&here, &out.pieces),
             None => write_output(&here, &out.pieces),
         };
@@ -666,9 +669,12 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     };
     // Renamed where it was staged, if the output's directory is still that
-    // one (a directory symlink may have been swapped since).
+    // one (a directory symlink may have been swapped since); both directly
+    // in the working directory: that directory, whatever its name now.
+    let here = Some(Path::new(""));
+    let in_working_directory = staged.path.is_relative() && staged.path.parent() == here && target.parent() == here;
     if replaceable
-        && nvlinkd_fs::staged_beside(staged, &target)
+        && (in_working_directory || nvlinkd_fs::staged_beside(staged, &target))
         && nvlinkd_fs::commit(staged, &target, nvlinkd_fs::output_mode(&target)).is_ok()
     {
         return Ok(());

@@ -269,7 +269,7 @@ pub struct Staged {
 }
 
 /// Write the concatenation of `pieces` to a new file beside `target` (in its
-/// [`resolved_dir`]), named
+/// [`resolved_dir`]; a bare name's in the working directory), named
 /// `.<name>.nvlinkd-<pid>-<n>.tmp`, mode 0600 until [`commit`] gives it its
 /// final mode. The file is created exclusively (`O_CREAT|O_EXCL`, which never
 /// follows a symlink): a name someone planted is skipped, never written
@@ -298,8 +298,12 @@ impl Stager {
         if names_a_directory(target) {
             return Err(io::Error::from_raw_os_error(libc::EISDIR));
         }
-        let target = resolved_dir(target);
-        let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        // A bare name is in the working directory itself, as nvlink's fopen
+        // of it is, whatever that directory is called by now: staged there
+        // under a bare name too, not through a name of the directory.
+        let bare = target.parent().is_some_and(|p| p.as_os_str().is_empty());
+        let target = if bare { target.to_owned() } else { resolved_dir(target) };
+        let dir = target.parent().unwrap_or(Path::new(""));
         let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut attempt = 0u32;
         loop {

@@ -88,6 +88,15 @@ fn the_observer_sees_each_phase_of_a_link_once_with_its_link_id() {
     assert_eq!(admitted(&events), 1, "{events:#?}");
     every.extend(phases(id, &events).into_keys());
 
+    // The toolkit's contents hashed: artifact keys carry its identity, and a
+    // fresh cache directory's first links key with a provisional one (the
+    // two LTO links below must key alike).
+    let hashed = std::time::Instant::now();
+    while linker.snapshot().get("toolkits_hashing") != Some(0) {
+        assert!(hashed.elapsed() < std::time::Duration::from_secs(120), "the toolkit's identity was never hashed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
     // Whole-program LTO: NVVM and ptxas in place of nvJitLink's link.
     const LTO: &str =
         "--arch=sm_90 -dlto -nvvmpath={NVVM} -L{L} accumulate_lto.o scale_lto.o -lcudadevrt -o {OUT}/out.cubin";

@@ -1358,6 +1358,31 @@ fn ld_r_merged_objects_match_nvlink() {
     assert_eq!(daemon.stat("nvlink_process"), 0, "links were routed to nvlink");
 }
 
+/// `nvcc ARGS` in `dir`, which must succeed (the sources of the tests below).
+fn nvcc(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new(cuda_home().join("bin/nvcc"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run nvcc");
+    assert!(out.status.success(), "nvcc: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The real nvlink's answer to `args` in `dir`, after the shim through `d`
+/// gave the same answer `times` times in a row (the first computed, the
+/// others from the cache): exit status, messages and every file, byte for byte.
+fn nvlink_and_shim_agree(d: &Daemon, args: &str, dir: &std::path::Path, times: usize) -> nvlinkd_tests::run::Run {
+    let out = TempDir::new("agree-nvlink");
+    let expected = run(&real_nvlink(), &Invocation::templated(args, dir, &out), &[]);
+    for _ in 0..times {
+        let out = TempDir::new("agree-shim");
+        let actual = run(&shim(), &Invocation::templated(args, dir, &out), &d.shim_env());
+        let cmp = compare::runs(&expected, &actual);
+        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
+    }
+    expected
+}
+
 /// `.ptx` files nvlink reads its own way: below sm_90 it compiles one and
 /// links none of its code (an empty cubin, also with `-r`), and for a
 /// family target (`sm_100f`) its tool note names the plain arch. Compiled
@@ -1368,12 +1393,7 @@ fn ptx_files_nvlink_links_its_own_way_get_nvlinks_answer() {
     let dir = TempDir::new("ptx-files");
     std::fs::write(dir.path().join("k.cu"), "__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n").unwrap();
     for arch in ["sm_80", "sm_86", "sm_100f"] {
-        let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
-            .args(["--ptx", "-rdc=true", &format!("-arch={arch}"), "k.cu", "-o", &format!("k_{arch}.ptx")])
-            .current_dir(dir.path())
-            .output()
-            .expect("run nvcc");
-        assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+        nvcc(dir.path(), &["--ptx", "-rdc=true", &format!("-arch={arch}"), "k.cu", "-o", &format!("k_{arch}.ptx")]);
     }
     let d = Daemon::start();
     for args in [
@@ -1383,14 +1403,7 @@ fn ptx_files_nvlink_links_its_own_way_get_nvlinks_answer() {
         "--arch=sm_86 k_sm_86.ptx k_sm_86.ptx -o {OUT}/out.cubin",
         "--arch=sm_100f k_sm_100f.ptx -o {OUT}/out.cubin",
     ] {
-        let out = TempDir::new("ptx-files-nvlink");
-        let expected = run(&real_nvlink(), &Invocation::templated(args, dir.path(), &out), &[]);
-        for _ in 0..2 {
-            let out = TempDir::new("ptx-files-shim");
-            let actual = run(&shim(), &Invocation::templated(args, dir.path(), &out), &d.shim_env());
-            let cmp = compare::runs(&expected, &actual);
-            assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
-        }
+        nvlink_and_shim_agree(&d, args, dir.path(), 2);
     }
 }
 
@@ -1421,15 +1434,8 @@ fn werror_on_an_input_warning_gets_nvlinks_answer() {
         (&["-arch=sm_100", "h.cu"][..], "host.o"),
         (&["-arch=sm_100", "--ptx", "h.cu"][..], "h.ptx"),
     ] {
-        let ptx = args.contains(&"--ptx");
-        let nvcc = std::process::Command::new(cuda_home().join("bin/nvcc"))
-            .args(if ptx { &["-rdc=true"][..] } else { &["-dc"][..] })
-            .args(args)
-            .args(["-o", out])
-            .current_dir(dir.path())
-            .output()
-            .expect("run nvcc");
-        assert!(nvcc.status.success(), "nvcc: {}", String::from_utf8_lossy(&nvcc.stderr));
+        let mode = if args.contains(&"--ptx") { "-rdc=true" } else { "-dc" };
+        nvcc(dir.path(), &[&[mode][..], args, &["-o", out]].concat());
     }
     let d = Daemon::start();
     for args in [
@@ -1439,13 +1445,8 @@ fn werror_on_an_input_warning_gets_nvlinks_answer() {
         "--arch=sm_100 -Werror ptx.o warned.o host.o -o {OUT}/out.cubin",
         "--arch=sm_100 -Werror warned.o h.ptx -o {OUT}/out.cubin",
     ] {
-        let out = TempDir::new("werror-inputs-nvlink");
-        let expected = run(&real_nvlink(), &Invocation::templated(args, dir.path(), &out), &[]);
+        let expected = nvlink_and_shim_agree(&d, args, dir.path(), 1);
         assert!(String::from_utf8_lossy(&expected.stderr).contains("not found in 'warned.o'"), "{args}: no warning");
-        let out = TempDir::new("werror-inputs-shim");
-        let actual = run(&shim(), &Invocation::templated(args, dir.path(), &out), &d.shim_env());
-        let cmp = compare::runs(&expected, &actual);
-        assert!(cmp.problems.is_empty() && cmp.identical, "{args}: {:?}", cmp.problems);
     }
 }
 
@@ -1462,13 +1463,6 @@ fn a_device_only_input_under_a_non_ascii_path_is_registered_as_nvlink_names_it()
     }
     let d = Daemon::start();
     let args = "--arch=sm_90 --register-link-binaries={OUT}/reg.c accumulate.o scale.cubin -o {OUT}/out.cubin";
-    let out = TempDir::new("non-ascii-nvlink");
-    let expected = run(&real_nvlink(), &Invocation::templated(args, &dir, &out), &[]);
+    let expected = nvlink_and_shim_agree(&d, args, &dir, 2);
     assert_eq!(expected.code, 0, "{}", String::from_utf8_lossy(&expected.stderr));
-    for _ in 0..2 {
-        let out = TempDir::new("non-ascii-shim");
-        let actual = run(&shim(), &Invocation::templated(args, &dir, &out), &d.shim_env());
-        let cmp = compare::runs(&expected, &actual);
-        assert!(cmp.problems.is_empty() && cmp.identical, "{:?}", cmp.problems);
-    }
 }

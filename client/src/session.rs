@@ -669,12 +669,9 @@ fn place_staged(path: &Path, staged: &nvlinkd_fs::Staged) -> Result<(), WriteFai
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     };
     // Renamed where it was staged, if the output's directory is still that
-    // one (a directory symlink may have been swapped since); both directly
-    // in the working directory: that directory, whatever its name now.
-    let here = Some(Path::new(""));
-    let in_working_directory = staged.path.is_relative() && staged.path.parent() == here && target.parent() == here;
+    // one (a directory symlink may have been swapped since).
     if replaceable
-        && (in_working_directory || nvlinkd_fs::staged_beside(staged, &target))
+        && nvlinkd_fs::staged_beside(staged, &target)
         && nvlinkd_fs::commit(staged, &target, nvlinkd_fs::output_mode(&target)).is_ok()
     {
         return Ok(());

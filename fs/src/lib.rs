@@ -380,9 +380,12 @@ pub fn is_staged_name(staged: &Path, target: &Path) -> bool {
 }
 
 /// Whether `staged` lies in the directory `target` names now, resolved
-/// ([`resolved_dir`]): where [`commit`] puts it.
+/// ([`resolved_dir`]): where [`commit`] puts it. Two bare names are both in
+/// the working directory itself, whatever its name is by now (as [`stage`]
+/// stages a bare name).
 pub fn staged_beside(staged: &Staged, target: &Path) -> bool {
-    staged.path.parent() == resolved_dir(target).parent()
+    let bare = |p: &Path| p.parent().is_some_and(|d| d.as_os_str().is_empty());
+    (bare(&staged.path) && bare(target)) || staged.path.parent() == resolved_dir(target).parent()
 }
 
 /// Give the staged file `mode` and rename it to `target`'s name in the
